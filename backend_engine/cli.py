@@ -1,0 +1,61 @@
+"""Engine subcommands of the ``tollway`` CLI: ``demo-model`` and ``engine``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register_engine_commands(app: typer.Typer) -> None:
+    app.command("demo-model")(demo_model)
+    app.command("engine")(engine)
+
+
+def demo_model(
+    directory: Annotated[Path, typer.Argument(help="Where to write the checkpoint.")],
+    size: Annotated[str, typer.Option(help="small or large")] = "small",
+    seed: Annotated[int, typer.Option(help="Seed for the random weights.")] = 0,
+) -> None:
+    """Write a random-weight Llama checkpoint in exact Hugging Face format."""
+    from backend_engine.demo_model import DEMO_SIZES, write_demo_checkpoint
+
+    if size not in DEMO_SIZES:
+        raise typer.BadParameter(f"size must be one of {', '.join(DEMO_SIZES)}", param_hint="--size")
+    path = write_demo_checkpoint(directory, size=size, seed=seed, show_progress=True)
+    typer.echo(f"wrote {size} demo checkpoint to {path}")
+
+
+def engine(
+    model: Annotated[str, typer.Option(help="Checkpoint directory (Hugging Face format).")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8100,
+    uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket instead.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model id in the API.")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    kv_cache_memory_bytes: Annotated[int, typer.Option(help="KV cache budget.")] = 512 << 20,
+    max_num_seqs: Annotated[int, typer.Option(help="Most sequences per step.")] = 64,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget per step.")] = 2048,
+    enable_prefix_caching: Annotated[bool, typer.Option(help="Reuse shared prefixes.")] = True,
+) -> None:
+    """Serve one checkpoint over an OpenAI-compatible HTTP API."""
+    from backend_engine.config import EngineConfig
+    from backend_engine.server.app import serve
+
+    try:
+        config = EngineConfig(
+            model=model,
+            device=device,
+            dtype=dtype,
+            block_size=block_size,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    serve(config, host=host, port=port, uds=uds, model_name=served_model_name)

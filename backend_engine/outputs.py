@@ -1,0 +1,63 @@
+"""Values the engine hands back to its callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True)
+class RequestOutputDelta:
+    """One increment of a streamed request: what is new since the last delta.
+
+    ``new_text`` never ends in the middle of a UTF-8 character and never contains
+    (a prefix of) a stop string that might still complete. The last delta of a
+    request has ``finished`` set and a ``finish_reason``.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_cached_tokens: int
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """The whole result of one request, as ``LLM.generate`` returns it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    num_cached_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics."""
+
+    num_kv_blocks_total: int
+    num_kv_blocks_used: int
+    prefix_cache_queries: int  # tokens looked up in the prefix cache
+    prefix_cache_hits: int  # tokens found there
+    num_preemptions: int
+    num_waiting: int
+    num_running: int
+    num_prompt_tokens: int  # prompt tokens computed (prefilled), cumulative
+    num_generation_tokens: int  # tokens generated, cumulative

@@ -1,0 +1,1 @@
+"""Tollway gateway: the OpenAI-compatible front door (tenants, budgets, routing)."""

@@ -1,0 +1,19 @@
+"""The ``tollway`` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from backend_engine.cli import register_engine_commands
+
+app = typer.Typer(
+    name="tollway",
+    help="Tollway: an OpenAI-compatible gateway and the inference engines behind it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+register_engine_commands(app)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Pure policy functions: (request, tenant state, now) -> decision. No I/O."""
