@@ -1,13 +1,33 @@
-"""asyncio front of the engine, for servers. (Interface fixed; body being written.)"""
+"""asyncio front of the engine, for servers.
+
+The engine loop runs in one background thread (torch releases the GIL, so the
+event loop stays responsive). Requests and aborts reach it through a command
+queue that is drained before every step, so an abort takes effect within one
+step; each step's deltas come back to the event loop in one batch.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from backend_engine.config import EngineConfig
+from backend_engine.llm_engine import LLMEngine
 from backend_engine.outputs import EngineStats, RequestOutputDelta
+from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (not the caller's fault)."""
 
 
 class AsyncEngine:
@@ -21,22 +41,38 @@ class AsyncEngine:
             ...
         await engine.abort("req-1")      # or just stop iterating: closing the stream aborts
         await engine.shutdown()
-
-    Attributes: ``tokenizer`` (backend_engine.tokenizer.Tokenizer), ``model_name``
-    (the served model id: the checkpoint directory's name unless given),
-    ``max_model_len`` (int).
     """
 
     def __init__(self, config: EngineConfig, model_name: str | None = None) -> None:
-        raise NotImplementedError
+        self.config = config
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = model_name or Path(config.model).resolve().name
+        self.max_model_len = self.engine.max_model_len
+        self._commands: queue.SimpleQueue[tuple[str, Request | str]] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, asyncio.Queue[RequestOutputDelta | BaseException]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     async def start(self) -> None:
-        raise NotImplementedError
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="tollway-engine", daemon=True)
+        self._thread.start()
 
     async def shutdown(self) -> None:
-        raise NotImplementedError
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stopping.set()
+        self._wakeup.set()
+        await asyncio.to_thread(thread.join)
 
-    def generate(
+    async def generate(
         self,
         request_id: str,
         prompt: str | list[int],
@@ -51,10 +87,93 @@ class AsyncEngine:
         prompt + max_tokens exceeds ``max_model_len``; the message is fit for a user.
         Closing the iterator early aborts the request and frees its KV blocks.
         """
-        raise NotImplementedError
+        if self._thread is None:
+            raise RuntimeError("AsyncEngine.start() has not been awaited")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = self.engine.make_request(
+            request_id, prompt, sampling_params, tenant_id=tenant_id, priority=priority
+        )
+        stream: asyncio.Queue[RequestOutputDelta | BaseException] = asyncio.Queue()
+        self._streams[request_id] = stream
+        self._send("add", request)
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send("abort", request_id)
 
     async def abort(self, request_id: str) -> None:
-        raise NotImplementedError
+        self._send("abort", request_id)
 
     def stats(self) -> EngineStats:
-        raise NotImplementedError
+        return self.engine.stats()
+
+    def _send(self, command: str, payload: Request | str) -> None:
+        self._commands.put((command, payload))
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping.is_set():
+            deltas = self._drain_commands()
+            if not engine.has_unfinished():
+                self._publish(deltas)
+                self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            try:
+                deltas.extend(engine.step())
+            except Exception as exc:  # keep serving: fail the requests in flight
+                logger.exception("engine step failed; aborting the requests in flight")
+                failed = list(engine.scheduler.requests)
+                engine.abort(failed)
+                self._fail(failed, EngineError(f"engine step failed: {exc}"))
+            self._publish(deltas)
+        engine.abort(list(engine.scheduler.requests))
+        self._fail(list(self._streams), EngineError("the engine is shutting down"))
+
+    def _drain_commands(self) -> list[RequestOutputDelta]:
+        deltas: list[RequestOutputDelta] = []
+        while True:
+            try:
+                command, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return deltas
+            if command == "add":
+                assert isinstance(payload, Request)
+                if payload.request_id in self._streams:
+                    self.engine.add(payload)
+            else:
+                assert isinstance(payload, str)
+                deltas.extend(self.engine.abort([payload]))
+
+    def _publish(self, deltas: list[RequestOutputDelta]) -> None:
+        if deltas and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                self._loop.call_soon_threadsafe(self._dispatch, deltas)
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        if request_ids and self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._dispatch_error, request_ids, error)
+
+    def _dispatch(self, deltas: list[RequestOutputDelta]) -> None:
+        for delta in deltas:
+            stream = self._streams.get(delta.request_id)
+            if stream is not None:
+                stream.put_nowait(delta)
+
+    def _dispatch_error(self, request_ids: list[str], error: BaseException) -> None:
+        for request_id in request_ids:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(error)

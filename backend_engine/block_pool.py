@@ -1,0 +1,112 @@
+"""The pool of fixed-size KV blocks: reference counts, a free list in LRU order,
+and the prefix-cache map from block hash to block. No tensors here.
+
+Invariants:
+- A block with ``ref_cnt > 0`` is in use by that many requests and is never in
+  the free list.
+- A block with ``ref_cnt == 0`` is in the free list. If it also has a hash it
+  still holds valid KV and can be revived by a prefix-cache hit until it is
+  handed out again; handing it out evicts its hash.
+- The free list is ordered least-recently-freed first, so eviction is LRU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+BlockHash = bytes
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_key: bytes) -> BlockHash:
+    """Chain hash of one full block: parent hash, the block's tokens, extra key.
+
+    The extra key (e.g. the model's identity) only seeds the first block: every
+    later hash depends on it through the chain.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(parent if parent is not None else b"root:" + extra_key)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[BlockHash, KVBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request references (cached-but-unused ones included)."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def lookup(self, block_hash: BlockHash) -> KVBlock | None:
+        return self._cached.get(block_hash)
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take a reference on cached blocks (a prefix-cache hit)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self._free[block.block_id]
+            block.ref_cnt += 1
+
+    def allocate(self, num_blocks: int) -> list[KVBlock] | None:
+        """Hand out ``num_blocks`` blocks, evicting cached ones LRU-first; None if short."""
+        if num_blocks > len(self._free):
+            return None
+        allocated = []
+        for _ in range(num_blocks):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+                self.num_evictions += 1
+            block.ref_cnt = 1
+            allocated.append(block)
+        return allocated
+
+    def free(self, blocks: Iterable[KVBlock]) -> None:
+        """Drop one reference from each block; unreferenced ones join the free list's tail
+        in the order given (so pass a sequence's blocks tail-first to evict them first)."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"block {block.block_id} freed more often than referenced")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._free[block.block_id] = None
+
+    def cache(self, block: KVBlock, block_hash: BlockHash) -> None:
+        """Register a full, referenced block under its hash (first writer wins)."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self._cached:
+            return  # an identical block is already cached; this one stays private
+        block.block_hash = block_hash
+        self._cached[block_hash] = block
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (e.g. after new weights)."""
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()

@@ -1,0 +1,187 @@
+"""The synchronous engine: one ``step()`` is schedule → execute → update.
+
+Not thread-safe: ``AsyncEngine`` drives it from one background thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from pathlib import Path
+
+import torch
+
+from backend_engine.config import EngineConfig
+from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.model_config import ModelConfig
+from backend_engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_dtype
+from backend_engine.output_processor import OutputProcessor
+from backend_engine.outputs import EngineStats, RequestOutputDelta
+from backend_engine.request import Request
+from backend_engine.request_priority import Priority
+from backend_engine.sampling_params import SamplingParams
+from backend_engine.scheduler import Scheduler
+from backend_engine.tokenizer import Tokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(config.model)
+        self.tokenizer = Tokenizer.from_pretrained(config.model)
+        model_len = self.model_config.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        dtype = resolve_dtype(config, self.model_config)
+        num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // kv_bytes_per_block(
+            self.model_config, config.block_size, dtype
+        )
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is too small for one "
+                f"KV block of this model ({kv_bytes_per_block(self.model_config, config.block_size, dtype)} bytes)"
+            )
+        self.kv_cache = KVCacheManager(
+            num_blocks,
+            config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            extra_key=_model_identity(config.model, dtype),
+        )
+        eos = self.tokenizer.eos_token_ids
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            watermark=config.watermark,
+            mode=config.scheduling,
+            eos_token_ids=eos,
+        )
+        self.runner = ModelRunner(config, self.model_config, num_blocks)
+        self.outputs = OutputProcessor(self.tokenizer, eos)
+        self._arrivals = itertools.count()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        tenant_id: str = "default",
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> Request:
+        """Validate and queue a request. Raises ValueError with a user-facing message."""
+        request = self.make_request(request_id, prompt, sampling_params, tenant_id, priority)
+        self.add(request)
+        return request
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+        self.outputs.add(request)
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        tenant_id: str = "default",
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> Request:
+        """Tokenize and validate without touching engine state (safe from any thread)."""
+        prompt_token_ids = self.tokenize(prompt)
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        vocab_size = self.model_config.vocab_size
+        if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        if num_prompt >= self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens, "
+                f"but the prompt has {num_prompt} tokens (at least one is needed for the output)."
+            )
+        max_tokens = sampling_params.max_tokens
+        if max_tokens is None:
+            max_tokens = self.max_model_len - num_prompt
+        elif num_prompt + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {num_prompt + max_tokens} tokens ({num_prompt} in the "
+                f"prompt, {max_tokens} for the completion)."
+            )
+        needed = self.kv_cache.blocks_needed(num_prompt + max_tokens)
+        if needed > self.kv_cache.num_blocks:
+            raise ValueError(
+                f"the request needs up to {needed} KV blocks but the cache has only "
+                f"{self.kv_cache.num_blocks}; lower max_tokens or the prompt length"
+            )
+        return Request(
+            request_id,
+            prompt_token_ids,
+            sampling_params,
+            max_tokens=max_tokens,
+            arrival_seq=next(self._arrivals),
+            tenant_id=tenant_id,
+            priority=priority,
+        )
+
+    def abort(self, request_ids: list[str]) -> list[RequestOutputDelta]:
+        deltas = []
+        for request in self.scheduler.finish_many(request_ids, "abort"):
+            self.runner.release(request.request_id)
+            deltas.append(self.outputs.finish_without_token(request))
+        return deltas
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[RequestOutputDelta]:
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            return []
+        sampled = self.runner.execute(output)
+        self.num_prompt_tokens += sum(
+            s.num_tokens for s in output.scheduled if not (s.do_sample and s.num_tokens == 1)
+        )
+        updated = self.scheduler.update_from_output(
+            output, {rid: s.token_id for rid, s in sampled.items()}
+        )
+        self.num_generation_tokens += len(updated)
+        deltas = []
+        for request in updated:
+            delta, hit_stop = self.outputs.process(request, sampled[request.request_id].logprob)
+            if hit_stop:
+                self.scheduler.finish(request.request_id, "stop")
+            if delta.finished:
+                self.runner.release(request.request_id)
+            deltas.append(delta)
+        return deltas
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_kv_blocks_total=self.kv_cache.num_blocks,
+            num_kv_blocks_used=self.kv_cache.num_used_blocks,
+            prefix_cache_queries=self.kv_cache.prefix_cache_queries,
+            prefix_cache_hits=self.kv_cache.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generation_tokens,
+        )
+
+
+def _model_identity(model: str, dtype: torch.dtype) -> bytes:
+    """Prefix-cache key: blocks from another checkpoint or dtype must never match."""
+    path = Path(model).resolve()
+    stamp = "".join(
+        f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns};" for p in sorted(path.glob("*.safetensors"))
+    )
+    return hashlib.blake2b(f"{path}|{dtype}|{stamp}".encode(), digest_size=16).digest()

@@ -1,0 +1,172 @@
+"""Runs one scheduled step on the model: builds the packed batch, owns the KV
+cache tensors and the per-request random generators, and samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend_engine.attention_metadata import AttentionMetadata
+from backend_engine.config import EngineConfig
+from backend_engine.model_config import ModelConfig
+from backend_engine.models import load_model
+from backend_engine.outputs import TokenLogprob
+from backend_engine.sampler import sample
+from backend_engine.scheduler import ScheduledRequest, SchedulerOutput
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype:
+    name = model_config.torch_dtype if config.dtype == "auto" else config.dtype
+    dtype = _TORCH_DTYPES.get(name or "float32", torch.float32)
+    if config.device == "cpu" and dtype == torch.float16:
+        return torch.float32  # half matmuls on CPU are slow and inexact
+    return dtype
+
+
+def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element_size = torch.empty((), dtype=dtype).element_size()
+    per_token = 2 * model_config.num_key_value_heads * model_config.head_dim * element_size
+    return per_token * block_size * model_config.num_hidden_layers
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: TokenLogprob | None
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    metadata: AttentionMetadata
+    sample_token_indices: torch.Tensor  # [num_sampled]: each sampled request's last token
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config, model_config)
+        self.block_size = config.block_size
+        self.model = load_model(
+            config.model,
+            model_config,
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=config.device,
+            show_progress=config.show_progress,
+        )
+        shape = (
+            num_blocks,
+            config.block_size,
+            model_config.num_key_value_heads,
+            model_config.head_dim,
+        )
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(model_config.num_hidden_layers)
+        ]
+        self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, item: ScheduledRequest) -> torch.Generator | None:
+        seed = item.sampling_params.seed
+        if seed is None or item.sampling_params.temperature == 0.0:
+            return None
+        generator = self._generators.get(item.request_id)
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[item.request_id] = generator
+        return generator
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        scheduled = output.scheduled
+        if not scheduled:
+            return {}
+        batch = self._prepare(scheduled)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
+        # hidden: [num_tokens, hidden_size]
+        to_sample = [s for s in scheduled if s.do_sample]
+        if not to_sample:
+            return {}
+        logits = self.model.compute_logits(hidden[batch.sample_token_indices])
+        # logits: [num_sampled, vocab]
+        token_ids, logprobs = sample(
+            logits,
+            [s.sampling_params for s in to_sample],
+            [self._generator(s) for s in to_sample],
+            self.default_generator,
+        )
+        return {
+            s.request_id: SampledToken(t, lp)
+            for s, t, lp in zip(to_sample, token_ids, logprobs, strict=True)
+        }
+
+    def _prepare(self, scheduled: list[ScheduledRequest]) -> PreparedBatch:
+        block_size = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_token_indices: list[int] = []
+        num_decodes = 0
+        for item in scheduled:
+            start = item.start_position
+            table = item.block_table
+            input_ids.extend(item.token_ids)
+            if item.num_tokens == 1:
+                num_decodes += 1
+                positions.append(start)
+                slots.append(table[start // block_size] * block_size + start % block_size)
+            else:
+                span = range(start, start + item.num_tokens)
+                positions.extend(span)
+                slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+            if item.do_sample:
+                sample_token_indices.append(len(input_ids) - 1)
+
+        decodes = scheduled[:num_decodes]
+        prefills = scheduled[num_decodes:]
+        device = self.device
+        int32 = torch.int32
+        decode_lens = [s.start_position + 1 for s in decodes]
+        prefill_lens = [s.start_position + s.num_tokens for s in prefills]
+        cu_q = [0]
+        for s in prefills:
+            cu_q.append(cu_q[-1] + s.num_tokens)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            num_decode_tokens=num_decodes,
+            decode_block_tables=_pad_tables([s.block_table for s in decodes], device),
+            decode_seq_lens=torch.tensor(decode_lens, dtype=int32, device=device),
+            prefill_block_tables=_pad_tables([s.block_table for s in prefills], device),
+            prefill_cu_seqlens_q=torch.tensor(cu_q, dtype=int32, device=device),
+            prefill_seq_lens=torch.tensor(prefill_lens, dtype=int32, device=device),
+            max_decode_seq_len=max(decode_lens, default=0),
+            max_prefill_seq_len=max(prefill_lens, default=0),
+            max_prefill_query_len=max((s.num_tokens for s in prefills), default=0),
+        )
+        return PreparedBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            metadata=metadata,
+            sample_token_indices=torch.tensor(sample_token_indices, device=device),
+        )
+
+
+def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max((len(t) for t in tables), default=0)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    if not padded:
+        return torch.zeros((0, 0), dtype=torch.int32, device=device)
+    return torch.tensor(padded, dtype=torch.int32, device=device)

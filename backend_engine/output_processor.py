@@ -1,0 +1,110 @@
+"""Turns sampled tokens into text increments: detokenization and stop strings.
+
+This is the only place that looks at output text. A stop string found here
+finishes the request through the scheduler; the text never contains it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend_engine.detokenizer import IncrementalDetokenizer
+from backend_engine.outputs import FinishReason, RequestOutputDelta, TokenLogprob
+from backend_engine.request import Request
+from backend_engine.stop_strings import StopStringMatcher
+from backend_engine.tokenizer import Tokenizer
+
+
+@dataclass
+class _RequestText:
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher | None
+    num_emitted_tokens: int = 0
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: frozenset[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self._states: dict[str, _RequestText] = {}
+
+    def add(self, request: Request) -> None:
+        params = request.sampling_params
+        self._states[request.request_id] = _RequestText(
+            IncrementalDetokenizer(
+                self.tokenizer, request.prompt_token_ids, params.skip_special_tokens
+            ),
+            StopStringMatcher(params.stop) if params.stop else None,
+        )
+
+    def discard(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def process(
+        self, request: Request, logprob: TokenLogprob | None
+    ) -> tuple[RequestOutputDelta, bool]:
+        """The delta for a request that just received a token; the flag says a stop
+        string was hit (the caller then finishes the request)."""
+        state = self._states[request.request_id]
+        if logprob is not None:
+            state.pending_logprobs.append(logprob)
+        token_id = request.all_token_ids[-1]
+        text = ""
+        hit_stop = False
+        if not self._is_stop_token(request, token_id):
+            text = state.detokenizer.add(token_id)
+            if state.stop_matcher is not None:
+                text, hit_stop = state.stop_matcher.feed(text)
+        finished = request.is_finished or hit_stop
+        reason: FinishReason | None = "stop" if hit_stop else request.finish_reason
+        if finished and not hit_stop and state.stop_matcher is not None:
+            text += state.stop_matcher.flush()
+        return self._delta(request, state, text, finished, reason), hit_stop
+
+    def finish_without_token(self, request: Request) -> RequestOutputDelta:
+        """The closing delta of a request finished by abort (no new token)."""
+        state = self._states.get(request.request_id)
+        text = ""
+        if state is None:
+            return RequestOutputDelta(
+                request.request_id, [], "", request.num_prompt_tokens,
+                request.num_output_tokens, max(request.num_cached_tokens, 0),
+                finished=True, finish_reason=request.finish_reason,
+            )
+        if state.stop_matcher is not None:
+            text = state.stop_matcher.flush()
+        return self._delta(request, state, text, True, request.finish_reason)
+
+    def _delta(
+        self,
+        request: Request,
+        state: _RequestText,
+        text: str,
+        finished: bool,
+        reason: FinishReason | None,
+    ) -> RequestOutputDelta:
+        new_tokens = request.all_token_ids[
+            request.num_prompt_tokens + state.num_emitted_tokens :
+        ]
+        state.num_emitted_tokens = request.num_output_tokens
+        logprobs, state.pending_logprobs = state.pending_logprobs, []
+        if finished:
+            self._states.pop(request.request_id, None)
+        return RequestOutputDelta(
+            request_id=request.request_id,
+            new_token_ids=new_tokens,
+            new_text=text,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_completion_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            new_logprobs=logprobs,
+            finished=finished,
+            finish_reason=reason if finished else None,
+        )
+
+    def _is_stop_token(self, request: Request, token_id: int) -> bool:
+        params = request.sampling_params
+        if token_id in params.stop_token_ids:
+            return True
+        return not params.ignore_eos and token_id in self.eos_token_ids

@@ -1,0 +1,93 @@
+"""Turning logits into next tokens: greedy, temperature, top-k, top-p, seeds, logprobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from backend_engine.outputs import TokenLogprob
+from backend_engine.sampling_params import SamplingParams
+
+
+def sample(
+    logits: torch.Tensor,  # [num_seqs, vocab] float32
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator,
+) -> tuple[list[int], list[TokenLogprob | None]]:
+    """One token per row. A row with its own generator (a seeded request) draws
+    only from it, so the same seed gives the same output whatever else is batched."""
+    is_greedy = [p.temperature == 0.0 for p in params]
+    if all(is_greedy):
+        token_ids = logits.argmax(dim=-1)
+    else:
+        token_ids = _sample_random(logits, params, generators, default_generator, is_greedy)
+    token_list: list[int] = token_ids.tolist()
+    logprobs: list[TokenLogprob | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if rows:
+        all_logprobs = torch.log_softmax(logits[rows], dim=-1)
+        for row, lp in zip(rows, all_logprobs, strict=True):
+            num_top = params[row].logprobs or 0
+            top_values, top_ids = lp.topk(num_top) if num_top else (lp[:0], lp[:0].long())
+            chosen = token_list[row]
+            logprobs[row] = TokenLogprob(
+                token_id=chosen,
+                logprob=float(lp[chosen]),
+                top=tuple(zip(top_ids.tolist(), top_values.tolist(), strict=True)),
+            )
+    return token_list, logprobs
+
+
+def _sample_random(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator,
+    is_greedy: list[bool],
+) -> torch.Tensor:
+    device = logits.device
+    temperatures = torch.tensor(
+        [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
+    )
+    scaled = logits / temperatures.unsqueeze(1)
+    top_ks = [p.top_k for p in params]
+    top_ps = [p.top_p for p in params]
+    if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
+        scaled = _apply_top_k_top_p(scaled, top_ks, top_ps)
+    probs = torch.softmax(scaled, dim=-1)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, and lets each
+    # row take its noise from its own generator.
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        noise[unseeded] = torch.empty(
+            (len(unseeded), probs.shape[1]), device=device
+        ).exponential_(generator=default_generator)
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            noise[i].exponential_(generator=generator)
+    sampled = (probs / noise).argmax(dim=-1)
+    if any(is_greedy):
+        greedy_rows = torch.tensor(is_greedy, device=device)
+        sampled = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
+    return sampled
+
+
+def _apply_top_k_top_p(
+    logits: torch.Tensor, top_ks: list[int], top_ps: list[float]
+) -> torch.Tensor:
+    vocab = logits.shape[1]
+    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
+    ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    remove = ranks >= ks.unsqueeze(1)
+    ps = torch.tensor(top_ps, device=logits.device).unsqueeze(1)
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+    # Keep the smallest set whose mass reaches p: drop a token when the mass
+    # before it already reaches p (the top token always stays).
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    remove |= mass_before >= ps
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)

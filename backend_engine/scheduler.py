@@ -1,0 +1,220 @@
+"""Continuous batching: which requests run in the next step, and with how many tokens.
+
+Every step, under a token budget (``max_num_batched_tokens``):
+1. Running requests go first: decodes (one token each), then the next chunks of
+   prefills in progress. When KV blocks run out, the least important running
+   request (batch before interactive, latest arrival first) is preempted: its
+   blocks are freed and it is recomputed later, ahead of later arrivals.
+2. If nothing was preempted, waiting requests are admitted in ``WaitingQueue``
+   order while sequences, budget and blocks last, keeping a watermark of free
+   blocks so running requests can grow. A long prompt takes only what is left
+   of the budget; its remainder is prefilled in later steps (chunked prefill),
+   so it never stalls running decodes.
+
+In ``static`` mode a new batch is admitted only once the previous one has
+drained entirely: the classic padded-batch behaviour, kept for comparison.
+The scheduler is plain Python over token ids and block ids; it never sees a tensor.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from backend_engine.config import SchedulingMode
+from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.outputs import FinishReason
+from backend_engine.request import Request, RequestStatus
+from backend_engine.sampling_params import SamplingParams
+from backend_engine.waiting_queue import WaitingQueue
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]  # the tokens to compute this step
+    start_position: int  # position of token_ids[0]
+    block_table: list[int]
+    sampling_params: SamplingParams
+    do_sample: bool  # this chunk ends at the last known token: sample the next one
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]  # decodes (one token) first, then prefill chunks
+    preempted_request_ids: list[str]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        watermark: float = 0.01,
+        mode: SchedulingMode = "continuous",
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.mode = mode
+        self.eos_token_ids = eos_token_ids
+        self.num_watermark_blocks = int(watermark * kv_cache.num_blocks)
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+
+        candidates = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        unscheduled = list(candidates)
+        for request in candidates:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if budget == 0:
+                break
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while self.kv_cache.allocate_slots(request, num_new) is None:
+                victim = max(unscheduled, key=lambda r: (r.priority, r.arrival_seq))
+                self._preempt(victim)
+                unscheduled.remove(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            unscheduled.remove(request)
+            scheduled.append((request, num_new))
+            budget -= num_new
+
+        if not preempted and (self.mode == "continuous" or not self.running):
+            budget = self._admit(budget, scheduled)
+
+        return SchedulerOutput(
+            [self._describe(r, n) for r, n in scheduled if n == 1]
+            + [self._describe(r, n) for r, n in scheduled if n > 1],
+            [r.request_id for r in preempted],
+        )
+
+    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        running_by_tenant = Counter(r.tenant_id for r in self.running)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting.peek(running_by_tenant)
+            if request is None:
+                break
+            prefix = self.kv_cache.get_computed_blocks(request)
+            num_new = min(request.num_tokens - prefix.num_tokens, budget)
+            reserved = self.num_watermark_blocks if self.running else 0
+            if self.kv_cache.allocate_slots(request, num_new, prefix, reserved) is None:
+                break
+            self.waiting.remove(request)
+            request.num_computed_tokens = prefix.num_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = prefix.num_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            running_by_tenant[request.tenant_id] += 1
+            scheduled.append((request, num_new))
+            budget -= num_new
+        return budget
+
+    def _describe(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start : start + num_new],
+            start_position=start,
+            block_table=self.kv_cache.block_table(request.request_id),
+            sampling_params=request.sampling_params,
+            do_sample=start + num_new == request.num_tokens,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache.free(request)
+        self.running.remove(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.add_preempted(request)
+        self.num_preemptions += 1
+
+    def update_from_output(
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+    ) -> list[Request]:
+        """Advance computed counts, append sampled tokens and finish requests that hit
+        eos, a stop token, max_tokens or the model length. Returns the requests that
+        received a token this step (finished ones included)."""
+        updated = []
+        for item in output.scheduled:
+            request = self.requests.get(item.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += item.num_tokens
+            token_id = sampled_token_ids.get(item.request_id)
+            if not item.do_sample or token_id is None:
+                continue
+            request.all_token_ids.append(token_id)
+            updated.append(request)
+            reason = self._check_stop(request, token_id)
+            if reason is not None:
+                self.finish(request.request_id, reason)
+        return updated
+
+    def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
+        params = request.sampling_params
+        if token_id in params.stop_token_ids:
+            return "stop"
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            return "stop"
+        if request.num_output_tokens >= request.max_tokens:
+            return "length"
+        if request.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
+        """Finish (or abort) a request wherever it is and free its blocks."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        return request
+
+    def finish_many(self, request_ids: Iterable[str], reason: FinishReason) -> list[Request]:
+        finished = [self.finish(rid, reason) for rid in request_ids]
+        return [r for r in finished if r is not None]
