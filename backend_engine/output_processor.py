@@ -58,23 +58,29 @@ class OutputProcessor:
                 text, hit_stop = state.stop_matcher.feed(text)
         finished = request.is_finished or hit_stop
         reason: FinishReason | None = "stop" if hit_stop else request.finish_reason
-        if finished and not hit_stop and state.stop_matcher is not None:
-            text += state.stop_matcher.flush()
+        if finished and not hit_stop:
+            text += self._flush(state)
         return self._delta(request, state, text, finished, reason), hit_stop
+
+    @staticmethod
+    def _flush(state: _RequestText) -> str:
+        """Release held-back text at the end: incomplete bytes, then any stop-string prefix."""
+        tail = state.detokenizer.flush()
+        if state.stop_matcher is None:
+            return tail
+        text, hit_stop = state.stop_matcher.feed(tail)
+        return text if hit_stop else text + state.stop_matcher.flush()
 
     def finish_without_token(self, request: Request) -> RequestOutputDelta:
         """The closing delta of a request finished by abort (no new token)."""
         state = self._states.get(request.request_id)
-        text = ""
         if state is None:
             return RequestOutputDelta(
                 request.request_id, [], "", request.num_prompt_tokens,
                 request.num_output_tokens, max(request.num_cached_tokens, 0),
                 finished=True, finish_reason=request.finish_reason,
             )
-        if state.stop_matcher is not None:
-            text = state.stop_matcher.flush()
-        return self._delta(request, state, text, True, request.finish_reason)
+        return self._delta(request, state, self._flush(state), True, request.finish_reason)
 
     def _delta(
         self,

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from backend_engine import AsyncEngine, EngineConfig, Priority, SamplingParams
+
+
+@pytest.fixture
+async def engine(demo_checkpoint):
+    eng = AsyncEngine(EngineConfig(model=str(demo_checkpoint(size="tiny")), dtype="float32"))
+    await eng.start()
+    yield eng
+    await eng.shutdown()
+
+
+async def collect(engine, rid, prompt, params, **kw):
+    deltas = [d async for d in engine.generate(rid, prompt, params, **kw)]
+    return deltas
+
+
+async def test_streamed_deltas_add_up_to_the_offline_result(engine):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    deltas = await collect(engine, "r1", "Hello world", params)
+    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+    assert all(not d.finished for d in deltas[:-1])
+    tokens = [t for d in deltas for t in d.new_token_ids]
+    assert len(tokens) == 12
+    assert "".join(d.new_text for d in deltas) == engine.tokenizer.decode(tokens)
+    assert deltas[-1].num_completion_tokens == 12
+    assert deltas[-1].num_prompt_tokens == len(engine.tokenizer.encode("Hello world"))
+
+
+async def test_concurrent_requests_with_tenants_and_priorities(engine):
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    results = await asyncio.gather(
+        *[
+            collect(engine, f"c{i}", f"prompt number {i}", params,
+                    tenant_id=f"tenant-{i % 3}", priority=Priority(i % 2))
+            for i in range(10)
+        ]
+    )
+    assert all(r[-1].num_completion_tokens == 8 for r in results)
+    assert engine.stats().num_running == 0
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks(engine):
+    params = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
+    stream = engine.generate("long", "A long generation", params)
+    async for delta in stream:
+        if delta.num_completion_tokens >= 3:
+            break
+    await stream.aclose()
+    for _ in range(200):
+        stats = engine.stats()
+        if stats.num_running == 0 and stats.num_kv_blocks_used == 0:
+            break
+        await asyncio.sleep(0.01)
+    stats = engine.stats()
+    assert stats.num_running == 0 and stats.num_waiting == 0
+    assert stats.num_kv_blocks_used == 0
+
+
+async def test_explicit_abort_ends_the_stream(engine):
+    params = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
+    seen = []
+
+    async def consume():
+        async for delta in engine.generate("victim", "Abort me", params):
+            seen.append(delta)
+
+    task = asyncio.create_task(consume())
+    while not seen:
+        await asyncio.sleep(0.01)
+    await engine.abort("victim")
+    await asyncio.wait_for(task, timeout=10)
+    assert seen[-1].finished and seen[-1].finish_reason == "abort"
+
+
+async def test_invalid_request_raises_before_anything_is_queued(engine):
+    with pytest.raises(ValueError, match="maximum context length"):
+        await collect(engine, "bad", "x", SamplingParams(max_tokens=10**7))
+    assert engine.stats().num_waiting == 0
+
+
+async def test_duplicate_request_id_is_refused(engine):
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    first = engine.generate("dup", "one", params)
+    await first.__anext__()
+    with pytest.raises(ValueError, match="already in use"):
+        await collect(engine, "dup", "two", params)
+    await first.aclose()
