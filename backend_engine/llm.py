@@ -61,21 +61,24 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
+        prompt_list: list[str | list[int]] = (
+            [prompts]
+            if isinstance(prompts, str)
+            else [p if isinstance(p, str) else list(p) for p in prompts]
+        )
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompts)
+            params_list = [sampling_params] * len(prompt_list)
         else:
             params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
+            if len(params_list) != len(prompt_list):
                 raise ValueError(
-                    f"got {len(params_list)} sampling params for {len(prompts)} prompts"
+                    f"got {len(params_list)} sampling params for {len(prompt_list)} prompts"
                 )
         engine = self.engine
         order: list[str] = []
-        for prompt, params in zip(prompts, params_list, strict=True):
+        for prompt, params in zip(prompt_list, params_list, strict=True):
             request_id = f"offline-{next(self._ids)}"
             engine.add_request(request_id, prompt, params)
             order.append(request_id)

@@ -34,13 +34,12 @@ class LLMEngine:
         model_len = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         dtype = resolve_dtype(config, self.model_config)
-        num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // kv_bytes_per_block(
-            self.model_config, config.block_size, dtype
-        )
+        block_bytes = kv_bytes_per_block(self.model_config, config.block_size, dtype)
+        num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
         if num_blocks < 1:
             raise ValueError(
                 f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is too small for one "
-                f"KV block of this model ({kv_bytes_per_block(self.model_config, config.block_size, dtype)} bytes)"
+                f"KV block of this model ({block_bytes} bytes)"
             )
         self.kv_cache = KVCacheManager(
             num_blocks,
@@ -182,6 +181,7 @@ def _model_identity(model: str, dtype: torch.dtype) -> bytes:
     """Prefix-cache key: blocks from another checkpoint or dtype must never match."""
     path = Path(model).resolve()
     stamp = "".join(
-        f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns};" for p in sorted(path.glob("*.safetensors"))
+        f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns};"
+        for p in sorted(path.glob("*.safetensors"))
     )
     return hashlib.blake2b(f"{path}|{dtype}|{stamp}".encode(), digest_size=16).digest()

@@ -36,8 +36,14 @@ async def test_concurrent_requests_with_tenants_and_priorities(engine):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     results = await asyncio.gather(
         *[
-            collect(engine, f"c{i}", f"prompt number {i}", params,
-                    tenant_id=f"tenant-{i % 3}", priority=Priority(i % 2))
+            collect(
+                engine,
+                f"c{i}",
+                f"prompt number {i}",
+                params,
+                tenant_id=f"tenant-{i % 3}",
+                priority=Priority(i % 2),
+            )
             for i in range(10)
         ]
     )

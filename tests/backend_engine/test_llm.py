@@ -27,8 +27,10 @@ def test_token_id_prompts_and_per_prompt_params(llm):
     ids = llm.tokenizer.encode("Hello there")
     outputs = llm.generate(
         [ids, ids],
-        [SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
-         SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)],
+        [
+            SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+            SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+        ],
     )
     assert [len(o.token_ids) for o in outputs] == [3, 5]
     assert outputs[1].token_ids[:3] == outputs[0].token_ids
@@ -40,8 +42,12 @@ def test_same_seed_same_output_and_different_seed_differs(llm):
     b = llm.generate(["Once upon a time", "Other prompt in the batch"], params)[0]
     assert a.token_ids == b.token_ids
     others = {
-        tuple(llm.generate(["Once upon a time"], SamplingParams(
-            temperature=1.0, max_tokens=16, seed=s, ignore_eos=True))[0].token_ids)
+        tuple(
+            llm.generate(
+                ["Once upon a time"],
+                SamplingParams(temperature=1.0, max_tokens=16, seed=s, ignore_eos=True),
+            )[0].token_ids
+        )
         for s in range(4)
     }
     assert len(others) > 1

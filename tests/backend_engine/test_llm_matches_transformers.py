@@ -20,7 +20,7 @@ def prompts_of_mixed_lengths(vocab_size: int) -> list[list[int]]:
     lengths = [1, 5, 16, 17, 40, 63]
     # Two prompts share a long prefix, so prefix caching has something to find.
     prompts = [torch.randint(3, vocab_size, (n,), generator=g).tolist() for n in lengths]
-    prompts.append(prompts[4][:32] + [7, 8, 9])
+    prompts.append([*prompts[4][:32], 7, 8, 9])
     return prompts
 
 

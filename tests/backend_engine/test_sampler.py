@@ -65,7 +65,9 @@ def test_mixed_greedy_and_random_rows():
     assert tokens[0] == int(logits[0].argmax())
 
 
-@pytest.mark.parametrize("bad", [{"top_p": 0.0}, {"temperature": -1}, {"top_k": -1}, {"max_tokens": 0}])
+@pytest.mark.parametrize(
+    "bad", [{"top_p": 0.0}, {"temperature": -1}, {"top_k": -1}, {"max_tokens": 0}]
+)
 def test_invalid_params_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)

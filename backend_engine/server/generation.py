@@ -1,0 +1,139 @@
+"""One engine request as a handler sees it: started, iterated, and always cleaned up.
+
+Whatever ends a request early (the client going away, a cancelled task, an error
+while sending), :meth:`GenerationStream.close` closes the engine's stream and
+aborts the request, so its KV blocks are freed within one engine step::
+
+    stream = await GenerationStream.start(...)     # ValueError from the engine -> 400
+    try:
+        async for delta in stream: ...
+    finally:
+        await stream.close()                       # shielded; no-op once finished
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+from starlette.types import Receive
+
+from backend_engine.async_engine import AsyncEngine
+from backend_engine.outputs import RequestOutputDelta
+from backend_engine.sampling_params import SamplingParams
+from backend_engine.server.errors import invalid_request
+from backend_engine.server.request_reader import RequestMeta
+
+
+class GenerationStream:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        request_id: str,
+        deltas: AsyncIterator[RequestOutputDelta],
+        first: RequestOutputDelta,
+        on_first_token: Callable[[], None] | None,
+    ) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._deltas = deltas
+        self._first: RequestOutputDelta | None = first
+        self._on_first_token = on_first_token
+        self.is_finished = False
+        self._is_closed = False
+
+    @classmethod
+    async def start(
+        cls,
+        engine: AsyncEngine,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        meta: RequestMeta,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> GenerationStream:
+        """Submit the request and wait for its first delta, so refusals surface as 400s."""
+        deltas: AsyncIterator[RequestOutputDelta] | None = None
+        try:
+            deltas = engine.generate(
+                request_id,
+                prompt_token_ids,
+                params,
+                tenant_id=meta.tenant_id,
+                priority=meta.priority,
+            )
+            first = await deltas.__anext__()
+        except ValueError as exc:
+            raise invalid_request(str(exc)) from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if deltas is not None:
+                    await _aclose(deltas)
+                await engine.abort(request_id)
+            raise
+        return cls(engine, request_id, deltas, first, on_first_token)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutputDelta]:
+        first, self._first = self._first, None
+        if first is not None:
+            self._note(first)
+            yield first
+        while not self.is_finished:
+            try:
+                delta = await self._deltas.__anext__()
+            except StopAsyncIteration:
+                self.is_finished = True
+                return
+            self._note(delta)
+            yield delta
+
+    def _note(self, delta: RequestOutputDelta) -> None:
+        if delta.new_token_ids and self._on_first_token is not None:
+            self._on_first_token()
+            self._on_first_token = None
+        if delta.finished:
+            self.is_finished = True
+
+    async def close(self) -> None:
+        """Close the engine's stream and abort the request unless it finished; idempotent."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        with anyio.CancelScope(shield=True):
+            await _aclose(self._deltas)
+            if not self.is_finished:
+                await self.engine.abort(self.request_id)
+
+    async def collect(self, receive: Receive) -> list[RequestOutputDelta] | None:
+        """All deltas until the request finishes, or None if the client disconnects first.
+
+        Watches the ASGI ``http.disconnect`` message while waiting, so an abandoned
+        non-streamed request does not keep generating.
+        """
+        deltas: list[RequestOutputDelta] = []
+        is_disconnected = False
+        try:
+            async with anyio.create_task_group() as task_group:
+
+                async def watch_disconnect() -> None:
+                    nonlocal is_disconnected
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    is_disconnected = True
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(watch_disconnect)
+                async for delta in self:
+                    deltas.append(delta)
+                task_group.cancel_scope.cancel()
+        finally:
+            await self.close()
+        return None if is_disconnected else deltas
+
+
+async def _aclose(iterator: AsyncIterator[RequestOutputDelta]) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()

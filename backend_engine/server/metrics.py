@@ -1,0 +1,82 @@
+"""Prometheus metrics of one server: engine state read at scrape time, plus request timings.
+
+Each app owns its own ``CollectorRegistry``; nothing is registered globally, so
+several apps (and tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from backend_engine.outputs import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class EngineStatsCollector(Collector):
+    """Turns one ``EngineStats`` snapshot into gauges and counters on every scrape."""
+
+    def __init__(self, read_stats: Callable[[], EngineStats]) -> None:
+        self._read_stats = read_stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._read_stats()
+        gauges = (
+            ("tollway_engine_kv_blocks_used", "KV cache blocks referenced by live requests.",
+             stats.num_kv_blocks_used),
+            ("tollway_engine_kv_blocks_total", "KV cache blocks in the pool.",
+             stats.num_kv_blocks_total),
+            ("tollway_engine_requests_waiting", "Requests waiting to be scheduled.",
+             stats.num_waiting),
+            ("tollway_engine_requests_running", "Requests being generated.", stats.num_running),
+        )  # fmt: skip
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        counters = (
+            ("tollway_engine_prefix_cache_queries", "Tokens looked up in the prefix cache.",
+             stats.prefix_cache_queries),
+            ("tollway_engine_prefix_cache_hits", "Tokens found in the prefix cache.",
+             stats.prefix_cache_hits),
+            ("tollway_engine_preemptions", "Requests preempted for lack of KV blocks.",
+             stats.num_preemptions),
+            ("tollway_engine_prompt_tokens", "Prompt tokens prefilled.", stats.num_prompt_tokens),
+            ("tollway_engine_generation_tokens", "Tokens generated.", stats.num_generation_tokens),
+        )  # fmt: skip
+        for name, documentation, value in counters:
+            yield CounterMetricFamily(name, documentation, value=value)
+
+
+class ServerMetrics:
+    """The metrics of one app: a private registry, a request counter and a TTFT histogram."""
+
+    def __init__(self, read_stats: Callable[[], EngineStats]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineStatsCollector(read_stats))
+        self.requests = Counter(
+            "tollway_engine_http_requests",
+            "Generation requests answered, by endpoint and status code.",
+            ("endpoint", "status"),
+            registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "tollway_engine_time_to_first_token_seconds",
+            "Seconds from accepting a request to its first generated token.",
+            ("endpoint",),
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+
+    def count_request(self, endpoint: str, status_code: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status_code)).inc()
+
+    def observe_time_to_first_token(self, endpoint: str, seconds: float) -> None:
+        self.time_to_first_token.labels(endpoint=endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

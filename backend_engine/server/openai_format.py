@@ -1,0 +1,175 @@
+"""OpenAI response shapes for chat and text completions, whole and as stream chunks.
+
+Two formatters share one interface so the route code is the same for both
+endpoints: ``whole`` for a non-streamed body, ``chunks`` per engine delta,
+``role_chunk`` before the first delta and ``usage_chunk`` after the last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backend_engine.outputs import RequestOutputDelta, TokenLogprob
+from backend_engine.server.token_text import TokenText
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResponseIdentity:
+    id: str
+    created: int
+    model: str
+
+
+def usage(last: RequestOutputDelta) -> JSON:
+    return {
+        "prompt_tokens": last.num_prompt_tokens,
+        "completion_tokens": last.num_completion_tokens,
+        "total_tokens": last.num_prompt_tokens + last.num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens},
+    }
+
+
+def _joined(deltas: list[RequestOutputDelta]) -> tuple[str, list[TokenLogprob]]:
+    text = "".join(d.new_text for d in deltas)
+    logprobs = [lp for d in deltas for lp in d.new_logprobs]
+    return text, logprobs
+
+
+class ChatFormatter:
+    object_whole = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def __init__(self, ident: ResponseIdentity, token_text: TokenText, want_logprobs: bool) -> None:
+        self.ident = ident
+        self.token_text = token_text
+        self.want_logprobs = want_logprobs
+
+    def _envelope(self, obj: str, choices: list[JSON]) -> JSON:
+        i = self.ident
+        return {
+            "id": i.id,
+            "object": obj,
+            "created": i.created,
+            "model": i.model,
+            "choices": choices,
+        }
+
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> JSON | None:
+        if not self.want_logprobs:
+            return None
+        return {"content": [self._token_entry(lp) for lp in logprobs]}
+
+    def _token_entry(self, lp: TokenLogprob) -> JSON:
+        entry = self._alternative(lp.token_id, lp.logprob)
+        entry["top_logprobs"] = [self._alternative(t, p) for t, p in lp.top]
+        return entry
+
+    def _alternative(self, token_id: int, logprob: float) -> JSON:
+        token, token_bytes = self.token_text(token_id)
+        return {"token": token, "logprob": logprob, "bytes": token_bytes}
+
+    def whole(self, deltas: list[RequestOutputDelta]) -> JSON:
+        text, logprobs = _joined(deltas)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": deltas[-1].finish_reason,
+        }
+        return {**self._envelope(self.object_whole, [choice]), "usage": usage(deltas[-1])}
+
+    def role_chunk(self) -> JSON:
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._envelope(self.object_chunk, [choice])
+
+    def chunks(self, delta: RequestOutputDelta) -> list[JSON]:
+        out = []
+        if delta.new_text or delta.new_logprobs:
+            choice = {
+                "index": 0,
+                "delta": {"content": delta.new_text},
+                "logprobs": self._logprobs(delta.new_logprobs),
+                "finish_reason": None,
+            }
+            out.append(self._envelope(self.object_chunk, [choice]))
+        if delta.finished:
+            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": delta.finish_reason}
+            out.append(self._envelope(self.object_chunk, [last]))
+        return out
+
+    def usage_chunk(self, last: RequestOutputDelta) -> JSON:
+        return {**self._envelope(self.object_chunk, []), "usage": usage(last)}
+
+
+class CompletionFormatter:
+    object_whole = "text_completion"
+    object_chunk = "text_completion"
+
+    def __init__(self, ident: ResponseIdentity, token_text: TokenText, want_logprobs: bool) -> None:
+        self.ident = ident
+        self.token_text = token_text
+        self.want_logprobs = want_logprobs
+        self._text_offset = 0
+
+    def _envelope(self, choices: list[JSON]) -> JSON:
+        i = self.ident
+        return {
+            "id": i.id,
+            "object": self.object_whole,
+            "created": i.created,
+            "model": i.model,
+            "choices": choices,
+        }
+
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> JSON | None:
+        """The legacy shape: parallel lists, ``top_logprobs`` as {token: logprob} maps."""
+        if not self.want_logprobs:
+            return None
+        tokens, offsets = [], []
+        for lp in logprobs:
+            token = self.token_text(lp.token_id)[0]
+            tokens.append(token)
+            offsets.append(self._text_offset)
+            self._text_offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self.token_text(t)[0]: p for t, p in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
+
+    def _choice(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> JSON:
+        return {
+            "index": 0,
+            "text": text,
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": finish_reason,
+        }
+
+    def whole(self, deltas: list[RequestOutputDelta]) -> JSON:
+        text, logprobs = _joined(deltas)
+        choice = self._choice(text, logprobs, deltas[-1].finish_reason)
+        return {**self._envelope([choice]), "usage": usage(deltas[-1])}
+
+    def role_chunk(self) -> JSON | None:
+        return None
+
+    def chunks(self, delta: RequestOutputDelta) -> list[JSON]:
+        if not (delta.new_text or delta.new_logprobs or delta.finished):
+            return []
+        choice = self._choice(delta.new_text, delta.new_logprobs, delta.finish_reason)
+        return [self._envelope([choice])]
+
+    def usage_chunk(self, last: RequestOutputDelta) -> JSON:
+        return {**self._envelope([]), "usage": usage(last)}
+
+
+Formatter = ChatFormatter | CompletionFormatter

@@ -1,0 +1,193 @@
+"""The HTTP endpoints. Handlers gather facts, call the engine, and format; errors are raised."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from backend_engine.server.context import ServerContext
+from backend_engine.server.errors import invalid_request, model_not_found, to_api_error
+from backend_engine.server.generation import GenerationStream
+from backend_engine.server.metrics import CONTENT_TYPE
+from backend_engine.server.openai_format import (
+    JSON,
+    ChatFormatter,
+    CompletionFormatter,
+    Formatter,
+    ResponseIdentity,
+)
+from backend_engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+)
+from backend_engine.server.request_reader import RequestMeta, read_meta, read_model
+from backend_engine.server.sampling import completion_budget, sampling_params
+from backend_engine.server.sse import DONE, EventStreamResponse, event
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _counted(endpoint: str, handler: Handler) -> Handler:
+    async def counted(request: Request) -> Response:
+        metrics = ServerContext.of(request).metrics
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            metrics.count_request(endpoint, to_api_error(exc).status_code)
+            raise
+        metrics.count_request(endpoint, response.status_code)
+        return response
+
+    return counted
+
+
+def _check_model(ctx: ServerContext, model: str) -> None:
+    if model != ctx.engine.model_name:
+        raise model_not_found(model)
+
+
+async def chat_completions(request: Request) -> Response:
+    ctx = ServerContext.of(request)
+    meta = read_meta(request)  # bad headers are refused before the body is read
+    body = await read_model(request, ChatCompletionRequest, ctx.max_body_bytes)
+    _check_model(ctx, body.model)
+    prompt_ids = await anyio.to_thread.run_sync(
+        ctx.engine.tokenizer.encode_chat, body.chat_messages()
+    )
+    return await _generate(
+        request, ctx, meta, body, prompt_ids, endpoint="chat", prompt_param="messages"
+    )
+
+
+async def completions(request: Request) -> Response:
+    ctx = ServerContext.of(request)
+    meta = read_meta(request)
+    body = await read_model(request, CompletionRequest, ctx.max_body_bytes)
+    _check_model(ctx, body.model)
+    prompt = body.prompt
+    if isinstance(prompt, list) and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        prompt_ids = await anyio.to_thread.run_sync(ctx.engine.tokenizer.encode, prompt)
+    else:
+        prompt_ids = [int(t) for t in prompt]
+        vocab_size = ctx.engine.tokenizer.vocab_size
+        if any(not 0 <= t < vocab_size for t in prompt_ids):
+            raise invalid_request(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+    return await _generate(
+        request, ctx, meta, body, prompt_ids, endpoint="completions", prompt_param="prompt"
+    )
+
+
+async def _generate(
+    request: Request,
+    ctx: ServerContext,
+    meta: RequestMeta,
+    body: GenerationRequest,
+    prompt_ids: list[int],
+    *,
+    endpoint: str,
+    prompt_param: str,
+) -> Response:
+    engine = ctx.engine
+    if not prompt_ids:
+        raise invalid_request("the prompt is empty", param=prompt_param)
+    max_tokens = completion_budget(
+        len(prompt_ids), body.requested_max_tokens(), engine.max_model_len, prompt_param
+    )
+    params = sampling_params(body, max_tokens)
+    is_chat = isinstance(body, ChatCompletionRequest)
+    ident = ResponseIdentity(
+        id=f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=engine.model_name,
+    )
+    want_logprobs = body.requested_logprobs() is not None
+    formatter: Formatter = (
+        ChatFormatter(ident, ctx.token_text, want_logprobs)
+        if is_chat
+        else CompletionFormatter(ident, ctx.token_text, want_logprobs)
+    )
+    started = time.monotonic()
+
+    def on_first_token() -> None:
+        ctx.metrics.observe_time_to_first_token(endpoint, time.monotonic() - started)
+
+    stream = await GenerationStream.start(
+        engine, ident.id, prompt_ids, params, meta, on_first_token
+    )
+    if body.stream:
+        events = _events(stream, formatter, include_usage=body.include_usage)
+        return EventStreamResponse(events, on_close=stream.close)
+    deltas = await stream.collect(request.receive)
+    if deltas is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(formatter.whole(deltas))
+
+
+async def _events(
+    stream: GenerationStream, formatter: Formatter, *, include_usage: bool
+) -> AsyncIterator[str]:
+    def emit(chunk: JSON) -> str:
+        return event({**chunk, "usage": None} if include_usage else chunk)
+
+    first = formatter.role_chunk()
+    if first is not None:
+        yield emit(first)
+    last = None
+    try:
+        async for delta in stream:
+            last = delta
+            for chunk in formatter.chunks(delta):
+                yield emit(chunk)
+    except Exception as exc:
+        logger.exception("stream %s failed", stream.request_id)
+        yield event(to_api_error(exc).body())
+        yield DONE
+        return
+    if include_usage and last is not None:
+        yield event(formatter.usage_chunk(last))
+    yield DONE
+
+
+async def models(request: Request) -> Response:
+    ctx = ServerContext.of(request)
+    card = {
+        "id": ctx.engine.model_name,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "tollway",
+        "max_model_len": ctx.engine.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    ctx = ServerContext.of(request)
+    payload = await anyio.to_thread.run_sync(ctx.metrics.render)
+    return Response(payload, media_type=CONTENT_TYPE)
+
+
+ROUTES = [
+    Route("/v1/chat/completions", _counted("chat", chat_completions), methods=["POST"]),
+    Route("/v1/completions", _counted("completions", completions), methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]

@@ -1,0 +1,49 @@
+"""Shared pieces for the benchmarks: demo checkpoints and request mixes."""
+
+from __future__ import annotations
+
+import random
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+def command_line() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def demo_model(size: str, model: str | None) -> str:
+    """The checkpoint to benchmark: ``model`` if given, else a demo one written once."""
+    if model:
+        return model
+    from backend_engine.demo_model import write_demo_checkpoint
+
+    path = Path(tempfile.gettempdir()) / f"tollway-bench-{size}"
+    if not (path / "config.json").exists():
+        write_demo_checkpoint(path, size=size, seed=0)
+    return str(path)
+
+
+def mixed_requests(
+    num_requests: int,
+    vocab_size: int,
+    prompt_lens: tuple[int, int],
+    output_lens: tuple[int, int],
+    seed: int = 0,
+) -> list[BenchRequest]:
+    rng = random.Random(seed)
+    return [
+        BenchRequest(
+            [rng.randrange(10, vocab_size - 16) for _ in range(rng.randint(*prompt_lens))],
+            rng.randint(*output_lens),
+        )
+        for _ in range(num_requests)
+    ]

@@ -1,0 +1,33 @@
+"""Shared fixtures for the whole test suite."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend_engine.demo_model import write_demo_checkpoint
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``demo_checkpoint(architecture="LlamaForCausalLM", size="tiny", **kw) -> Path``.
+
+    Each distinct set of arguments is written once per session and shared: treat the
+    directory as read-only (copy it first to modify it).
+    """
+    cache: dict[str, Path] = {}
+
+    def make(architecture: str = "LlamaForCausalLM", size: str = "tiny", **kwargs: Any) -> Path:
+        key = json.dumps(
+            {"architecture": architecture, "size": size, **kwargs}, sort_keys=True, default=str
+        )
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"demo-{size}-{architecture}")
+            cache[key] = write_demo_checkpoint(path, architecture=architecture, size=size, **kwargs)
+        return cache[key]
+
+    return make
