@@ -22,7 +22,9 @@ def demo_model(
     from backend_engine.demo_model import DEMO_SIZES, write_demo_checkpoint
 
     if size not in DEMO_SIZES:
-        raise typer.BadParameter(f"size must be one of {', '.join(DEMO_SIZES)}", param_hint="--size")
+        raise typer.BadParameter(
+            f"size must be one of {', '.join(DEMO_SIZES)}", param_hint="--size"
+        )
     path = write_demo_checkpoint(directory, size=size, seed=seed, show_progress=True)
     typer.echo(f"wrote {size} demo checkpoint to {path}")
 

@@ -55,4 +55,6 @@ class EngineConfig:
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.scheduling not in ("continuous", "static"):
-            raise ValueError(f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}")
+            raise ValueError(
+                f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"
+            )

@@ -131,7 +131,9 @@ class KVCacheManager:
         size = self.block_size
         for index in range(len(hashes), num_tokens // size):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tokens[index * size : (index + 1) * size], self.extra_key))
+            hashes.append(
+                hash_block(parent, tokens[index * size : (index + 1) * size], self.extra_key)
+            )
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> None:
         num_full = num_tokens // self.block_size

@@ -76,9 +76,14 @@ class OutputProcessor:
         state = self._states.get(request.request_id)
         if state is None:
             return RequestOutputDelta(
-                request.request_id, [], "", request.num_prompt_tokens,
-                request.num_output_tokens, max(request.num_cached_tokens, 0),
-                finished=True, finish_reason=request.finish_reason,
+                request.request_id,
+                [],
+                "",
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                max(request.num_cached_tokens, 0),
+                finished=True,
+                finish_reason=request.finish_reason,
             )
         return self._delta(request, state, self._flush(state), True, request.finish_reason)
 
@@ -90,9 +95,7 @@ class OutputProcessor:
         finished: bool,
         reason: FinishReason | None,
     ) -> RequestOutputDelta:
-        new_tokens = request.all_token_ids[
-            request.num_prompt_tokens + state.num_emitted_tokens :
-        ]
+        new_tokens = request.all_token_ids[request.num_prompt_tokens + state.num_emitted_tokens :]
         state.num_emitted_tokens = request.num_output_tokens
         logprobs, state.pending_logprobs = state.pending_logprobs, []
         if finished:

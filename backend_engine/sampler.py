@@ -62,9 +62,9 @@ def _sample_random(
     noise = torch.empty_like(probs)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     if unseeded:
-        noise[unseeded] = torch.empty(
-            (len(unseeded), probs.shape[1]), device=device
-        ).exponential_(generator=default_generator)
+        noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=device).exponential_(
+            generator=default_generator
+        )
     for i, generator in enumerate(generators):
         if generator is not None:
             noise[i].exponential_(generator=generator)
