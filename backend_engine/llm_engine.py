@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from backend_engine.config import EngineConfig
+from backend_engine.cpu_runtime import tune_cpu_runtime
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.model_config import ModelConfig
 from backend_engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_dtype
@@ -28,11 +29,12 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
+        if config.device == "cpu":
+            tune_cpu_runtime()
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         self.tokenizer = Tokenizer.from_pretrained(config.model)
-        model_len = self.model_config.max_position_embeddings
-        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        self.max_model_len = self.model_config.check_max_model_len(config.max_model_len)
         dtype = resolve_dtype(config, self.model_config)
         block_bytes = kv_bytes_per_block(self.model_config, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes

@@ -1,8 +1,8 @@
 """Offline throughput: our engine against transformers ``generate`` (static, padded
 batches) on the same checkpoint and requests, side by side in one run.
 
-    python bench/offline_throughput.py                 # large demo model, 64 requests
-    python bench/offline_throughput.py --model DIR --num-requests 48
+    python -m bench.offline_throughput                 # large demo model, 64 requests
+    python -m bench.offline_throughput --model DIR --num-requests 48
 
 Useful tokens are each request's own output tokens (padding and tokens generated
 past a request's length in a static batch do not count).

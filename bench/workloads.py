@@ -17,7 +17,11 @@ class BenchRequest:
 
 
 def command_line() -> str:
-    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    """The command that reproduces this run (benchmarks run as ``python -m bench.NAME``)."""
+    main = sys.modules["__main__"]
+    spec = getattr(main, "__spec__", None)
+    head = f"python -m {spec.name}" if spec is not None else f"python {shlex.quote(sys.argv[0])}"
+    return " ".join([head, *(shlex.quote(a) for a in sys.argv[1:])])
 
 
 def demo_model(size: str, model: str | None) -> str:

@@ -1,0 +1,46 @@
+"""Model registry: a checkpoint's ``architectures[0]`` -> the module class that runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from backend_engine.model_config import ModelConfig
+from backend_engine.models.llama import CausalLM, KVCache
+from backend_engine.weights import iter_weights, resolve_dtype
+
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
+    "LlamaForCausalLM": CausalLM,
+    "Qwen2ForCausalLM": CausalLM,
+    "MistralForCausalLM": CausalLM,
+}
+
+
+def model_class(architecture: str) -> type[CausalLM]:
+    if architecture not in MODEL_REGISTRY:
+        raise ValueError(
+            f"unsupported model architecture {architecture!r}; "
+            f"supported: {', '.join(MODEL_REGISTRY)}"
+        )
+    return MODEL_REGISTRY[architecture]
+
+
+def load_model(
+    path: str | Path,
+    config: ModelConfig,
+    dtype: str,
+    device: str,
+    show_progress: bool = False,
+) -> CausalLM:
+    """Build the model for ``config`` on ``device`` and fill it from the safetensors at ``path``.
+
+    ``dtype`` is ``"auto"`` (the checkpoint's ``torch_dtype``) or a dtype name.
+    """
+    torch_dtype = resolve_dtype(dtype, config)
+    model = model_class(config.architecture)(config, torch_dtype, torch.device(device))
+    model.load_weights(iter_weights(path, torch_dtype, show_progress))
+    return model.eval()
+
+
+__all__ = ["MODEL_REGISTRY", "CausalLM", "KVCache", "load_model", "model_class"]

@@ -1,0 +1,258 @@
+"""One decoder-only transformer for Llama, Qwen2 and Mistral checkpoints.
+
+    tokens -> embed -> N x [RMSNorm -> attention (RoPE, paged KV) -> +residual
+                            RMSNorm -> SwiGLU MLP                 -> +residual] -> RMSNorm
+
+The three architectures differ only in config values (Qwen2 has q/k/v biases). The batch
+is packed and flat (see :class:`AttentionMetadata`): every tensor below is per token, and
+the paged-attention kernels handle the per-sequence structure. Module names follow the
+Hugging Face checkpoints, except that q/k/v and gate/up are fused into one matmul each at
+load time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from backend_engine.attention_metadata import AttentionMetadata
+from backend_engine.model_config import ModelConfig
+from backend_engine.rotary import RotaryEmbedding, apply_rotary
+from backend_engine.weights import check_weight_names
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # 2 x [num_blocks, block_size, num_kv_heads, head_dim]
+
+# checkpoint name part -> (fused parameter name part, shard index)
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+# Buffers some older checkpoints saved; recomputed here, so ignored.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden_size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        self.shard_sizes = [
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        ]
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, sum(self.shard_sizes), bias=config.attention_bias, dtype=dtype
+        )
+        self.o_proj = nn.Linear(self.shard_sizes[0], config.hidden_size, bias=False, dtype=dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
+        sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
+        kv_cache: KVCache,
+        md: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        key_cache, value_cache = kv_cache
+        kernels.store_kv(k, v, key_cache, value_cache, md.slot_mapping)
+
+        num_decode = md.num_decode_tokens
+        if num_decode == num_tokens:
+            out = kernels.paged_decode_attention(
+                q, key_cache, value_cache, md.decode_block_tables, md.decode_seq_lens, self.scale
+            )
+        elif num_decode == 0:
+            out = self._prefill(q, key_cache, value_cache, md)
+        else:
+            out = torch.cat(
+                [
+                    kernels.paged_decode_attention(
+                        q[:num_decode],
+                        key_cache,
+                        value_cache,
+                        md.decode_block_tables,
+                        md.decode_seq_lens,
+                        self.scale,
+                    ),
+                    self._prefill(q[num_decode:], key_cache, value_cache, md),
+                ]
+            )
+        # out: [num_tokens, num_heads, head_dim]
+        return self.o_proj(out.view(num_tokens, self.num_heads * self.head_dim))
+
+    def _prefill(
+        self,
+        q: torch.Tensor,  # [num_prefill_tokens, num_heads, head_dim]
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_prefill_tokens, num_heads, head_dim]
+        return kernels.paged_prefill_attention(
+            q,
+            key_cache,
+            value_cache,
+            md.prefill_block_tables,
+            md.prefill_cu_seqlens_q,
+            md.prefill_seq_lens,
+            self.scale,
+        )
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = Attention(config, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype)
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [num_tokens, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        md: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, md)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    """The ``model.`` prefix of checkpoint names."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            [DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+
+class CausalLM(nn.Module):
+    """Parameters are uninitialised until :meth:`load_weights` fills them."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        with torch.device("meta"):
+            self.model = Backbone(config, dtype)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.to_empty(device=device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_model_len, config.rope_theta, config.rope_scaling, device
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: Sequence[KVCache],  # one per layer
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
+        cos, sin = self.rotary(positions, self.dtype)  # 2 x [num_tokens, 1, head_dim // 2]
+        h = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            h = layer(h, cos, sin, kv_cache, attn_metadata)
+        return self.model.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, vocab] float32
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up as they arrive."""
+        params = dict(self.named_parameters())
+        expected = self._checkpoint_names()
+        loaded: set[str] = set()
+        unexpected: set[str] = set()
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # tied: the embedding is the output projection
+            target = self._target(name, params)
+            if target is None or name not in expected:
+                unexpected.add(name)
+                continue
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"tensor {name} has shape {tuple(tensor.shape)}, "
+                    f"the config implies {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            loaded.add(name)
+        check_weight_names(expected - loaded, unexpected)
+
+    def _target(self, name: str, params: dict[str, nn.Parameter]) -> torch.Tensor | None:
+        """The (slice of the) parameter a checkpoint tensor goes into, or None if unknown."""
+        parts = name.split(".")
+        fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
+        if fused is None:
+            return params.get(name)
+        fused_name, shard = fused
+        param = params.get(".".join([*parts[:-2], fused_name, parts[-1]]))
+        if param is None:
+            return None
+        sizes = self._shard_sizes(fused_name)
+        return param.narrow(0, sum(sizes[:shard]), sizes[shard])
+
+    def _shard_sizes(self, fused_name: str) -> list[int]:
+        if fused_name == "gate_up_proj":
+            return [self.config.intermediate_size] * 2
+        c = self.config
+        return [c.num_attention_heads * c.head_dim] + [c.num_key_value_heads * c.head_dim] * 2
+
+    def _checkpoint_names(self) -> set[str]:
+        """Every tensor name the checkpoint must provide (the unfused HF names)."""
+        names: set[str] = set()
+        for name, _ in self.named_parameters():
+            *prefix, module, leaf = name.split(".")
+            sources = [k for k, (fused, _) in _FUSED.items() if fused == module] or [module]
+            names.update(".".join([*prefix, source, leaf]) for source in sources)
+        return names
