@@ -60,4 +60,8 @@ def engine(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    serve(config, host=host, port=port, uds=uds, model_name=served_model_name)
+    try:
+        serve(config, host=host, port=port, uds=uds, model_name=served_model_name)
+    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint or setting
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from exc

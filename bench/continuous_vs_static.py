@@ -1,0 +1,204 @@
+"""Continuous against static batching: request completion times on a workload whose
+output lengths vary widely, the same engine with one flag changed, side by side in one run.
+
+    python bench/continuous_vs_static.py               # large demo model, 48 requests
+    python bench/continuous_vs_static.py --model DIR --num-long 12 --max-num-seqs 8
+
+All requests arrive at t=0. Most outputs are short, a few are long (ignore_eos, so every
+request produces exactly its max_tokens). A request's completion time is the time from
+the start until its final delta; throughput is output tokens / time until the last one.
+Static batching admits a new batch only when the previous one has drained, so each short
+request waits for the longest request in its batch. Both modes use the same
+``max_num_seqs``, so static batching forms batches of that size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workloads import BenchRequest, command_line, demo_model
+
+if TYPE_CHECKING:
+    from backend_engine.llm_engine import LLMEngine
+
+
+@dataclass(frozen=True)
+class RunResult:
+    completion_times: list[float]  # seconds, one per request
+    completion_steps: list[int]  # engine steps until each request's final delta
+    seconds: float  # until the last request finished
+    num_output_tokens: int
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.completion_times)
+
+    def percentile(self, q: int) -> float:
+        return statistics.quantiles(self.completion_times, n=100, method="inclusive")[q - 1]
+
+    @property
+    def mean_step(self) -> float:
+        return statistics.fmean(self.completion_steps)
+
+    @property
+    def throughput(self) -> float:
+        return self.num_output_tokens / self.seconds
+
+
+def long_tail_requests(
+    num_requests: int,
+    num_long: int,
+    vocab_size: int,
+    prompt_lens: tuple[int, int],
+    short_lens: tuple[int, int],
+    long_lens: tuple[int, int],
+    seed: int = 0,
+) -> list[BenchRequest]:
+    """``num_long`` requests (at random positions) get a long output, the rest a short one."""
+    rng = random.Random(seed)
+    long_ids = set(rng.sample(range(num_requests), num_long))
+    return [
+        BenchRequest(
+            [rng.randrange(10, vocab_size - 16) for _ in range(rng.randint(*prompt_lens))],
+            rng.randint(*(long_lens if i in long_ids else short_lens)),
+        )
+        for i in range(num_requests)
+    ]
+
+
+def make_engine(
+    model: str, scheduling: str, max_num_seqs: int, num_threads: int | None
+) -> LLMEngine:
+    from backend_engine import EngineConfig
+    from backend_engine.llm_engine import LLMEngine
+
+    return LLMEngine(
+        EngineConfig(
+            model=model,
+            dtype="float32",
+            max_num_seqs=max_num_seqs,
+            scheduling=scheduling,  # type: ignore[arg-type]
+            enable_prefix_caching=False,  # repeats reuse the prompts: keep them cold
+            show_progress=False,
+            num_threads=num_threads,
+        )
+    )
+
+
+def run(engine: LLMEngine, requests: list[BenchRequest], tag: str) -> RunResult:
+    from backend_engine import SamplingParams
+
+    done: dict[str, tuple[float, int]] = {}
+    num_tokens = num_steps = 0
+    start = time.perf_counter()
+    for i, r in enumerate(requests):
+        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+        engine.add_request(f"{tag}-{i}", r.prompt_token_ids, params)
+    while engine.has_unfinished():
+        deltas = engine.step()
+        num_steps += 1
+        for delta in deltas:
+            num_tokens += len(delta.new_token_ids)
+            if delta.finished:
+                done[delta.request_id] = (time.perf_counter() - start, num_steps)
+    elapsed = time.perf_counter() - start
+    if num_tokens != sum(r.max_tokens for r in requests):
+        raise RuntimeError(f"{tag}: got {num_tokens} output tokens, expected every max_tokens")
+    finished = [done[f"{tag}-{i}"] for i in range(len(requests))]
+    return RunResult([t for t, _ in finished], [n for _, n in finished], elapsed, num_tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
+    parser.add_argument("--size", default="large")
+    parser.add_argument("--num-requests", type=int, default=48)
+    parser.add_argument("--num-long", type=int, default=6)
+    parser.add_argument("--prompt-lens", type=int, nargs=2, default=(32, 128))
+    parser.add_argument("--short-lens", type=int, nargs=2, default=(8, 32))
+    parser.add_argument("--long-lens", type=int, nargs=2, default=(256, 512))
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared 2-core machine two threads thrash "
+        "whenever another process is busy; 0 = torch's default)",
+    )
+    args = parser.parse_args()
+
+    import torch
+
+    from backend_engine import SamplingParams
+    from backend_engine.model_config import ModelConfig
+
+    model = demo_model(args.size, args.model)
+    vocab = ModelConfig.from_pretrained(model).vocab_size
+    requests = long_tail_requests(
+        args.num_requests,
+        args.num_long,
+        vocab,
+        args.prompt_lens,
+        args.short_lens,
+        args.long_lens,
+    )
+    modes = ("continuous", "static")
+    engines = {
+        mode: make_engine(model, mode, args.max_num_seqs, args.num_threads or None)
+        for mode in modes
+    }
+    for mode, engine in engines.items():  # warm-up
+        engine.add_request(f"warm-{mode}", requests[0].prompt_token_ids, SamplingParams())
+        while engine.has_unfinished():
+            engine.step()
+    results: dict[str, list[RunResult]] = {mode: [] for mode in modes}
+    for repeat in range(args.repeats):
+        for mode, engine in engines.items():
+            results[mode].append(run(engine, requests, f"{mode}-{repeat}"))
+
+    def med(mode: str, value: str) -> float:
+        return statistics.median(
+            r.percentile(int(value[1:])) if value.startswith("p") else getattr(r, value)
+            for r in results[mode]
+        )
+
+    print(f"command: {command_line()}")
+    lens = sorted(r.max_tokens for r in requests)
+    print(
+        f"requests: {len(requests)} at t=0, prompts {args.prompt_lens[0]}-{args.prompt_lens[1]}, "
+        f"outputs: {args.num_requests - args.num_long} short ({args.short_lens[0]}-"
+        f"{args.short_lens[1]}), {args.num_long} long ({args.long_lens[0]}-{args.long_lens[1]}), "
+        f"{sum(lens)} output tokens in all, ignore_eos; max_num_seqs: {args.max_num_seqs}; "
+        f"repeats: {args.repeats}; torch threads: {torch.get_num_threads()}"
+    )
+    for mode in modes:
+        print(
+            f"{mode:10} batching: mean completion {med(mode, 'mean'):6.2f} s  "
+            f"p50 {med(mode, 'p50'):6.2f} s  p90 {med(mode, 'p90'):6.2f} s  "
+            f"throughput {med(mode, 'throughput'):7.1f} output tokens/s  (mean runs: "
+            + ", ".join(f"{r.mean:.2f}" for r in results[mode])
+            + " s)"
+        )
+    steps = {mode: results[mode][0].mean_step for mode in modes}  # the same in every repeat
+    print(
+        f"mean completion step (engine steps, independent of step cost): continuous "
+        f"{steps['continuous']:.1f}, static {steps['static']:.1f} "
+        f"(ratio {steps['static'] / steps['continuous']:.2f}x)"
+    )
+    ratio = med("static", "mean") / med("continuous", "mean")
+    print(f"ratio of mean completion time (static / continuous): {ratio:.2f}x  (target >= 3x)")
+
+
+if __name__ == "__main__":
+    main()
