@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from backend_engine.config import EngineConfig
@@ -28,6 +29,16 @@ logger = logging.getLogger(__name__)
 
 class EngineError(RuntimeError):
     """The engine failed while running a request (not the caller's fault)."""
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: Request
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
 
 
 class AsyncEngine:
@@ -49,7 +60,7 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.model_name = model_name or Path(config.model).resolve().name
         self.max_model_len = self.engine.max_model_len
-        self._commands: queue.SimpleQueue[tuple[str, Request | str]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue[RequestOutputDelta | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -96,7 +107,7 @@ class AsyncEngine:
         )
         stream: asyncio.Queue[RequestOutputDelta | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream
-        self._send("add", request)
+        self._send(_Add(request))
         finished = False
         try:
             while not finished:
@@ -109,16 +120,16 @@ class AsyncEngine:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._send("abort", request_id)
+                self._send(_Abort(request_id))
 
     async def abort(self, request_id: str) -> None:
-        self._send("abort", request_id)
+        self._send(_Abort(request_id))
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
-    def _send(self, command: str, payload: Request | str) -> None:
-        self._commands.put((command, payload))
+    def _send(self, command: _Add | _Abort) -> None:
+        self._commands.put(command)
         self._wakeup.set()
 
     def _run(self) -> None:
@@ -145,16 +156,14 @@ class AsyncEngine:
         deltas: list[RequestOutputDelta] = []
         while True:
             try:
-                command, payload = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return deltas
-            if command == "add":
-                assert isinstance(payload, Request)
-                if payload.request_id in self._streams:
-                    self.engine.add(payload)
+            if isinstance(command, _Add):
+                if command.request.request_id in self._streams:  # else: already gone
+                    self.engine.add(command.request)
             else:
-                assert isinstance(payload, str)
-                deltas.extend(self.engine.abort([payload]))
+                deltas.extend(self.engine.abort([command.request_id]))
 
     def _publish(self, deltas: list[RequestOutputDelta]) -> None:
         if deltas and self._loop is not None:

@@ -148,15 +148,14 @@ class LLMEngine:
         if output.is_empty:
             return []
         sampled = self.runner.execute(output)
-        self.num_prompt_tokens += sum(
-            s.num_tokens for s in output.scheduled if not (s.do_sample and s.num_tokens == 1)
-        )
         updated = self.scheduler.update_from_output(
             output, {rid: s.token_id for rid, s in sampled.items()}
         )
         self.num_generation_tokens += len(updated)
         deltas = []
         for request in updated:
+            if request.num_output_tokens == 1:  # its prompt has just been prefilled
+                self.num_prompt_tokens += request.num_prompt_tokens
             delta, hit_stop = self.outputs.process(request, sampled[request.request_id].logprob)
             if hit_stop:
                 self.scheduler.finish(request.request_id, "stop")

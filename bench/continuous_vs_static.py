@@ -132,9 +132,9 @@ def main() -> None:
     parser.add_argument(
         "--num-threads",
         type=int,
-        default=1,
-        help="torch threads (default 1: on a shared 2-core machine two threads thrash "
-        "whenever another process is busy; 0 = torch's default)",
+        default=0,
+        help="torch threads (0 = torch's default, one per core; 1 is steadier on a busy "
+        "shared machine)",
     )
     args = parser.parse_args()
 
