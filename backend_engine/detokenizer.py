@@ -65,18 +65,16 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._prefix_offset)
         if len(new_text) <= len(self._prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
             return ""
-        delta = new_text[len(self._prefix_text) :]
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._token_ids)
-        self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        self._chunks.append(delta)
-        return delta
+        return self._advance(new_text)
 
     def flush(self) -> str:
         """Release held-back text (at the end of a request); incomplete bytes become U+FFFD."""
         if self._read_offset == len(self._token_ids):
             return ""
-        new_text = self._decode(self._prefix_offset)
+        return self._advance(self._decode(self._prefix_offset))
+
+    def _advance(self, new_text: str) -> str:
+        """Emit what ``new_text`` adds past the prefix window, then slide the window."""
         delta = new_text[len(self._prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)

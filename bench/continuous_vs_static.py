@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.workloads import BenchRequest, command_line, demo_model
+from bench.workloads import BenchRequest, add_common_args, command_line, demo_model
 
 if TYPE_CHECKING:
     from backend_engine.llm_engine import LLMEngine
@@ -120,22 +120,13 @@ def run(engine: LLMEngine, requests: list[BenchRequest], tag: str) -> RunResult:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
-    parser.add_argument("--size", default="large")
     parser.add_argument("--num-requests", type=int, default=48)
     parser.add_argument("--num-long", type=int, default=6)
     parser.add_argument("--prompt-lens", type=int, nargs=2, default=(32, 128))
     parser.add_argument("--short-lens", type=int, nargs=2, default=(8, 32))
     parser.add_argument("--long-lens", type=int, nargs=2, default=(256, 512))
     parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--num-threads",
-        type=int,
-        default=0,
-        help="torch threads (0 = torch's default, one per core; 1 is steadier on a busy "
-        "shared machine)",
-    )
+    add_common_args(parser)
     args = parser.parse_args()
 
     import torch

@@ -30,7 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.workloads import BenchRequest, command_line, demo_model, mixed_requests
+from bench.workloads import BenchRequest, add_common_args, command_line, demo_model, mixed_requests
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,6 @@ def run_workload(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
-    parser.add_argument("--size", default="large")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-lens", type=int, nargs=2, default=(32, 512))
     parser.add_argument("--output-lens", type=int, nargs=2, default=(16, 256))
@@ -124,14 +122,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=256 * 1024 * 1024)
     parser.add_argument("--min-running", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--num-threads",
-        type=int,
-        default=0,
-        help="torch threads (0 = torch's default, one per core; 1 is steadier on a busy "
-        "shared machine)",
-    )
+    add_common_args(parser)
     args = parser.parse_args()
 
     import torch

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench.workloads import BenchRequest, command_line, demo_model, mixed_requests
+if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workloads import BenchRequest, add_common_args, command_line, demo_model, mixed_requests
 
 
 def run_ours(model: str, requests: list[BenchRequest], max_num_seqs: int) -> float:
@@ -63,15 +68,15 @@ def run_transformers(model: str, requests: list[BenchRequest], batch_size: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
-    parser.add_argument("--size", default="large")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-lens", type=int, nargs=2, default=(32, 512))
     parser.add_argument("--output-lens", type=int, nargs=2, default=(16, 256))
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=1)
+    add_common_args(parser)
     args = parser.parse_args()
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
 
     from backend_engine.model_config import ModelConfig
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.workloads import command_line, demo_model
+from bench.workloads import add_common_args, command_line, demo_model
 
 if TYPE_CHECKING:
     from backend_engine import LLM
@@ -46,18 +46,9 @@ def measure_ttft(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
-    parser.add_argument("--size", default="large")
     parser.add_argument("--prefix-len", type=int, default=1024)
     parser.add_argument("--suffix-len", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--num-threads",
-        type=int,
-        default=0,
-        help="torch threads (0 = torch's default, one per core; 1 is steadier on a busy "
-        "shared machine)",
-    )
+    add_common_args(parser)
     args = parser.parse_args()
 
     import torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 import shlex
 import sys
@@ -14,6 +15,20 @@ from pathlib import Path
 class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
+
+
+def add_common_args(parser: argparse.ArgumentParser, repeats: int = 3) -> None:
+    """--model, --size, --repeats and --num-threads, the same in every benchmark."""
+    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
+    parser.add_argument("--size", default="large", help="demo model size when --model is absent")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=0,
+        help="torch threads (0 = torch's default, one per core; 1 is steadier on a busy "
+        "shared machine)",
+    )
 
 
 def command_line() -> str:
