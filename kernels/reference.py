@@ -104,7 +104,17 @@ def paged_prefill_attention(
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     query_lens = [cu[i + 1] - cu[i] for i in range(num_seqs)]
-    for rows in _buckets(lens, query_lens):
+    # Sequences with no cached prefix need only causal masking, which SDPA does without
+    # an explicit mask (and skips the upper triangle), so keep them apart from the rest.
+    whole = [i for i in range(num_seqs) if query_lens[i] == lens[i]]
+    continued = [i for i in range(num_seqs) if query_lens[i] != lens[i]]
+    groups = [
+        [part[i] for i in rows]
+        for part in (whole, continued)
+        if part
+        for rows in _buckets([lens[i] for i in part], [query_lens[i] for i in part])
+    ]
+    for rows in groups:
         bucket_lens = [lens[r] for r in rows]
         bucket_qlens = [query_lens[r] for r in rows]
         max_q = max(bucket_qlens)
@@ -211,9 +221,11 @@ def _attention_mask(
     the whole context so their softmax stays finite (they are discarded anyway).
     """
     max_q = max(query_lens)
-    if all(n == max_len for n in seq_lens) and all(
-        qn == max_q and (qn == 1 or qn == max_len) for qn in query_lens
-    ):
+    if all(qn == n for qn, n in zip(query_lens, seq_lens, strict=True)):
+        # No cached prefix anywhere: causal masking alone is exact for every real query
+        # row (row j sees keys 0..j, all inside its own sequence); padding rows are dropped.
+        return None
+    if all(n == max_len for n in seq_lens) and all(qn == 1 for qn in query_lens):
         return None
     lens = torch.tensor(seq_lens, dtype=torch.int64)  # [b]
     qlens = torch.tensor(query_lens, dtype=torch.int64)  # [b]
