@@ -15,7 +15,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.cpu_runtime import tune_cpu_runtime
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.model_config import ModelConfig
-from backend_engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_dtype
+from backend_engine.model_runner import ModelRunner, engine_dtype, kv_bytes_per_block
 from backend_engine.output_processor import OutputProcessor
 from backend_engine.outputs import EngineStats, RequestOutputDelta
 from backend_engine.request import Request
@@ -35,7 +35,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_pretrained(config.model)
         self.tokenizer = Tokenizer.from_pretrained(config.model)
         self.max_model_len = self.model_config.check_max_model_len(config.max_model_len)
-        dtype = resolve_dtype(config, self.model_config)
+        dtype = engine_dtype(config, self.model_config)
         block_bytes = kv_bytes_per_block(self.model_config, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
         if num_blocks < 1:

@@ -14,13 +14,12 @@ from backend_engine.models import load_model
 from backend_engine.outputs import TokenLogprob
 from backend_engine.sampler import sample
 from backend_engine.scheduler import ScheduledRequest, SchedulerOutput
+from backend_engine.weights import resolve_dtype
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-def resolve_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype:
-    name = model_config.torch_dtype if config.dtype == "auto" else config.dtype
-    dtype = _TORCH_DTYPES.get(name or "float32", torch.float32)
+def engine_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype:
+    """The dtype weights and KV cache use: the configured one, except float16 on CPU."""
+    dtype = resolve_dtype(config.dtype, model_config)
     if config.device == "cpu" and dtype == torch.float16:
         return torch.float32  # half matmuls on CPU are slow and inexact
     return dtype
@@ -51,7 +50,7 @@ class ModelRunner:
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config, model_config)
+        self.dtype = engine_dtype(config, model_config)
         self.block_size = config.block_size
         self.model = load_model(
             config.model,
