@@ -1,0 +1,208 @@
+"""Redis budget ledger: one balance shared by any number of gateway replicas.
+
+Each operation is one Lua script, so it is atomic on the server. Keys of one balance share
+the hash tag ``{tenant:period}`` (one cluster slot); tenant and period are percent-encoded so
+``("a:b", "c")`` and ``("a", "b:c")`` cannot collide::
+
+    tollway:budget:{acme:day%3A2025-06-01}                    HASH  used, known
+    tollway:budget:{acme:day%3A2025-06-01}:reservations       ZSET  id -> expires_at (ms)
+    tollway:budget:{acme:day%3A2025-06-01}:reservation_tokens HASH  id -> tokens
+    tollway:budget:{acme:day%3A2025-06-01}:finished           ZSET  id -> forget_at (ms)
+
+Time is the server's: scripts read ``TIME``, so replicas whose clocks differ still agree on
+when a reservation expires (this needs script effects replication: the default since Redis
+5, the only mode since Redis 7). ``Reservation.expires_at`` is therefore Redis time.
+
+Expired reservations are purged lazily, inside every script, before anything is counted.
+``reserved`` is summed from the live reservations rather than kept as a counter, so it
+cannot drift. Run Redis with ``maxmemory-policy noeviction``: an evicted key loses budget
+state. Semantics are those of ``budget_ledger``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from redis.asyncio import Redis
+
+from gateway.budget_ledger import (
+    DEFAULT_SETTLED_RETENTION_S,
+    Balance,
+    Reservation,
+    check_reserve_args,
+    check_used_tokens,
+)
+
+# KEYS: account, reservations, reservation_tokens, finished. Defines `now` (ms) and purges.
+_PRELUDE = """
+local account, reservations, reservation_tokens, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', reservations, '-inf', now)) do
+  redis.call('HDEL', reservation_tokens, id)
+end
+redis.call('ZREMRANGEBYSCORE', reservations, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', finished, '-inf', now)
+local function reserved()
+  local total = 0
+  for _, tokens in ipairs(redis.call('HVALS', reservation_tokens)) do
+    total = total + tonumber(tokens)
+  end
+  return total
+end
+local function used()
+  return tonumber(redis.call('HGET', account, 'used') or '0')
+end
+-- Marks the reservation finished; false if it already was (settle/release are idempotent).
+local function finish(id, expires_at, retention)
+  if redis.call('ZSCORE', finished, id) then
+    return false
+  end
+  local forget_at = math.max(now, expires_at) + retention
+  redis.call('ZADD', finished, forget_at, id)
+  if redis.call('PTTL', finished) < forget_at - now then
+    redis.call('PEXPIRE', finished, forget_at - now)
+  end
+  redis.call('ZREM', reservations, id)
+  redis.call('HDEL', reservation_tokens, id)
+  return true
+end
+"""
+
+# ARGV: limit, tokens, ttl_ms, id. Returns expires_at (ms), or nil to refuse.
+_RESERVE = (
+    _PRELUDE
+    + """
+local limit, tokens, ttl_ms, id = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+if used() + reserved() + tokens > limit then
+  return false
+end
+local expires_at = now + ttl_ms
+redis.call('ZADD', reservations, expires_at, id)
+redis.call('HSET', reservation_tokens, id, tokens)
+return expires_at
+"""
+)
+
+# ARGV: id, expires_at (ms), retention (ms), used_tokens.
+_SETTLE = (
+    _PRELUDE
+    + """
+local used_tokens = tonumber(ARGV[4])
+if finish(ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])) and used_tokens > 0 then
+  redis.call('HINCRBY', account, 'used', used_tokens)
+end
+return 0
+"""
+)
+
+# ARGV: id, expires_at (ms), retention (ms).
+_RELEASE = (
+    _PRELUDE
+    + """
+finish(ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+return 0
+"""
+)
+
+_BALANCE = (
+    _PRELUDE
+    + """
+return {used(), reserved()}
+"""
+)
+
+# ARGV: used_tokens. Returns 1 if it rebuilt the balance, 0 if it was already known.
+_REBUILD = (
+    _PRELUDE
+    + """
+if redis.call('HEXISTS', account, 'known') == 1 then
+  return 0
+end
+redis.call('HSET', account, 'used', ARGV[1], 'known', 1)
+return 1
+"""
+)
+
+
+@dataclass(frozen=True)
+class _Keys:
+    account: str
+    reservations: str
+    reservation_tokens: str
+    finished: str
+
+    @classmethod
+    def of(cls, tenant_id: str, period_key: str) -> _Keys:
+        account = f"tollway:budget:{{{quote(tenant_id, safe='')}:{quote(period_key, safe='')}}}"
+        return cls(
+            account,
+            f"{account}:reservations",
+            f"{account}:reservation_tokens",
+            f"{account}:finished",
+        )
+
+    def as_list(self) -> list[str]:
+        return [self.account, self.reservations, self.reservation_tokens, self.finished]
+
+
+class RedisBudgetLedger:
+    """``BudgetLedger`` in Redis; the caller owns (and closes) the client."""
+
+    def __init__(
+        self, client: Redis, settled_retention_s: float = DEFAULT_SETTLED_RETENTION_S
+    ) -> None:
+        if not settled_retention_s > 0:
+            raise ValueError(f"settled_retention_s must be > 0, got {settled_retention_s}")
+        self._client = client
+        self._retention_ms = _to_ms(settled_retention_s)
+        self._reserve = client.register_script(_RESERVE)
+        self._settle = client.register_script(_SETTLE)
+        self._release = client.register_script(_RELEASE)
+        self._balance = client.register_script(_BALANCE)
+        self._rebuild = client.register_script(_REBUILD)
+
+    async def reserve(
+        self, tenant_id: str, period_key: str, limit: int, tokens: int, ttl_s: float
+    ) -> Reservation | None:
+        check_reserve_args(limit, tokens, ttl_s)
+        reservation_id = uuid.uuid4().hex
+        keys = _Keys.of(tenant_id, period_key).as_list()
+        ttl_ms = max(1, _to_ms(ttl_s))
+        expires_ms = await self._reserve(keys, [limit, tokens, ttl_ms, reservation_id])
+        if expires_ms is None:
+            return None
+        return Reservation(reservation_id, tenant_id, period_key, tokens, int(expires_ms) / 1000)
+
+    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        check_used_tokens(used_tokens)
+        await self._settle(_keys_of(reservation), [*self._finish_args(reservation), used_tokens])
+
+    async def release(self, reservation: Reservation) -> None:
+        await self._release(_keys_of(reservation), self._finish_args(reservation))
+
+    async def balance(self, tenant_id: str, period_key: str) -> Balance:
+        used, reserved = await self._balance(_Keys.of(tenant_id, period_key).as_list())
+        return Balance(used=int(used), reserved=int(reserved))
+
+    async def rebuild(self, tenant_id: str, period_key: str, used_tokens: int) -> bool:
+        check_used_tokens(used_tokens)
+        keys = _Keys.of(tenant_id, period_key).as_list()
+        return int(await self._rebuild(keys, [used_tokens])) == 1
+
+    async def is_known(self, tenant_id: str, period_key: str) -> bool:
+        account = _Keys.of(tenant_id, period_key).account
+        return bool(await self._client.hexists(account, "known"))
+
+    def _finish_args(self, reservation: Reservation) -> list[int | str]:
+        return [reservation.reservation_id, _to_ms(reservation.expires_at), self._retention_ms]
+
+
+def _keys_of(reservation: Reservation) -> list[str]:
+    return _Keys.of(reservation.tenant_id, reservation.period_key).as_list()
+
+
+def _to_ms(seconds: float) -> int:
+    return round(seconds * 1000)

@@ -1,0 +1,70 @@
+"""Admission against a tenant's token budget: a pure decision over the balances
+the ledger reports.
+
+A request is charged in two steps. Before forwarding, the gateway *reserves* its
+worst case, ``prompt_tokens + max_tokens`` (`reservation_tokens`); when the
+stream ends the ledger settles the reservation to the tokens actually used. The
+invariant this policy keeps, for the budget window in force::
+
+    used + reserved + request_tokens <= limit
+
+where ``used`` is what settled requests consumed in the window and ``reserved``
+the sum of reservations of requests still in flight. Admitting only requests
+that keep it means concurrent requests can never overspend the budget, even if
+every one of them runs to its ``max_tokens``. Exactly at the limit is admitted.
+"""
+
+from __future__ import annotations
+
+from policies.budget_period import BudgetWindow
+from policies.decision import Rejection
+
+
+def reservation_tokens(prompt_tokens: int, max_tokens: int) -> int:
+    """The worst case a request can cost: its prompt plus its whole output allowance."""
+    if prompt_tokens < 0 or max_tokens < 0:
+        raise ValueError(
+            f"token counts must be non-negative, got prompt_tokens={prompt_tokens}, "
+            f"max_tokens={max_tokens}"
+        )
+    return prompt_tokens + max_tokens
+
+
+def admit_budget(
+    *,
+    used: int,
+    reserved: int,
+    request_tokens: int,
+    limit: int | None,
+    window: BudgetWindow | None = None,
+) -> Rejection | None:
+    """None to admit (and reserve ``request_tokens``), or a 429 ``insufficient_quota``.
+
+    ``limit=None`` is an unlimited budget. ``window`` only improves the message
+    (which period is exhausted and when it resets).
+    """
+    for name, value in (("used", used), ("reserved", reserved), ("request_tokens", request_tokens)):
+        if value < 0:
+            raise ValueError(f"{name} must be non-negative, got {value}")
+    if limit is None or used + reserved + request_tokens <= limit:
+        return None
+    period = f" for {window.key}" if window is not None else ""
+    if request_tokens > limit:
+        detail = (
+            f"This request needs up to {request_tokens} tokens, more than the whole budget of "
+            f"{limit}; lower max_tokens or shorten the prompt."
+        )
+    else:
+        detail = (
+            f"Used {used} and {reserved} reserved by requests in flight; this request needs "
+            f"up to {request_tokens} more (prompt plus max_tokens), limit {limit}; "
+            "lower max_tokens or wait."
+        )
+        if window is not None and window.end is not None:
+            detail += f" The budget resets at {window.end.isoformat()}."
+    return Rejection(
+        status=429,
+        code="insufficient_quota",
+        type="insufficient_quota",
+        message=f"You exceeded your token budget{period}. {detail}",
+    )

