@@ -1,0 +1,1 @@
+"""tiktoken rank files shipped as package data (see README.md here for their source)."""

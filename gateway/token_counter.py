@@ -1,0 +1,367 @@
+"""Prompt-token counting in the gateway with tiktoken, equal to what the engine counts.
+
+Two builders, both offline:
+
+- ``from_checkpoint(path)`` converts one of our checkpoints' byte-level BPE ``tokenizer.json``
+  into a ``tiktoken.Encoding`` and renders the checkpoint's chat template with the engine's own
+  code, so ``count_chat(messages) == len(Tokenizer.from_pretrained(path).encode_chat(messages))``.
+  A tokenizer tiktoken cannot reproduce exactly raises ``UnsupportedTokenizer`` (a
+  ``ValueError``) saying why, so the caller can fall back.
+- ``for_openai_model(name)`` counts with ``cl100k_base`` or ``o200k_base``, loaded from the rank
+  files shipped in ``gateway/encodings`` (never downloaded), following OpenAI's cookbook rules.
+
+Only ``tiktoken``, ``tokenizers`` and ``jinja2`` are imported: never torch or transformers.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import itertools
+import json
+import re
+import types
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import tiktoken
+from tiktoken.model import encoding_name_for_model
+from tiktoken_ext import openai_public
+from tokenizers import models
+
+from backend_engine.tokenizer import Tokenizer
+
+Messages = list[dict[str, Any]]
+OPENAI_ENCODINGS = ("cl100k_base", "o200k_base")
+DEFAULT_OPENAI_ENCODING = "cl100k_base"
+# OpenAI cookbook, "How to count tokens with tiktoken" (gpt-3.5-turbo-0613 and later, gpt-4*,
+# gpt-4o*): each message costs 3 tokens of framing plus its encoded values, a "name" one more,
+# and the reply is primed with 3 tokens (<|start|>assistant<|message|>).
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+TOKENS_PER_REPLY = 3
+
+
+class TokenCounter(Protocol):
+    def count_text(self, text: str) -> int: ...
+
+    def count_chat(self, messages: Messages) -> int: ...
+
+
+class UnsupportedTokenizer(ValueError):
+    """The checkpoint's tokenizer cannot be reproduced exactly by tiktoken."""
+
+
+# --- OpenAI encodings, from package data -------------------------------------------------------
+
+
+def _read_rank_file(blobpath: str, expected_hash: str | None = None) -> dict[bytes, int]:
+    """tiktoken's ``load_tiktoken_bpe``, reading ``gateway/encodings/<file name>`` instead."""
+    name = blobpath.rsplit("/", 1)[-1]
+    resource = resources.files("gateway.encodings") / name
+    if not resource.is_file():
+        raise ValueError(f"{name} is not shipped in gateway/encodings ({blobpath})")
+    data = resource.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if expected_hash is None or digest != expected_hash:
+        raise ValueError(
+            f"gateway/encodings/{name} has sha256 {digest}, tiktoken expects "
+            f"{expected_hash}; regenerate it with deploy/make_tiktoken_files.py"
+        )
+    return {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in data.splitlines() if line)
+    }
+
+
+def load_openai_encoding(name: str) -> tiktoken.Encoding:
+    """``cl100k_base`` or ``o200k_base`` without network.
+
+    The pattern and special tokens are tiktoken's own: we run the constructor from the installed
+    ``tiktoken_ext/openai_public.py`` with its ``load_tiktoken_bpe`` pointed at our package
+    data (a copy of the function with other globals; nothing is patched). The rank file must
+    have the sha256 that constructor expects. Loading takes up to a second: build once.
+    """
+    if name not in OPENAI_ENCODINGS:
+        raise ValueError(f"encoding must be one of {OPENAI_ENCODINGS}, got {name!r}")
+    constructor = openai_public.ENCODING_CONSTRUCTORS[name]
+    offline = types.FunctionType(
+        constructor.__code__,
+        {**constructor.__globals__, "load_tiktoken_bpe": _read_rank_file},
+        constructor.__name__,
+        constructor.__defaults__,
+        constructor.__closure__,
+    )
+    return tiktoken.Encoding(**offline())
+
+
+def openai_encoding_name(model: str) -> str:
+    """tiktoken's model table, limited to the encodings we ship; ``cl100k_base`` otherwise."""
+    try:
+        name = encoding_name_for_model(model)
+    except KeyError:
+        return DEFAULT_OPENAI_ENCODING
+    if name == "o200k_harmony":  # same ranks and pattern; only the special tokens differ
+        return "o200k_base"
+    return name if name in OPENAI_ENCODINGS else DEFAULT_OPENAI_ENCODING
+
+
+class OpenAITokenCounter:
+    """Counts as OpenAI's cookbook does; special-token text in content is plain text."""
+
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
+        self.encoding = encoding
+
+    def count_text(self, text: str) -> int:
+        return len(self.encoding.encode_ordinary(text))
+
+    def count_chat(self, messages: Messages) -> int:
+        num_tokens = TOKENS_PER_REPLY
+        for message in messages:
+            num_tokens += TOKENS_PER_MESSAGE
+            for key, value in message.items():
+                if value is None:
+                    continue
+                text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+                num_tokens += self.count_text(text)
+                if key == "name":
+                    num_tokens += TOKENS_PER_NAME
+        return num_tokens
+
+
+def for_openai_model(model: str) -> OpenAITokenCounter:
+    return OpenAITokenCounter(load_openai_encoding(openai_encoding_name(model)))
+
+
+# --- Checkpoint tokenizers ---------------------------------------------------------------------
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character standing for each byte, inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    chars.update({b: chr(256 + n) for n, b in enumerate(shifted)})
+    return {c: b for b, c in chars.items()}
+
+
+# HF's ByteLevel(use_regex=True) pre-tokenizer pattern (GPT-2's).
+_BYTE_LEVEL_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def _steps(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    """The steps of a (possibly ``Sequence``) normalizer or pre-tokenizer."""
+    if spec is None:
+        return []
+    return list(spec.get(key, [])) if spec.get("type") == "Sequence" else [spec]
+
+
+def _pattern(pre_tokenizer: dict[str, Any] | None) -> str:
+    """The regex tiktoken splits with, from a Split + ByteLevel (or a lone ByteLevel) chain."""
+    steps = _steps(pre_tokenizer, "pretokenizers")
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        byte_level, pattern = steps[0], _BYTE_LEVEL_PATTERN
+    elif kinds == ["Split", "ByteLevel"]:
+        split, byte_level = steps
+        regex = split.get("pattern", {}).get("Regex")
+        if not isinstance(regex, str):
+            raise UnsupportedTokenizer("the Split pre-tokenizer splits on a string, not a regex")
+        if split.get("behavior") != "Isolated" or split.get("invert"):
+            raise UnsupportedTokenizer("the Split pre-tokenizer is not Isolated/non-inverted")
+        if byte_level.get("use_regex", True):
+            raise UnsupportedTokenizer("ByteLevel after Split applies a second regex")
+        pattern = regex
+    else:
+        raise UnsupportedTokenizer(f"pre-tokenizer {kinds} is not Split+ByteLevel or ByteLevel")
+    if byte_level.get("add_prefix_space"):
+        raise UnsupportedTokenizer("the ByteLevel pre-tokenizer adds a prefix space")
+    return pattern
+
+
+def _normalizer(spec: dict[str, Any] | None) -> Callable[[str], str] | None:
+    kinds = [step.get("type") for step in _steps(spec, "normalizers")]
+    if not kinds:
+        return None
+    if kinds == ["NFC"]:
+        return functools.partial(unicodedata.normalize, "NFC")
+    raise UnsupportedTokenizer(f"normalizer {kinds} is not NFC")
+
+
+@dataclass(frozen=True)
+class TiktokenVocabulary:
+    """A ``tokenizer.json`` as tiktoken sees it.
+
+    tiktoken merges the adjacent pair whose concatenation has the lowest rank and returns ranks
+    as token ids; HF's BPE merges only the pairs its merges list names, in list order. So:
+
+    - ranks follow merges order. They are the vocabulary ids when each merge makes a larger id
+      than the merges before it (as ``tokenizers``' trainer assigns them); otherwise they are
+      positions (bytes, merges, then added tokens) and ``rank_to_id`` maps them back to ids.
+    - tiktoken may also merge a pair x|y the list does not name, when x+y is a token; and it
+      takes a pre-tokenized piece that is itself a token whole, as HF does only with
+      ``ignore_merges``. Neither can change a result if the merges alone rebuild every token
+      from its bytes (checked at conversion): the first unnamed pair x|y tiktoken met would
+      also be reached by HF's merges on the bytes of x+y alone, which would then stop at x|y.
+    """
+
+    mergeable_ranks: dict[bytes, int]
+    special_tokens: dict[str, int]
+    pat_str: str
+    rank_to_id: tuple[int, ...] | None
+    normalize: Callable[[str], str] | None
+
+
+def _merge_pairs(merges: list[Any]) -> list[tuple[str, str]]:
+    pairs = []
+    for merge in merges:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        pairs.append((left, right))
+    return pairs
+
+
+def _check_merges_rebuild_tokens(
+    vocab: dict[str, int], pairs: list[tuple[str, str]], tokens: Iterable[str]
+) -> None:
+    merges_only = models.BPE(vocab, pairs, ignore_merges=False)
+    for token in tokens:
+        pieces = [piece.value for piece in merges_only.tokenize(token)]
+        if pieces != [token]:
+            raise UnsupportedTokenizer(f"the merges split the token {token!r} into {pieces}")
+
+
+def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
+    """Convert a parsed ``tokenizer.json``; ``UnsupportedTokenizer`` says why it cannot be."""
+    model = spec.get("model", {})
+    if model.get("type") != "BPE":
+        raise UnsupportedTokenizer(f"the model is {model.get('type')}, not BPE")
+    for option in ("byte_fallback", "dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(option):
+            raise UnsupportedTokenizer(f"the BPE model sets {option}={model[option]!r}")
+    pat_str = _pattern(spec.get("pre_tokenizer"))
+    normalize = _normalizer(spec.get("normalizer"))
+
+    byte_of = _byte_decoder()
+    vocab: dict[str, int] = model["vocab"]
+    added = {t["content"]: t for t in spec.get("added_tokens", [])}
+    added_ids = {t["id"] for t in added.values()}
+    for content, token in added.items():
+        flags = [f for f in ("lstrip", "rstrip", "single_word") if token.get(f)]
+        if flags:
+            raise UnsupportedTokenizer(f"added token {content!r} sets {', '.join(flags)}")
+        if normalize and token.get("normalized") and normalize(content) != content:
+            raise UnsupportedTokenizer(f"added token {content!r} changes under normalization")
+
+    def to_bytes(token: str) -> bytes:
+        try:
+            return bytes(byte_of[c] for c in token)
+        except KeyError:
+            raise UnsupportedTokenizer(f"token {token!r} is not byte-level") from None
+
+    byte_ids = [vocab.get(c) for c in byte_of]
+    if None in byte_ids:
+        raise UnsupportedTokenizer("the vocabulary lacks some of the 256 single-byte tokens")
+    merged_ids = []
+    pairs = _merge_pairs(model.get("merges", []))
+    for left, right in pairs:
+        merged_id = vocab.get(left + right)
+        if merged_id is None:
+            raise UnsupportedTokenizer(f"merge {left!r} {right!r} makes no vocabulary token")
+        merged_ids.append(merged_id)
+    if len(set(merged_ids)) != len(merged_ids):
+        raise UnsupportedTokenizer("some token is made by two different merges")
+    unreachable = set(vocab.values()) - set(merged_ids) - set(byte_ids) - added_ids
+    if unreachable:
+        raise UnsupportedTokenizer(f"{len(unreachable)} tokens are not made by any merge")
+
+    token_of = {token_id: token for token, token_id in vocab.items()}
+    bpe_ids = [i for i in byte_ids if i is not None] + merged_ids
+    _check_merges_rebuild_tokens(vocab, pairs, (token_of[i] for i in merged_ids))
+    if all(a < b for a, b in itertools.pairwise(merged_ids)):
+        ranks = {to_bytes(token_of[i]): i for i in bpe_ids}
+        specials = {content: token["id"] for content, token in added.items()}
+        return TiktokenVocabulary(ranks, specials, pat_str, None, normalize)
+    ranks = {to_bytes(token_of[i]): rank for rank, i in enumerate(bpe_ids)}
+    specials = {content: len(bpe_ids) + n for n, content in enumerate(added)}
+    rank_to_id = (*bpe_ids, *(token["id"] for token in added.values()))
+    return TiktokenVocabulary(ranks, specials, pat_str, rank_to_id, normalize)
+
+
+class CheckpointTokenCounter:
+    """Counts exactly as the engine's ``Tokenizer`` does, with a tiktoken ``Encoding``."""
+
+    def __init__(self, tokenizer: Tokenizer, vocabulary: TiktokenVocabulary, name: str) -> None:
+        try:
+            self.encoding = tiktoken.Encoding(
+                name=name,
+                pat_str=vocabulary.pat_str,
+                mergeable_ranks=vocabulary.mergeable_ranks,
+                special_tokens=vocabulary.special_tokens,
+            )
+        except ValueError as exc:  # the Rust side rejects the regex
+            raise UnsupportedTokenizer(f"tiktoken cannot use the pattern: {exc}") from exc
+        self._render = tokenizer.apply_chat_template
+        self._normalize = vocabulary.normalize
+        self._rank_to_id = vocabulary.rank_to_id
+        self._special_ranks = vocabulary.special_tokens
+        # HF matches added tokens leftmost-longest before normalizing; tiktoken's own matching
+        # is leftmost-first in no set order, so it only serves when no token prefixes another.
+        contents = sorted(vocabulary.special_tokens)
+        is_prefix_free = not any(b.startswith(a) for a, b in itertools.pairwise(contents))
+        self._special_split: re.Pattern[str] | None = None
+        if contents and (self._normalize is not None or not is_prefix_free):
+            by_length = sorted(contents, key=len, reverse=True)
+            self._special_split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")")
+
+    def _segments(self, text: str) -> Iterator[tuple[str, bool]]:
+        """``(piece, is_added_token)`` in order."""
+        if self._special_split is None:
+            yield text, False
+            return
+        for n, piece in enumerate(self._special_split.split(text)):
+            if n % 2:
+                yield piece, True
+            elif piece:
+                yield piece, False
+
+    def _encode_ranks(self, text: str) -> list[int]:
+        if self._special_split is None and self._normalize is None:
+            return self.encoding.encode(text, allowed_special="all")
+        ranks: list[int] = []
+        for piece, is_added in self._segments(text):
+            if is_added:
+                ranks.append(self._special_ranks[piece])
+            else:
+                ranks += self.encoding.encode_ordinary(
+                    self._normalize(piece) if self._normalize else piece
+                )
+        return ranks
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids, as ``Tokenizer.encode(text, add_special_tokens=False)``."""
+        ranks = self._encode_ranks(text)
+        if self._rank_to_id is None:
+            return ranks
+        return [self._rank_to_id[rank] for rank in ranks]
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        return self.encode_text(self._render(messages))
+
+    def count_text(self, text: str) -> int:
+        return len(self._encode_ranks(text))
+
+    def count_chat(self, messages: Messages) -> int:
+        """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
+        return self.count_text(self._render(messages))
+
+
+def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:
+    """A counter for one checkpoint directory; ``UnsupportedTokenizer`` if tiktoken can't."""
+    tokenizer = Tokenizer.from_pretrained(path)
+    vocabulary = tiktoken_vocabulary(json.loads(tokenizer.backend.to_str()))
+    return CheckpointTokenCounter(tokenizer, vocabulary, name=Path(path).name)

@@ -1,0 +1,358 @@
+"""The gateway's tiktoken counts equal the engine tokenizer's, token for token."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken, Regex, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from backend_engine.demo_corpus import iter_demo_corpus
+from backend_engine.tokenizer import Tokenizer
+from gateway.token_counter import (
+    CheckpointTokenCounter,
+    UnsupportedTokenizer,
+    for_openai_model,
+    from_checkpoint,
+    load_openai_encoding,
+    openai_encoding_name,
+    tiktoken_vocabulary,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+TEXTS = [
+    "",
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "It's, they're, we'VE, I'M, you'll, he'd, 'S 'ſ 'LL",
+    "1 12 123 1234 12345 3.14159 -42 1e10 0x1F 2024-06-01 1,000,000",
+    "def f(x: int) -> int:\n    return x ** 2  # square\n\n\nclass A:\n\tpass\n",
+    'for (let i = 0; i < n; i++) { console.log(`${i}`); }  /* done */ {"a": [1, 2]}',
+    "emoji 😀🚀🎉 family 👨\u200d👩\u200d👧 flags 🇫🇷🇯🇵 skin 👍🏽",
+    "中文分词测试，日本語のテキスト、한국어 문장입니다。",
+    "café naïve façade Ærøskøbing Ångström crème brûlée ñandú",
+    "decomposed: cafe\u0301 nai\u0308ve A\u030angstro\u0308m",
+    "whitespace   runs\t\t\tand\n\n\n\nnewlines \r\n\r\n   trailing   ",
+    "odd spaces\u00a0nbsp\u3000ideographic\u2003em\u2009thin\u0085nel\x0bvt\x0cff",
+    "<|eot_id|>",
+    "user text with <|begin_of_text|> and <|start_header_id|>system<|end_header_id|> inside",
+    "partial <|eot_id <|eot_id|>|> <<|eot_id|>> <|reserved_special_token_0|>x",
+    "combining after a special <|eot_id|>\u0338 and ≯ ≮ ≠ =\u0338",
+    "a" * 300 + " " + "ab" * 150,
+    "Mixed: ÀÉÎÕÜ ß ẞ ſt ﬁ ﬂ Ω Ω K K Å Å",
+]
+CONVERSATIONS: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "hello"}],
+    [
+        {"role": "system", "content": "You are terse.  "},
+        {"role": "user", "content": "  What is 2+2?\n"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 12345 * 6789? 😀 中文"},
+    ],
+    [
+        {"role": "user", "content": "Ignore <|eot_id|><|start_header_id|>system<|end_header_id|>"},
+        {"role": "assistant", "content": "café\u0301 <|begin_of_text|>"},
+        {"role": "tool", "content": '{"result": [1, 2, 3]}'},
+        {"role": "user", "content": ""},
+    ],
+]
+
+
+def _random_texts(num_texts: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    alphabet = "abcXYZ 019.,;'!?-_()<>|\n\t  éüñ中文😀\u00a0\u3000\u0301ſ"
+    corpus = "".join(iter_demo_corpus(60_000))
+    texts = [corpus[i : i + rng.randint(1, 3000)] for i in range(0, len(corpus), 2000)]
+    texts += ["".join(rng.choices(alphabet, k=rng.randint(1, 80))) for _ in range(num_texts)]
+    return texts
+
+
+@pytest.fixture(scope="module", params=[(a, s) for a in ARCHITECTURES for s in ("tiny", "small")])
+def pair(
+    request: pytest.FixtureRequest, demo_checkpoint: Callable[..., Path]
+) -> tuple[CheckpointTokenCounter, Tokenizer]:
+    architecture, size = request.param
+    path = demo_checkpoint(architecture=architecture, size=size)
+    return from_checkpoint(path), Tokenizer.from_pretrained(path)
+
+
+def _assert_same_text(counter: CheckpointTokenCounter, tokenizer: Tokenizer, text: str) -> None:
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    assert counter.encode_text(text) == expected, repr(text)
+    assert counter.count_text(text) == len(expected)
+
+
+def test_texts_match_engine_tokenizer(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
+    counter, tokenizer = pair
+    for text in TEXTS + _random_texts(500, seed=0):
+        _assert_same_text(counter, tokenizer, text)
+
+
+def test_every_vocabulary_token_alone(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
+    counter, tokenizer = pair
+    for token_id in range(tokenizer.vocab_size):
+        _assert_same_text(counter, tokenizer, tokenizer.decode([token_id], False))
+
+
+def test_chat_matches_encode_chat(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
+    counter, tokenizer = pair
+    conversations = [*CONVERSATIONS, [{"role": "user", "content": t} for t in TEXTS]]
+    for messages in conversations:
+        expected = tokenizer.encode_chat(messages)
+        assert counter.encode_chat(messages) == expected
+        assert counter.count_chat(messages) == len(expected)
+
+
+def test_qwen2_normalizes_nfc_outside_special_tokens(demo_checkpoint: Callable[..., Path]) -> None:
+    path = demo_checkpoint(architecture="Qwen2ForCausalLM", size="small")
+    counter, tokenizer = from_checkpoint(path), Tokenizer.from_pretrained(path)
+    for text in ("cafe\u0301", "<|eot_id|>\u0338", "x<|eot_id|>A\u030a"):
+        _assert_same_text(counter, tokenizer, text)
+    assert counter.count_text("cafe\u0301") == counter.count_text("café")
+
+
+# --- tokenizer.json variants the demos do not cover ----------------------------------------------
+
+
+def _variant(source: Path, target: Path, spec: dict[str, Any]) -> Path:
+    target.mkdir()
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        shutil.copy(source / name, target / name)
+    (target / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    return target
+
+
+def _spec(path: Path) -> dict[str, Any]:
+    spec: dict[str, Any] = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
+    return spec
+
+
+def _assert_variant_matches(path: Path) -> CheckpointTokenCounter:
+    counter, tokenizer = from_checkpoint(path), Tokenizer.from_pretrained(path)
+    for text in TEXTS + _random_texts(200, seed=1):
+        _assert_same_text(counter, tokenizer, text)
+    for messages in CONVERSATIONS:
+        assert counter.encode_chat(messages) == tokenizer.encode_chat(messages)
+    return counter
+
+
+def test_ids_out_of_merge_order_use_merge_ranks(
+    demo_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    spec = _spec(source)
+    vocab = spec["model"]["vocab"]
+    merged = [
+        "".join(m) if isinstance(m, list) else m.replace(" ", "") for m in spec["model"]["merges"]
+    ]
+    ids = [vocab[token] for token in merged]
+    vocab.update(zip(merged, reversed(ids), strict=True))  # later merges get smaller ids
+    counter = _assert_variant_matches(_variant(source, tmp_path / "reversed", spec))
+    assert counter.encode_text("the engine") != counter.encoding.encode("the engine")
+
+
+def test_byte_level_regex_pre_tokenizer(
+    demo_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    spec = _spec(source)
+    spec["pre_tokenizer"] = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
+    _assert_variant_matches(_variant(source, tmp_path / "gpt2-regex", spec))
+
+
+def test_added_tokens_match_leftmost_longest(
+    demo_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    source = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")
+    backend = HFTokenizer.from_file(str(source / "tokenizer.json"))
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in ("<|x|>", "<|x|>y", "<|x")]
+    )
+    path = _variant(source, tmp_path / "prefixes", json.loads(backend.to_str()))
+    counter, tokenizer = from_checkpoint(path), Tokenizer.from_pretrained(path)
+    for text in ("a<|x|>yb<|x|>c<|x", "<|x|>y<|x|>y<|x|", "<|x<|x|>yy"):
+        _assert_same_text(counter, tokenizer, text)
+
+
+def _three_token_bpe(tmp_path: Path, *, ignore_merges: bool) -> Path:
+    """``abc`` is a token, but merges (b c) then (a b) then (ab c) split the word into a|bc."""
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
+    vocab.update({"bc": 256, "ab": 257, "abc": 258})
+    merges = [("b", "c"), ("a", "b"), ("ab", "c")]
+    backend = HFTokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\p{L}+|\s+|[^\s\p{L}]+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    path = tmp_path / f"abc-{ignore_merges}"
+    path.mkdir()
+    backend.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_merges_that_split_a_whole_token_are_refused(tmp_path: Path) -> None:
+    path = _three_token_bpe(tmp_path, ignore_merges=False)
+    tokenizer = Tokenizer.from_pretrained(path)
+    assert tokenizer.encode("abc", add_special_tokens=False) == [
+        tokenizer.backend.token_to_id("a"),
+        256,
+    ]
+    with pytest.raises(
+        UnsupportedTokenizer, match=r"the merges split the token 'abc' into \['a', 'bc'\]"
+    ):
+        from_checkpoint(path)
+
+
+def test_unnamed_pairs_are_refused_with_ignore_merges(tmp_path: Path) -> None:
+    """tiktoken would merge a|bc in "abcabc" (abc is a token); HF's merges never do."""
+    path = _three_token_bpe(tmp_path, ignore_merges=True)
+    tokenizer = Tokenizer.from_pretrained(path)
+    a, bc = tokenizer.backend.token_to_id("a"), 256
+    assert tokenizer.encode("abc", add_special_tokens=False) == [258]
+    assert tokenizer.encode("abcabc", add_special_tokens=False) == [a, bc, a, bc]
+    with pytest.raises(UnsupportedTokenizer, match="the merges split the token 'abc'"):
+        from_checkpoint(path)
+
+
+# --- what tiktoken cannot represent --------------------------------------------------------------
+
+
+def _break_model_type(spec: dict[str, Any]) -> None:
+    spec["model"]["type"] = "Unigram"
+
+
+def _break_byte_fallback(spec: dict[str, Any]) -> None:
+    spec["model"]["byte_fallback"] = True
+
+
+def _break_pre_tokenizer(spec: dict[str, Any]) -> None:
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}
+
+
+def _break_split_string(spec: dict[str, Any]) -> None:
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"String": " "}
+
+
+def _break_normalizer(spec: dict[str, Any]) -> None:
+    spec["normalizer"] = {"type": "Lowercase"}
+
+
+def _break_added_token(spec: dict[str, Any]) -> None:
+    spec["added_tokens"][0]["lstrip"] = True
+
+
+def _break_byte_alphabet(spec: dict[str, Any]) -> None:
+    del spec["model"]["vocab"]["Ā"]  # the token for byte 0x00
+
+
+def _break_unreachable_token(spec: dict[str, Any]) -> None:
+    spec["model"]["merges"] = spec["model"]["merges"][:-1]
+
+
+@pytest.mark.parametrize(
+    ("breaker", "reason"),
+    [
+        (_break_model_type, "the model is Unigram, not BPE"),
+        (_break_byte_fallback, "sets byte_fallback"),
+        (_break_pre_tokenizer, r"pre-tokenizer \['Metaspace'\]"),
+        (_break_split_string, "splits on a string"),
+        (_break_normalizer, r"normalizer \['Lowercase'\] is not NFC"),
+        (_break_added_token, "sets lstrip"),
+        (_break_byte_alphabet, "lacks some of the 256 single-byte tokens"),
+        (_break_unreachable_token, "1 tokens are not made by any merge"),
+    ],
+)
+def test_unrepresentable_tokenizers_say_why(
+    demo_checkpoint: Callable[..., Path],
+    breaker: Callable[[dict[str, Any]], None],
+    reason: str,
+) -> None:
+    spec = copy.deepcopy(_spec(demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")))
+    breaker(spec)
+    with pytest.raises(UnsupportedTokenizer, match=reason):
+        tiktoken_vocabulary(spec)
+    assert issubclass(UnsupportedTokenizer, ValueError)
+
+
+# --- OpenAI encodings ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(blobpath: str) -> bytes:
+        raise AssertionError(f"tried to read {blobpath}")
+
+    monkeypatch.setattr("tiktoken.load.read_file", refuse)
+
+
+@pytest.mark.usefixtures("no_network")
+def test_cl100k_base_loads_offline() -> None:
+    encoding = load_openai_encoding("cl100k_base")
+    assert encoding.encode("hello world") == [15339, 1917]
+    assert encoding.n_vocab == 100277
+    assert encoding.encode("<|endoftext|>", allowed_special="all") == [100257]
+
+
+@pytest.mark.usefixtures("no_network")
+def test_o200k_base_loads_offline() -> None:
+    encoding = load_openai_encoding("o200k_base")
+    assert encoding.encode("hello world") == [24912, 2375]
+    assert encoding.n_vocab == 200019
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding"),
+    [
+        ("gpt-4o", "o200k_base"),
+        ("gpt-4o-mini-2024-07-18", "o200k_base"),
+        ("o3-mini", "o200k_base"),
+        ("gpt-oss-20b", "o200k_base"),
+        ("gpt-4", "cl100k_base"),
+        ("gpt-3.5-turbo-0125", "cl100k_base"),
+        ("text-davinci-003", "cl100k_base"),
+        ("llama-3-8b-instruct", "cl100k_base"),
+    ],
+)
+def test_openai_encoding_names(model: str, encoding: str) -> None:
+    assert openai_encoding_name(model) == encoding
+
+
+def test_openai_chat_counts_follow_the_cookbook() -> None:
+    counter = for_openai_model("gpt-4")
+    encoding = counter.encoding
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "name": "example_user", "content": "New synergies <|endoftext|>"},
+    ]
+    values = [v for m in messages for v in m.values()]
+    expected = sum(len(encoding.encode_ordinary(v)) for v in values) + 3 * 2 + 1 + 3
+    assert counter.count_chat(messages) == expected
+    assert counter.count_chat([{"role": "user", "content": "hello world"}]) == 3 + 1 + 2 + 3
+    assert counter.count_text("<|endoftext|>") > 1  # plain text, not the special token
+
+
+def test_gateway_module_imports_neither_torch_nor_transformers() -> None:
+    code = (
+        "import sys, gateway.token_counter; "
+        "assert 'torch' not in sys.modules, 'torch'; "
+        "assert 'transformers' not in sys.modules, 'transformers'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
