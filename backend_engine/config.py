@@ -54,6 +54,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be positive")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.scheduling not in ("continuous", "static"):
             raise ValueError(
                 f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"

@@ -31,6 +31,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         if config.device == "cpu":
             tune_cpu_runtime()
+        elif not torch.cuda.is_available():
+            raise ValueError(f"device={config.device!r} was asked for but CUDA is not available")
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         self.tokenizer = Tokenizer.from_pretrained(config.model)

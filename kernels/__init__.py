@@ -19,7 +19,7 @@ def store_kv(
     value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
 ) -> None:
-    impl = implementation_for(key.is_cuda)
+    impl = implementation_for(key.is_cuda, key.shape[-1])
     impl.store_kv(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -31,7 +31,7 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    impl = implementation_for(q.is_cuda)
+    impl = implementation_for(q.is_cuda, q.shape[-1])
     out: torch.Tensor = impl.paged_decode_attention(
         q, key_cache, value_cache, block_tables, seq_lens, scale
     )
@@ -47,7 +47,7 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    impl = implementation_for(q.is_cuda)
+    impl = implementation_for(q.is_cuda, q.shape[-1])
     out: torch.Tensor = impl.paged_prefill_attention(
         q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens, scale
     )

@@ -24,13 +24,19 @@ def _triton_module() -> ModuleType | None:
     return importlib.import_module(TRITON_MODULE)
 
 
-def implementation_for(is_cuda: bool) -> ModuleType:
+# The Triton kernels need head_dim to be a power of two at least this large (tl.dot).
+MIN_TRITON_HEAD_DIM = 16
+
+
+def implementation_for(is_cuda: bool, head_dim: int = 64) -> ModuleType:
     """The module providing ``store_kv`` and the paged-attention functions for a device.
 
     A CUDA implementation must expose the same three functions with the same signatures
-    as :mod:`kernels.reference`.
+    as :mod:`kernels.reference`. Head sizes the Triton kernels cannot tile (e.g. 80 or 96)
+    fall back to the reference, which is slower on a GPU but exact.
     """
-    if is_cuda:
+    is_tileable = head_dim >= MIN_TRITON_HEAD_DIM and head_dim & (head_dim - 1) == 0
+    if is_cuda and is_tileable:
         triton_module = _triton_module()
         if triton_module is not None:
             return triton_module

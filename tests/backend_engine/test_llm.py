@@ -119,3 +119,13 @@ def test_static_scheduling_gives_the_same_greedy_tokens(demo_checkpoint):
         prompts, greedy
     )
     assert [o.token_ids for o in continuous] == [o.token_ids for o in static]
+
+
+def test_unknown_or_unavailable_device_is_a_clear_error(demo_checkpoint):
+    import torch
+
+    with pytest.raises(ValueError, match="device must be"):
+        LLM(model=str(demo_checkpoint(size="tiny")), device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            LLM(model=str(demo_checkpoint(size="tiny")), device="cuda")

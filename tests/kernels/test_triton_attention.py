@@ -267,3 +267,11 @@ def test_engine_generates_the_same_tokens_with_triton_kernels(
         return [out.token_ids for out in llm.generate(prompts, greedy)]
 
     assert generate(triton_attention) == generate(reference)
+
+
+def test_dispatch_falls_back_to_the_reference_for_untileable_head_dims():
+    from kernels import dispatch, reference
+
+    assert dispatch.implementation_for(True, 96) is reference
+    assert dispatch.implementation_for(True, 8) is reference
+    assert dispatch.implementation_for(False, 128) is reference
