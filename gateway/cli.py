@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from backend_engine.cli import register_engine_commands
+from gateway.storage_cli import register_storage_commands
 
 app = typer.Typer(
     name="tollway",
@@ -13,6 +14,7 @@ app = typer.Typer(
     add_completion=False,
 )
 register_engine_commands(app)
+register_storage_commands(app)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,165 @@
+"""SQLAlchemy models: tenants, API keys and usage records.
+
+Timestamps are timezone-aware UTC in Python on every backend. SQLite has no time zone type, so
+:class:`UtcDateTime` stores naive UTC there and puts the zone back on the way out; comparisons
+stay correct because every stored value is UTC.
+
+``usage_records`` has no foreign keys on purpose: it is an append-only billing ledger, and a
+record must never be refused because an admin row changed (a tenant purged by an operator, a key
+row edited by hand). Tenants are only ever soft-deleted by the application.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC ``datetime`` on every backend; naive values are refused."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware datetime")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class JsonDict(TypeDecorator[dict[str, Any]]):
+    """A JSON object kept as text (stable key order), portable across backends."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: dict[str, Any] | None, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value, sort_keys=True)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        loaded = json.loads(value)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"expected a JSON object, got {type(loaded).__name__}")
+        return loaded
+
+
+class UsageStatus(str, enum.Enum):
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"  # the client went away before the end
+    UPSTREAM_ERROR = "upstream_error"
+    REJECTED = "rejected"  # refused before reaching an engine; see reject_reason
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    tier: Mapped[str] = mapped_column(String(32))
+    quota: Mapped[dict[str, Any]] = mapped_column(JsonDict)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    deleted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class ApiKey(Base):
+    """An API key, stored only as the SHA-256 of the full key (see ``api_keys``)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    priority: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class UsageRecord(Base):
+    """One immutable row per request. ``id`` only grows, so it is the pagination cursor."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (
+        Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),
+        Index("ix_usage_records_created_at", "created_at"),
+    )
+
+    # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the autoincrementing rowid.
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str | None] = mapped_column(String(40))
+    requested_model: Mapped[str] = mapped_column(String(200))
+    served_model: Mapped[str | None] = mapped_column(String(200))
+    routing_decision: Mapped[str | None] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)  # millionths of a currency unit
+    status: Mapped[UsageStatus] = mapped_column(
+        Enum(
+            UsageStatus,
+            native_enum=False,
+            create_constraint=True,
+            length=16,
+            name="status",
+            values_callable=lambda members: [m.value for m in members],
+            validate_strings=True,
+        )
+    )
+    reject_reason: Mapped[str | None] = mapped_column(String(200))
+    streamed: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    ttft_ms: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,204 @@
+"""Usage records: idempotent inserts, cursor pages, and totals for billing and ledger rebuilds.
+
+A record is keyed by ``request_id``: inserting one that is already stored does nothing, so a
+retried write (after a timeout whose commit did land, or a spill-file replay) never duplicates.
+The cursor is the last row ``id`` seen; ids only grow, so paging by ``id > cursor`` returns
+every row exactly once even while new rows arrive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from gateway.storage.models import UsageRecord, UsageStatus
+
+MAX_PAGE_SIZE = 1000
+_DATETIME_FIELDS = ("created_at", "finished_at")
+
+
+@dataclass(frozen=True)
+class UsageEntry:
+    """One request's usage, as the stream relay measured it. Immutable once written."""
+
+    request_id: str
+    tenant_id: str
+    key_id: str | None
+    requested_model: str
+    served_model: str | None
+    routing_decision: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_micros: int
+    status: UsageStatus
+    reject_reason: str | None
+    streamed: bool
+    created_at: datetime
+    finished_at: datetime | None = None
+    ttft_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.request_id or len(self.request_id) > 64:
+            raise ValueError("request_id must be 1 to 64 characters")
+        counts = (self.prompt_tokens, self.cached_tokens, self.completion_tokens, self.cost_micros)
+        if min(counts) < 0:
+            raise ValueError("token counts and cost must not be negative")
+        if self.cached_tokens > self.prompt_tokens:
+            raise ValueError("cached_tokens cannot exceed prompt_tokens")
+        if (self.status is UsageStatus.REJECTED) != (self.reject_reason is not None):
+            raise ValueError("reject_reason is required for, and only for, rejected requests")
+        if self.created_at.tzinfo is None:
+            raise ValueError("created_at must be timezone-aware")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        for name in _DATETIME_FIELDS:
+            if data[name] is not None:
+                data[name] = data[name].isoformat()
+        return data
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> UsageEntry:
+        data = dict(data)
+        data["status"] = UsageStatus(data["status"])
+        for name in _DATETIME_FIELDS:
+            if data.get(name) is not None:
+                data[name] = datetime.fromisoformat(data[name])
+        return cls(**data)
+
+    @classmethod
+    def from_row(cls, row: UsageRecord) -> UsageEntry:
+        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class UsagePage:
+    records: list[UsageEntry]
+    next_cursor: int | None  # pass back as ``cursor``; None when this was the last page
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    num_requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_micros: int
+
+
+@dataclass(frozen=True)
+class ModelUsageTotals:
+    tenant_id: str
+    served_model: str | None  # None: rejected before an engine was chosen
+    totals: UsageTotals
+
+
+def insert_usage(session: Session, entries: Iterable[UsageEntry]) -> int:
+    """Insert the records not yet stored (by ``request_id``); returns how many were new."""
+    rows: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        rows.setdefault(entry.request_id, {**asdict(entry), "status": entry.status})
+    if not rows:
+        return 0
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = (
+        insert(UsageRecord)
+        .on_conflict_do_nothing(index_elements=["request_id"])
+        .returning(UsageRecord.id)
+    )
+    result = session.execute(statement, list(rows.values()))
+    return len(result.all())
+
+
+def list_usage(
+    session: Session,
+    *,
+    tenant_id: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    cursor: int | None = None,
+    limit: int = 100,
+) -> UsagePage:
+    """Records in ``[start, end)`` oldest first, at most ``limit`` (capped) per page."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    limit = min(limit, MAX_PAGE_SIZE)
+    query = select(UsageRecord).where(*_filters(tenant_id, start, end)).order_by(UsageRecord.id)
+    if cursor is not None:
+        query = query.where(UsageRecord.id > cursor)
+    rows = list(session.scalars(query.limit(limit + 1)))
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return UsagePage(
+        records=[UsageEntry.from_row(row) for row in rows],
+        next_cursor=rows[-1].id if has_more else None,
+    )
+
+
+def summarize_usage(
+    session: Session, *, start: datetime, end: datetime, tenant_id: str | None = None
+) -> list[ModelUsageTotals]:
+    """Totals per tenant and served model for records created in ``[start, end)``."""
+    query = (
+        select(UsageRecord.tenant_id, UsageRecord.served_model, *_total_columns())
+        .where(*_filters(tenant_id, start, end))
+        .group_by(UsageRecord.tenant_id, UsageRecord.served_model)
+        .order_by(UsageRecord.tenant_id, UsageRecord.served_model)
+    )
+    return [
+        ModelUsageTotals(tenant_id=row[0], served_model=row[1], totals=_totals(row[2:]))
+        for row in session.execute(query)
+    ]
+
+
+def sum_tokens(session: Session, tenant_id: str, start: datetime, end: datetime) -> UsageTotals:
+    """One tenant's totals over ``[start, end)``: what a budget ledger rebuilds from.
+
+    Served by the ``(tenant_id, created_at)`` index.
+    """
+    row = session.execute(select(*_total_columns()).where(*_filters(tenant_id, start, end))).one()
+    return _totals(row)
+
+
+def _filters(
+    tenant_id: str | None, start: datetime | None, end: datetime | None
+) -> list[ColumnElement[bool]]:
+    filters: list[ColumnElement[bool]] = []
+    if tenant_id is not None:
+        filters.append(UsageRecord.tenant_id == tenant_id)
+    if start is not None:
+        filters.append(UsageRecord.created_at >= start)
+    if end is not None:
+        filters.append(UsageRecord.created_at < end)
+    return filters
+
+
+def _total_columns() -> list[ColumnElement[Any]]:
+    return [
+        func.count(UsageRecord.id),
+        func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+        func.coalesce(func.sum(UsageRecord.cached_tokens), 0),
+        func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+        func.coalesce(func.sum(UsageRecord.cost_micros), 0),
+    ]
+
+
+def _totals(values: Sequence[Any]) -> UsageTotals:
+    # PostgreSQL returns SUM(bigint) as NUMERIC: convert to exact ints.
+    count, prompt, cached, completion, cost = (int(value) for value in values)
+    return UsageTotals(
+        num_requests=count,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        cost_micros=cost,
+    )

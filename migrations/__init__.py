@@ -1,0 +1,1 @@
+"""Alembic migrations for the gateway's database; run them with ``tollway migrate``."""

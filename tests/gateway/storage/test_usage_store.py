@@ -1,0 +1,148 @@
+from datetime import timedelta
+
+import pytest
+
+from gateway.storage.models import UsageStatus
+from gateway.storage.usage_store import (
+    MAX_PAGE_SIZE,
+    UsageEntry,
+    UsageTotals,
+    insert_usage,
+    list_usage,
+    sum_tokens,
+    summarize_usage,
+)
+
+
+def test_inserts_are_idempotent_by_request_id(database, make_entry):
+    with database.transaction() as session:
+        assert insert_usage(session, [make_entry(1), make_entry(2), make_entry(2)]) == 2
+    with database.transaction() as session:  # a retried write, with one new record
+        assert insert_usage(session, [make_entry(2, cost_micros=999), make_entry(3)]) == 1
+        assert insert_usage(session, []) == 0
+    with database.session() as session:
+        records = list_usage(session).records
+    assert [r.request_id for r in records] == ["req-1", "req-2", "req-3"]
+    assert records[1] == make_entry(2)  # the first write wins; records are immutable
+
+
+def test_a_record_round_trips_every_field(database, make_entry):
+    rejected = make_entry(
+        7,
+        status=UsageStatus.REJECTED,
+        reject_reason="budget_exhausted",
+        served_model=None,
+        routing_decision=None,
+        key_id=None,
+        prompt_tokens=0,
+        cached_tokens=0,
+        completion_tokens=0,
+        cost_micros=0,
+        streamed=False,
+        finished_at=None,
+        ttft_ms=None,
+    )
+    big = make_entry(8, cost_micros=5_000_000_000_000, status=UsageStatus.UPSTREAM_ERROR)
+    with database.transaction() as session:
+        insert_usage(session, [rejected, big])
+    with database.session() as session:
+        assert list_usage(session).records == [rejected, big]
+
+
+def test_pages_return_every_record_exactly_once(database, make_entry):
+    with database.transaction() as session:
+        insert_usage(
+            session, [make_entry(n, tenant_id="even" if n % 2 == 0 else "odd") for n in range(25)]
+        )
+    seen: list[str] = []
+    cursor = None
+    num_pages = 0
+    while True:
+        with database.session() as session:
+            page = list_usage(session, tenant_id="even", cursor=cursor, limit=4)
+        seen += [r.request_id for r in page.records]
+        num_pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+        if num_pages == 2:  # records arriving mid-way are picked up, never duplicated
+            with database.transaction() as session:
+                insert_usage(session, [make_entry(100, tenant_id="even")])
+    assert seen == [f"req-{n}" for n in range(0, 25, 2)] + ["req-100"]
+    assert num_pages == 4
+
+
+def test_pages_filter_by_time_window(database, make_entry, t0):
+    with database.transaction() as session:
+        insert_usage(session, [make_entry(n) for n in range(10)])
+    start, end = t0 + timedelta(seconds=3), t0 + timedelta(seconds=7)
+    with database.session() as session:
+        page = list_usage(session, tenant_id="acme", start=start, end=end, limit=10)
+        assert [r.request_id for r in page.records] == ["req-3", "req-4", "req-5", "req-6"]
+        assert page.next_cursor is None
+        assert list_usage(session, tenant_id="nobody").records == []
+
+
+def test_limit_is_capped_and_checked(database, make_entry):
+    with database.transaction() as session:
+        insert_usage(session, [make_entry(n) for n in range(MAX_PAGE_SIZE + 1)])
+    with database.session() as session:
+        page = list_usage(session, limit=10 * MAX_PAGE_SIZE)
+        assert len(page.records) == MAX_PAGE_SIZE and page.next_cursor is not None
+        assert len(list_usage(session, cursor=page.next_cursor).records) == 1
+        with pytest.raises(ValueError, match="limit"):
+            list_usage(session, limit=0)
+
+
+def test_summary_totals_per_tenant_and_model(database, make_entry, t0):
+    entries = [
+        make_entry(1, served_model="big", prompt_tokens=10, cached_tokens=0, cost_micros=5),
+        make_entry(2, served_model="big", prompt_tokens=20, cached_tokens=5, cost_micros=7),
+        make_entry(3, served_model="small"),
+        make_entry(4, tenant_id="zeta", served_model="small", completion_tokens=3),
+        make_entry(5, served_model=None, status=UsageStatus.REJECTED, reject_reason="rate_limited"),
+        make_entry(3600, served_model="big"),  # outside the window
+    ]
+    with database.transaction() as session:
+        insert_usage(session, entries)
+    with database.session() as session:
+        summary = summarize_usage(session, start=t0, end=t0 + timedelta(minutes=1))
+        only_zeta = summarize_usage(
+            session, start=t0, end=t0 + timedelta(minutes=1), tenant_id="zeta"
+        )
+    by_key = {(s.tenant_id, s.served_model): s.totals for s in summary}
+    assert set(by_key) == {("acme", "big"), ("acme", "small"), ("acme", None), ("zeta", "small")}
+    assert by_key[("acme", "big")] == UsageTotals(
+        num_requests=2, prompt_tokens=30, cached_tokens=5, completion_tokens=20, cost_micros=12
+    )
+    assert by_key[("zeta", "small")].completion_tokens == 3
+    assert [(s.tenant_id, s.served_model) for s in only_zeta] == [("zeta", "small")]
+
+
+def test_sum_tokens_over_a_half_open_window(database, make_entry, t0):
+    with database.transaction() as session:
+        insert_usage(session, [make_entry(n, cost_micros=n) for n in range(10)])
+        insert_usage(session, [make_entry(99, tenant_id="other")])
+    with database.session() as session:
+        totals = sum_tokens(session, "acme", t0 + timedelta(seconds=2), t0 + timedelta(seconds=5))
+        empty = sum_tokens(session, "nobody", t0, t0 + timedelta(days=1))
+    assert totals == UsageTotals(
+        num_requests=3, prompt_tokens=300, cached_tokens=120, completion_tokens=30, cost_micros=9
+    )
+    assert empty == UsageTotals(0, 0, 0, 0, 0)
+    assert all(isinstance(value, int) for value in vars(totals).values())
+
+
+def test_entries_validate_and_round_trip_through_json(make_entry, t0):
+    entry = make_entry(1)
+    assert UsageEntry.from_json_dict(entry.to_json_dict()) == entry
+    with pytest.raises(ValueError, match="reject_reason"):
+        make_entry(1, status=UsageStatus.REJECTED)
+    with pytest.raises(ValueError, match="reject_reason"):
+        make_entry(1, reject_reason="why")
+    with pytest.raises(ValueError, match="cached_tokens"):
+        make_entry(1, prompt_tokens=1, cached_tokens=2)
+    with pytest.raises(ValueError, match="negative"):
+        make_entry(1, cost_micros=-1)
+    with pytest.raises(ValueError, match="timezone"):
+        make_entry(1, created_at=t0.replace(tzinfo=None))
