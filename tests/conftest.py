@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run under Triton's interpreter. Triton reads this when
+# it is first imported and when a kernel is defined, so it is set here, before any test
+# module (or transformers, which probes for triton) can import it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from backend_engine.demo_model import write_demo_checkpoint
 

@@ -1,7 +1,7 @@
 """Run the Triton kernels under Triton's interpreter when there is no GPU.
 
-``TRITON_INTERPRET`` is read when a ``@triton.jit`` function is defined, so it is set here,
-at import time, before any test module imports ``kernels.triton_attention``. With CUDA
+``TRITON_INTERPRET`` is set by ``tests/conftest.py`` (it must be set before anything
+imports triton); this conftest only mends the interpreter's bf16 ``tl.dot``. With CUDA
 present nothing changes and the same tests run the compiled kernels on the GPU.
 """
 
@@ -39,7 +39,6 @@ def _patch_interpreter_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    if os.environ["TRITON_INTERPRET"] == "1":
-        _patch_interpreter_bf16_dot()
+# tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU.
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_interpreter_bf16_dot()

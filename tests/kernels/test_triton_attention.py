@@ -262,7 +262,7 @@ def test_engine_generates_the_same_tokens_with_triton_kernels(
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
     def generate(implementation: ModuleType) -> list[list[int]]:
-        monkeypatch.setattr(kernels, "implementation_for", lambda is_cuda: implementation)
+        monkeypatch.setattr(kernels, "implementation_for", lambda *_args, **_kwargs: implementation)
         llm = LLM(model=path, device=DEVICE.type, dtype="float32", max_num_batched_tokens=13)
         return [out.token_ids for out in llm.generate(prompts, greedy)]
 
