@@ -78,10 +78,14 @@ class LLM:
                 )
         engine = self.engine
         order: list[str] = []
-        for prompt, params in zip(prompt_list, params_list, strict=True):
-            request_id = f"offline-{next(self._ids)}"
-            engine.add_request(request_id, prompt, params)
-            order.append(request_id)
+        # Validate every prompt before queueing any, so a bad one leaves nothing behind.
+        requests = [
+            engine.make_request(f"offline-{next(self._ids)}", prompt, params)
+            for prompt, params in zip(prompt_list, params_list, strict=True)
+        ]
+        for request in requests:
+            engine.add(request)
+            order.append(request.request_id)
         texts: dict[str, list[str]] = {rid: [] for rid in order}
         tokens: dict[str, list[int]] = {rid: [] for rid in order}
         logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in order}

@@ -97,6 +97,10 @@ def test_too_long_request_is_a_clear_error(llm):
         llm.generate(["hi"], SamplingParams(max_tokens=10**6))
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]], SamplingParams())
+    # A bad prompt in a batch queues nothing: the engine is left clean.
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate(["fine", []], SamplingParams())
+    assert not llm.engine.has_unfinished()
 
 
 def test_prefix_cache_reports_cached_tokens(llm):
