@@ -1,0 +1,174 @@
+"""`build_gateway`: the gateway's Starlette app, composed from the settings.
+
+Start-up opens nothing on the network: the Redis and httpx clients connect on first use.
+The lifespan starts the usage writer's thread and, on shutdown, closes the upstream client,
+Redis, the usage writer (flushing what it can; the rest stays in its spill file) and the
+tracer provider, in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+from opentelemetry.sdk.trace.export import SpanExporter
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.accounting import Accountant
+from gateway.admin_api import admin_routes
+from gateway.admission import Admitter
+from gateway.api_errors import EXCEPTION_HANDLERS
+from gateway.auth import authenticate_request
+from gateway.budget_ledger import BudgetLedger
+from gateway.completions import chat_completions, completions
+from gateway.context import GatewayContext
+from gateway.ledger_memory import MemoryBudgetLedger
+from gateway.ledger_redis import RedisBudgetLedger
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.openapi import openapi_route
+from gateway.pool_load import PoolLoadReader
+from gateway.rate_limit_memory import MemoryRateLimitStore
+from gateway.rate_limit_redis import RedisRateLimitStore
+from gateway.rate_limit_store import RateLimitStore
+from gateway.request_id import RequestIdMiddleware
+from gateway.settings import GatewaySettings, ModelSettings
+from gateway.storage.database import Database
+from gateway.storage.usage_writer import UsageWriter
+from gateway.tenant_api import tenant_routes
+from gateway.token_counter import (
+    TokenCounter,
+    UnsupportedTokenizer,
+    for_openai_model,
+    from_checkpoint,
+)
+from gateway.tracing import build_tracer_provider, tracer_from
+from gateway.upstreams import UpstreamPool
+
+logger = logging.getLogger(__name__)
+
+SPILL_FILENAME = "usage-spill.jsonl"
+USAGE_FLUSH_ON_SHUTDOWN_S = 5.0
+
+
+def build_gateway(
+    settings: GatewaySettings,
+    *,
+    span_exporter: SpanExporter | None = None,
+    extra_routes: list[BaseRoute] | None = None,
+) -> Starlette:
+    """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
+    database = Database(settings.resolved_database_url)
+    redis = Redis.from_url(settings.redis_url) if settings.redis_url is not None else None
+    ledger: BudgetLedger
+    rate_limits: RateLimitStore
+    if redis is not None:
+        ledger, rate_limits = RedisBudgetLedger(redis), RedisRateLimitStore(redis)
+    else:
+        ledger, rate_limits = MemoryBudgetLedger(), MemoryRateLimitStore()
+    upstreams = UpstreamPool(settings.models)
+    metrics = GatewayMetrics()
+    provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
+    writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
+    context = GatewayContext(
+        settings=settings,
+        database=database,
+        upstreams=upstreams,
+        admitter=Admitter(
+            settings,
+            token_counters(settings.models),
+            ledger,
+            rate_limits,
+            PoolLoadReader(upstreams),
+            database,
+        ),
+        accountant=Accountant(settings, ledger, writer, metrics),
+        metrics=metrics,
+        tracer=tracer_from(provider),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        writer.start()
+        try:
+            yield
+        finally:
+            await upstreams.aclose()
+            if redis is not None:
+                await redis.aclose()
+            if not await anyio.to_thread.run_sync(writer.close, USAGE_FLUSH_ON_SHUTDOWN_S):
+                logger.warning("usage records still pending stay in the spill file")
+            database.dispose()
+            if provider is not None:
+                provider.shutdown()
+
+    routes: list[BaseRoute] = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/metrics", render_metrics, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        *management_routes(settings, database, ledger),
+        *(extra_routes or []),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+    app.state.gateway = context
+    return app
+
+
+def management_routes(
+    settings: GatewaySettings, database: Database, ledger: BudgetLedger
+) -> list[BaseRoute]:
+    """The tenant API (``/v1/usage``, ``/v1/budget``), the admin API when an admin key is
+    configured, and ``/openapi.json`` describing them; all share this app's database and
+    budget ledger."""
+    routes = tenant_routes(database, ledger)
+    if settings.admin_key_hash is not None:
+        routes += admin_routes(database, settings.admin_key_hash, ledger)
+    else:
+        logger.warning("admin_key_hash is not set: the admin API is off")
+    return [*routes, openapi_route(routes)]
+
+
+def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounter]:
+    """Exact counters for our checkpoints; ``cl100k_base`` (by model name) for the rest."""
+    counters: dict[str, TokenCounter] = {}
+    for name, model in models.items():
+        if model.checkpoint is not None:
+            try:
+                counters[name] = from_checkpoint(model.checkpoint)
+                continue
+            except UnsupportedTokenizer as exc:
+                logger.warning("model %s: %s; counting with cl100k_base", name, exc)
+        counters[name] = for_openai_model(name)
+    return counters
+
+
+async def list_models(request: Request) -> Response:
+    ctx = GatewayContext.of(request)
+    caller = await authenticate_request(ctx.database, request)
+    allowed = caller.quota.allowed_models
+    names = sorted(m for m in ctx.settings.known_models if allowed is None or m in allowed)
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "tollway"} for name in names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def render_metrics(request: Request) -> Response:
+    payload = GatewayContext.of(request).metrics.render()
+    return Response(payload, media_type=CONTENT_TYPE)
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})

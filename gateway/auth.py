@@ -1,0 +1,74 @@
+"""Who is calling: ``Authorization: Bearer <key>`` looked up by hash on every request.
+
+There is no positive cache: a key revoked (or a tenant deleted) through any replica fails its
+next lookup on every replica, at the cost of one indexed read per request. Quota changes take
+effect the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import anyio
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.requests import Request
+
+from gateway.api_errors import ApiError, invalid_api_key
+from gateway.storage.api_keys import authenticate
+from gateway.storage.database import Database
+from policies.decision import Rejection
+from policies.quota import PRIORITY_CLASSES, PriorityClass, TenantQuota
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Caller:
+    key_id: str
+    tenant_id: str
+    quota: TenantQuota
+    key_priority: PriorityClass | None
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+async def authenticate_request(database: Database, request: Request) -> Caller:
+    """The caller, or a 401 ``invalid_api_key`` (a 503 if the database cannot answer)."""
+    token = bearer_token(request)
+    if token is None:
+        raise invalid_api_key()
+
+    def lookup() -> Caller | None:
+        with database.session() as session:
+            found = authenticate(session, token)
+        if found is None:
+            return None
+        quota = TenantQuota.from_dict(found.tenant.quota)
+        if "tier" not in found.tenant.quota:
+            quota = dataclasses.replace(quota, tier=found.tenant.tier)
+        priority = found.key.priority if found.key.priority in PRIORITY_CLASSES else None
+        return Caller(found.key.id, found.tenant.id, quota, priority)
+
+    try:
+        caller = await anyio.to_thread.run_sync(lookup)
+    except SQLAlchemyError as exc:
+        logger.warning("API key lookup failed: %s", type(exc).__name__)
+        raise ApiError(
+            Rejection(
+                503,
+                "auth_unavailable",
+                "server_error",
+                "The gateway cannot check API keys right now; please retry.",
+            )
+        ) from None
+    if caller is None:
+        raise invalid_api_key()
+    return caller

@@ -1,0 +1,161 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: authenticate, admit, forward, relay.
+
+authenticate ─401─► (no record: no tenant to charge)
+     │
+read + parse body ─400/413─┐
+admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record)
+     │ Admission           │
+UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
+     │                     │
+relay (stream or JSON) ────┴─► Accountant.finish   (settled; one record) when it closes
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from backend_engine.server.sse import EventStreamResponse
+from gateway.accounting import RequestInfo
+from gateway.admission import Admission, Refusal
+from gateway.api_errors import ApiError, to_rejection
+from gateway.auth import authenticate_request
+from gateway.context import GatewayContext
+from gateway.request_body import CompletionBody, Endpoint, parse_body, read_json
+from gateway.storage.models import UsageStatus
+from gateway.stream_relay import UsageMeter, measure_body, relay_events
+from policies.decision import Rejection
+
+ROUTE_HEADER = "x-tollway-route"
+_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await _complete(request, "completions")
+
+
+async def _complete(request: Request, endpoint: Endpoint) -> Response:
+    ctx = GatewayContext.of(request)
+    caller = await authenticate_request(ctx.database, request)
+    span = ctx.tracer.start_span(
+        f"{_OPERATIONS[endpoint]} gateway",
+        attributes={
+            "gen_ai.operation.name": _OPERATIONS[endpoint],
+            "gen_ai.system": "tollway",
+            "tollway.request_id": request.state.request_id,
+            "tollway.tenant_id": caller.tenant_id,
+        },
+    )
+    info = RequestInfo(
+        request_id=request.state.request_id,
+        endpoint=endpoint,
+        caller=caller,
+        requested_model="",
+        is_stream=False,
+        created_at=datetime.now(timezone.utc),
+        span=span,
+    )
+    try:
+        data = await read_json(request, ctx.settings.max_body_bytes)
+        info = replace(info, requested_model=str(data.get("model") or ""))
+        body = parse_body(data, endpoint)
+        info = replace(info, requested_model=body.model, is_stream=body.is_stream)
+        span.set_attribute("gen_ai.request.model", body.model)
+        decision = await ctx.admitter.admit(caller, body, request.headers.get("x-priority"))
+    except Exception as exc:
+        decision = Refusal(to_rejection(exc))
+        if not isinstance(exc, ApiError):
+            ctx.accountant.reject(info, decision)
+            raise
+    if isinstance(decision, Refusal):
+        ctx.accountant.reject(info, decision)
+        raise ApiError(decision.rejection)
+    span.set_attribute("gen_ai.request.max_tokens", decision.max_tokens)
+    if decision.reservation is not None:
+        ctx.metrics.reservations_in_flight.inc()
+    return await _forward(ctx, info, body, decision, _PATHS[endpoint])
+
+
+async def _forward(
+    ctx: GatewayContext,
+    info: RequestInfo,
+    body: CompletionBody,
+    admission: Admission,
+    path: str,
+) -> Response:
+    model = admission.served_model
+    metrics = ctx.metrics
+    meter = UsageMeter(
+        on_first_token=metrics.time_to_first_token.labels(model=model).observe,
+        on_next_token=metrics.inter_token_latency.labels(model=model).observe,
+        started_at=time.monotonic(),
+    )
+    headers = {
+        "x-tenant-id": info.caller.tenant_id,
+        "x-priority": admission.priority,
+        "x-request-id": info.request_id,
+    }
+    try:
+        call = await ctx.upstreams.open(
+            model,
+            path,
+            upstream_body(body, admission),
+            headers,
+            is_stream=body.is_stream,
+            on_replica_error=lambda m, _reason: metrics.upstream_errors.labels(model=m).inc(),
+        )
+    except BaseException:
+        meter.finish(UsageStatus.UPSTREAM_ERROR)
+        await ctx.accountant.finish(info, admission, meter, was_answered=False)
+        raise
+    response_headers = dict(admission.headers)
+    if admission.route is not None:
+        response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
+    if call.status_code >= 400:  # the engine refused the request: relay its error as is
+        meter.finish(UsageStatus.UPSTREAM_ERROR)
+        await ctx.accountant.finish(info, admission, meter, was_answered=False)
+        return Response(
+            call.body, call.status_code, response_headers, media_type="application/json"
+        )
+    if not body.is_stream:
+        try:
+            answer = json.loads(call.body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            meter.finish(UsageStatus.UPSTREAM_ERROR)
+            await ctx.accountant.finish(info, admission, meter, was_answered=False)
+            raise ApiError(Rejection(502, "upstream_error", "server_error", "Bad engine answer."))
+        measure_body(answer, meter)
+        meter.finish(UsageStatus.COMPLETED)
+        await ctx.accountant.finish(info, admission, meter, was_answered=True)
+        return JSONResponse(answer, headers=response_headers)
+
+    async def on_close() -> None:
+        await call.aclose()
+        await ctx.accountant.finish(info, admission, meter, was_answered=True)
+
+    events = relay_events(call, meter, include_usage=body.include_usage)
+    return EventStreamResponse(events, on_close=on_close, headers=response_headers)
+
+
+def upstream_body(body: CompletionBody, admission: Admission) -> dict[str, Any]:
+    """The client's request for the engine: the served model, the admitted ``max_tokens``,
+    and always the final usage chunk on streams."""
+    out = {k: v for k, v in body.raw.items() if k not in ("max_completion_tokens", "tollway_hint")}
+    out["model"] = admission.served_model
+    out["max_tokens"] = admission.max_tokens
+    if body.is_stream:
+        out["stream_options"] = {"include_usage": True}
+    return out

@@ -1,0 +1,61 @@
+"""Prometheus metrics of one gateway app, on its own registry (several apps share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "tollway_gateway_requests",
+            "Completion requests answered, by endpoint, served model and outcome.",
+            ("endpoint", "model", "status"),
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "tollway_gateway_tokens",
+            "Tokens charged, by served model and direction (input, cached_input, output).",
+            ("model", "direction"),
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "tollway_gateway_rejections",
+            "Requests refused before reaching an engine, by reason.",
+            ("reason",),
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "tollway_gateway_upstream_errors",
+            "Failed attempts to reach or read an engine, by model.",
+            ("model",),
+            registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "tollway_gateway_time_to_first_token_seconds",
+            "Seconds from accepting a request to relaying its first token.",
+            ("model",),
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.inter_token_latency = Histogram(
+            "tollway_gateway_inter_token_latency_seconds",
+            "Seconds between consecutive relayed chunks of a stream.",
+            ("model",),
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.reservations_in_flight = Gauge(
+            "tollway_gateway_reservations_in_flight",
+            "Budget reservations held by requests in flight on this gateway.",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,279 @@
+"""The gateway's one frozen settings object, read from YAML with ``TOLLWAY_*`` overrides.
+
+::
+
+    host: 127.0.0.1
+    port: 8080
+    data_dir: data/gateway
+    database_url: null            # null: sqlite:///<data_dir>/tollway.db
+    redis_url: null               # null: budgets and rate limits in process (one gateway)
+    admin_key_hash: null          # sha256 hex of the admin key
+    reservation_ttl_s: 600
+    max_body_bytes: 1048576
+    otel_endpoint: null           # null: no span export
+    log_prompts: false
+    models:
+      small:
+        upstreams: [unix:/run/tollway/small.sock, http://10.0.0.2:8100]
+        context_window: 8192
+        checkpoint: data/models/small   # exact token counts; null counts with cl100k_base
+        prices: {input: 100000, cached_input: 25000, output: 400000}  # micros per 1M tokens
+    routing:
+      aliases: {auto: {small: small, large: large}}
+      long_prompt_tokens: 4096
+
+Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PORT``,
+``TOLLWAY_DATA_DIR``, ``TOLLWAY_DATABASE_URL``, ``TOLLWAY_REDIS_URL``,
+``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_RESERVATION_TTL_S``, ``TOLLWAY_MAX_BODY_BYTES``,
+``TOLLWAY_OTEL_ENDPOINT``, ``TOLLWAY_LOG_PROMPTS`` (an empty value sets an optional field to null).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from gateway.storage.database import default_database_url
+from policies.routing import ModelPair, RoutingPolicy
+
+_ENV_FIELDS: dict[str, str] = {
+    "TOLLWAY_HOST": "host",
+    "TOLLWAY_PORT": "port",
+    "TOLLWAY_DATA_DIR": "data_dir",
+    "TOLLWAY_DATABASE_URL": "database_url",
+    "TOLLWAY_REDIS_URL": "redis_url",
+    "TOLLWAY_ADMIN_KEY_HASH": "admin_key_hash",
+    "TOLLWAY_RESERVATION_TTL_S": "reservation_ttl_s",
+    "TOLLWAY_MAX_BODY_BYTES": "max_body_bytes",
+    "TOLLWAY_OTEL_ENDPOINT": "otel_endpoint",
+    "TOLLWAY_LOG_PROMPTS": "log_prompts",
+}
+_TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Integer micro-units of currency per million tokens."""
+
+    input: int = 0
+    cached_input: int = 0
+    output: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("input", "cached_input", "output"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"prices.{name} must be a non-negative integer, got {value!r}")
+
+    def cost_micros(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> int:
+        """The price of one request, rounded up to a whole micro."""
+        total = (
+            (prompt_tokens - cached_tokens) * self.input
+            + cached_tokens * self.cached_input
+            + completion_tokens * self.output
+        )
+        return -(-total // 1_000_000)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str
+    upstreams: tuple[str, ...]
+    context_window: int
+    checkpoint: Path | None = None
+    prices: Prices = field(default_factory=Prices)
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ValueError(f"model {self.name!r} needs at least one upstream URL")
+        for url in self.upstreams:
+            if not (url.startswith(("http://", "https://")) or _is_unix(url)):
+                raise ValueError(
+                    f"model {self.name!r}: upstream {url!r} must be http://host:port or "
+                    "unix:/path/to/engine.sock"
+                )
+        if isinstance(self.context_window, bool) or not isinstance(self.context_window, int):
+            raise ValueError(f"model {self.name!r}: context_window must be an integer")
+        if self.context_window < 2:
+            raise ValueError(f"model {self.name!r}: context_window must be at least 2")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    models: Mapping[str, ModelSettings]
+    routing: RoutingPolicy | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = Path("data/gateway")
+    database_url: str | None = None
+    redis_url: str | None = None
+    admin_key_hash: str | None = None
+    reservation_ttl_s: float = 600.0
+    max_body_bytes: int = 1 << 20
+    otel_endpoint: str | None = None
+    log_prompts: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("configure at least one model under `models:`")
+        object.__setattr__(self, "models", MappingProxyType(dict(self.models)))
+        if self.routing is not None:
+            for alias, pair in self.routing.aliases.items():
+                if alias in self.models:
+                    raise ValueError(f"routing alias {alias!r} shadows a model of that name")
+                for target in (pair.small, pair.large):
+                    if target not in self.models:
+                        raise ValueError(
+                            f"routing alias {alias!r} names {target!r}, which is not under "
+                            f"`models:` (known: {', '.join(sorted(self.models))})"
+                        )
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not self.reservation_ttl_s > 0:
+            raise ValueError(f"reservation_ttl_s must be > 0, got {self.reservation_ttl_s}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.admin_key_hash is not None and not _SHA256_HEX.fullmatch(self.admin_key_hash):
+            raise ValueError(
+                "admin_key_hash must be 64 lowercase hex characters: "
+                "python -c 'import hashlib;print(hashlib.sha256(b\"KEY\").hexdigest())'"
+            )
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or default_database_url(self.data_dir)
+
+    @property
+    def known_models(self) -> frozenset[str]:
+        """Every name a client may send: served models and routing aliases."""
+        aliases = self.routing.aliases if self.routing is not None else {}
+        return frozenset(self.models) | frozenset(aliases)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, env: Mapping[str, str] = os.environ) -> GatewaySettings:
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        return cls.from_dict(data, env=env, base_dir=Path(path).parent)
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], env: Mapping[str, str] = {}, base_dir: Path = Path(".")
+    ) -> GatewaySettings:
+        unknown = sorted(set(data) - _TOP_LEVEL)
+        if unknown:
+            raise ValueError(
+                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP_LEVEL))}"
+            )
+        values: dict[str, Any] = {k: v for k, v in data.items() if k not in ("models", "routing")}
+        for var, name in _ENV_FIELDS.items():
+            if var in env:
+                values[name] = env[var] if env[var] != "" else None
+        kwargs = _convert_scalars(values, base_dir)
+        models = _models(data.get("models"), base_dir)
+        routing = _routing(data.get("routing"))
+        return cls(models=models, routing=routing, **kwargs)
+
+
+def _is_unix(url: str) -> bool:
+    return url.startswith("unix:") and len(url) > len("unix:")
+
+
+def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None:
+            if name in ("database_url", "redis_url", "admin_key_hash", "otel_endpoint"):
+                out[name] = None
+            continue
+        try:
+            if name == "port" or name == "max_body_bytes":
+                out[name] = int(value)
+            elif name == "reservation_ttl_s":
+                out[name] = float(value)
+            elif name == "log_prompts":
+                out[name] = _bool(value)
+            elif name == "data_dir":
+                out[name] = base_dir / Path(str(value))
+            else:
+                out[name] = str(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"setting {name}: cannot use {value!r}") from None
+    return out
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("`models:` must map each model name to {upstreams, context_window, ...}")
+    models: dict[str, ModelSettings] = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            raise ValueError(f"model {name!r}: expected a mapping")
+        extra = sorted(set(spec) - {"upstreams", "context_window", "checkpoint", "prices"})
+        if extra:
+            raise ValueError(f"model {name!r}: unknown field(s) {', '.join(extra)}")
+        upstreams = spec.get("upstreams")
+        if isinstance(upstreams, str):
+            upstreams = [upstreams]
+        if not isinstance(upstreams, list):
+            raise ValueError(f"model {name!r}: upstreams must be a list of URLs")
+        checkpoint = spec.get("checkpoint")
+        prices = spec.get("prices") or {}
+        if not isinstance(prices, dict):
+            raise ValueError(f"model {name!r}: prices must map input/cached_input/output")
+        try:
+            price = Prices(**prices)
+        except TypeError:
+            raise ValueError(
+                f"model {name!r}: prices take input, cached_input and output, got {sorted(prices)}"
+            ) from None
+        models[str(name)] = ModelSettings(
+            name=str(name),
+            upstreams=tuple(str(u) for u in upstreams),
+            context_window=spec.get("context_window", 0),
+            checkpoint=base_dir / Path(str(checkpoint)) if checkpoint else None,
+            prices=price,
+        )
+    return models
+
+
+def _routing(raw: Any) -> RoutingPolicy | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("`routing:` must be a mapping with `aliases:`")
+    spec = dict(raw)
+    aliases = spec.pop("aliases", None)
+    if not isinstance(aliases, dict) or not aliases:
+        raise ValueError("routing.aliases must map an alias to {small: MODEL, large: MODEL}")
+    pairs: dict[str, ModelPair] = {}
+    for alias, pair in aliases.items():
+        if not isinstance(pair, dict) or set(pair) != {"small", "large"}:
+            raise ValueError(f"routing alias {alias!r} needs exactly `small:` and `large:`")
+        pairs[str(alias)] = ModelPair(small=str(pair["small"]), large=str(pair["large"]))
+    if "large_tiers" in spec:
+        spec["large_tiers"] = frozenset(spec["large_tiers"] or ())
+    try:
+        return RoutingPolicy(aliases=pairs, **spec)
+    except TypeError as exc:
+        raise ValueError(f"routing: {exc}") from None

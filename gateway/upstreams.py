@@ -1,0 +1,205 @@
+"""The engines behind each model, reached through one pooled ``httpx.AsyncClient``.
+
+The client's transport is httpx-aiohttp's. A ``unix:/path.sock`` upstream gets a private
+host name (``http://uds-N.tollway.invalid``) mounted on an aiohttp transport bound to that
+socket, so TCP and Unix-socket engines share one client and one set of timeouts.
+
+`UpstreamPool.open` picks replicas round-robin and moves on to the next one when an engine
+fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
+its first event with content. Once a token has been relayed the request stays where it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+from gateway.api_errors import upstream_unavailable
+from gateway.settings import ModelSettings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+
+
+@dataclass
+class UpstreamCall:
+    """An open upstream response. For streams, ``events`` yields SSE ``data`` payloads,
+    starting with the ones read ahead while deciding whether to retry."""
+
+    response: httpx.Response
+    replica: str
+    events: AsyncIterator[str] | None = None
+    body: bytes = b""
+    num_failed_replicas: int = 0
+    _is_closed: bool = field(default=False, repr=False)
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    async def aclose(self) -> None:
+        """Close the upstream response: the engine sees the disconnect and aborts."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        if self.events is not None:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        await self.response.aclose()
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        models: Mapping[str, ModelSettings],
+        *,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport_factory: Callable[[str | None], httpx.AsyncBaseTransport] | None = None,
+    ) -> None:
+        make = transport_factory or _aiohttp_transport
+        mounts: dict[str, httpx.AsyncBaseTransport] = {}
+        self._bases: dict[str, tuple[str, ...]] = {}
+        socket_hosts: dict[str, str] = {}
+        for name, model in models.items():
+            bases = []
+            for url in model.upstreams:
+                if url.startswith("unix:"):
+                    path = url.removeprefix("unix:")
+                    if path not in socket_hosts:
+                        socket_hosts[path] = f"http://uds-{len(socket_hosts)}.tollway.invalid"
+                        mounts[socket_hosts[path]] = make(path)
+                    bases.append(socket_hosts[path])
+                else:
+                    bases.append(url.rstrip("/"))
+            self._bases[name] = tuple(bases)
+        self.client = httpx.AsyncClient(
+            transport=make(None), mounts=mounts, timeout=timeout, trust_env=False
+        )
+        self._turns = {name: itertools.count() for name in models}
+
+    def replicas(self, model: str) -> list[str]:
+        """The model's replicas, rotated by one on every call (round-robin start)."""
+        bases = self._bases[model]
+        start = next(self._turns[model]) % len(bases)
+        return [*bases[start:], *bases[:start]]
+
+    async def open(
+        self,
+        model: str,
+        path: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        is_stream: bool,
+        on_replica_error: Callable[[str, str], None] | None = None,
+    ) -> UpstreamCall:
+        """The first replica that answers; raises a 503 `ApiError` if none does.
+
+        A 4xx answer is returned as is (the engine's own error for this request).
+        """
+        payload = json.dumps(body).encode()
+        num_failed = 0
+        for base in self.replicas(model):
+            request = self.client.build_request(
+                "POST",
+                base + path,
+                content=payload,
+                headers={**headers, "content-type": "application/json"},
+            )
+            response: httpx.Response | None = None
+            try:
+                response = await self.client.send(request, stream=True)
+                if response.status_code >= 500:
+                    raise _ReplicaFailed(f"status {response.status_code}")
+                call = UpstreamCall(response, base, num_failed_replicas=num_failed)
+                if is_stream and response.status_code < 400:
+                    call.events = await _read_ahead(sse_data(response))
+                else:
+                    call.body = await response.aread()
+                    await response.aclose()
+                return call
+            except (httpx.HTTPError, _ReplicaFailed) as exc:
+                num_failed += 1
+                reason = type(exc).__name__ if isinstance(exc, httpx.HTTPError) else str(exc)
+                logger.warning("upstream %s for %s failed: %s", base, model, reason)
+                if on_replica_error is not None:
+                    on_replica_error(model, reason)
+                if response is not None:
+                    await response.aclose()
+        raise upstream_unavailable(model)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class _ReplicaFailed(Exception):
+    pass
+
+
+def _aiohttp_transport(uds: str | None) -> httpx.AsyncBaseTransport:
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    return AiohttpTransport(uds=uds, limits=limits, trust_env=False)
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` payload of each server-sent event, in order (``[DONE]`` included)."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+async def _read_ahead(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Read events until one carries a token, an error or the end; fail (so the caller
+    retries elsewhere) if the stream breaks or reports an error before that."""
+    buffered: list[str] = []
+    async for payload in events:
+        buffered.append(payload)
+        if _is_error(payload):
+            raise _ReplicaFailed("error event before the first token")
+        if _has_substance(payload):
+            return _chain(buffered, events)
+    if not buffered or buffered[-1] != "[DONE]":
+        raise _ReplicaFailed("stream ended before the first token")
+    return _chain(buffered, events)
+
+
+async def _chain(first: list[str], rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    for payload in first:
+        yield payload
+    async for payload in rest:
+        yield payload
+
+
+def _is_error(payload: str) -> bool:
+    return payload.startswith('{"error"')
+
+
+def _has_substance(payload: str) -> bool:
+    """True for anything but a chat role chunk: content, a finish reason, usage, [DONE]."""
+    if payload == "[DONE]":
+        return True
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        return True
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta")
+        if delta is None or delta.get("content") or choice.get("finish_reason"):
+            return True
+    return chunk.get("usage") is not None

@@ -1,0 +1,160 @@
+"""Request-path fixtures: real tiny engines on Unix sockets, real gateways on 127.0.0.1.
+
+- ``engine_sockets``: two in-process engines (``tiny`` and ``tiny-large``, the same tiny
+  checkpoint under two names) served by uvicorn on Unix sockets, once per session.
+- ``gateway``: ``gateway(settings) -> base_url`` runs `build_gateway` under uvicorn in a
+  thread (lifespan included) and stops it after the test.
+- ``db_url``: a migrated SQLite database per test; ``tenant_key(db_url, **quota)`` makes a
+  tenant and returns ``(tenant_id, api_key)``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+
+from backend_engine.async_engine import AsyncEngine
+from backend_engine.config import EngineConfig
+from backend_engine.server.app import build_app
+from gateway.app import build_gateway
+from gateway.settings import GatewaySettings
+from gateway.storage.api_keys import create_key
+from gateway.storage.database import Database
+from gateway.storage.migrate import upgrade
+from gateway.storage.tenants import create_tenant
+
+SMALL, LARGE = "tiny", "tiny-large"
+CONTEXT_WINDOW = 2048
+
+
+@dataclass(frozen=True)
+class Engines:
+    sockets: dict[str, str]
+    checkpoint: Path
+
+
+def _serve(
+    app: Starlette, *, uds: str | None = None, sock: socket.socket | None = None
+) -> tuple[uvicorn.Server, threading.Thread]:
+    config = uvicorn.Config(
+        app, uds=uds, loop="asyncio", http="h11", lifespan="on", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    sockets = [sock] if sock is not None else None
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    return server, thread
+
+
+def _stop(server: uvicorn.Server, thread: threading.Thread) -> None:
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def engines(demo_checkpoint: Callable[..., Path]) -> Iterator[Engines]:
+    checkpoint = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")
+    tmp = tempfile.mkdtemp(prefix="tw-eng-")  # short: a socket path must stay under 108 bytes
+    running = []
+    sockets: dict[str, str] = {}
+    try:
+        for name in (SMALL, LARGE):
+            config = EngineConfig(
+                model=str(checkpoint),
+                max_model_len=CONTEXT_WINDOW,
+                num_kv_blocks=512,
+                max_num_seqs=64,
+                show_progress=False,
+            )
+            path = f"{tmp}/{name}.sock"
+            app = build_app(AsyncEngine(config, model_name=name))
+            running.append(_serve(app, uds=path))
+            sockets[name] = path
+        yield Engines(sockets, checkpoint)
+    finally:
+        for server, thread in running:
+            _stop(server, thread)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def settings_for(
+    engines: Engines, data_dir: Path, db_url: str, **overrides: Any
+) -> GatewaySettings:
+    models = {
+        name: {
+            "upstreams": [f"unix:{path}"],
+            "context_window": CONTEXT_WINDOW,
+            "checkpoint": str(engines.checkpoint),
+            "prices": {"input": 1_000_000, "cached_input": 500_000, "output": 2_000_000},
+        }
+        for name, path in engines.sockets.items()
+    }
+    data: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "database_url": db_url,
+        "models": models,
+        "routing": {"aliases": {"auto": {"small": SMALL, "large": LARGE}}},
+        **overrides,
+    }
+    return GatewaySettings.from_dict(data)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gateway-template") / "tollway.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def db_url(sqlite_template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "tollway.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+def tenant_key(db_url: str, tenant_id: str | None = None, **quota: Any) -> tuple[str, str]:
+    """A new tenant with ``quota`` and one API key for it: ``(tenant_id, key)``."""
+    tenant_id = tenant_id or f"t-{uuid.uuid4().hex[:8]}"
+    database = Database(db_url)
+    try:
+        with database.transaction() as session:
+            create_tenant(session, tenant_id, name=tenant_id, tier="standard", quota=quota)
+            created = create_key(session, tenant_id)
+    finally:
+        database.dispose()
+    return tenant_id, created.key
+
+
+@pytest.fixture
+def gateway() -> Iterator[Callable[..., str]]:
+    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(settings: GatewaySettings, **kwargs: Any) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        running.append(_serve(build_gateway(settings, **kwargs), sock=sock))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in running:
+        _stop(server, thread)

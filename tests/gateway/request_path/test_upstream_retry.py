@@ -1,0 +1,39 @@
+"""A replica that fails before the first token is skipped; the request succeeds elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from gateway.settings import GatewaySettings
+
+from .conftest import SMALL, Engines, settings_for, tenant_key
+
+
+def test_dead_replica_is_skipped_and_counted(
+    engines: Engines, gateway: Callable[..., str], db_url: str, tmp_path: Path
+) -> None:
+    base_settings = settings_for(engines, tmp_path / "gw", db_url)
+    dead = f"unix:{tmp_path}/dead.sock"
+    models = dict(base_settings.models)
+    models[SMALL] = type(models[SMALL])(
+        name=SMALL,
+        upstreams=(dead, *models[SMALL].upstreams),
+        context_window=models[SMALL].context_window,
+        checkpoint=models[SMALL].checkpoint,
+    )
+    settings = GatewaySettings(models=models, data_dir=base_settings.data_dir, database_url=db_url)
+    base = gateway(settings)
+    _, key = tenant_key(db_url)
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for stream in (False, True, False, True):  # round-robin starts on each replica
+            response = client.post(
+                "/v1/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={"model": SMALL, "prompt": "hi", "max_tokens": 2, "stream": stream},
+            )
+            assert response.status_code == 200, response.text
+        metrics = client.get("/metrics").text
+    assert 'tollway_gateway_upstream_errors_total{model="tiny"} 2.0' in metrics

@@ -1,0 +1,61 @@
+"""Gateway settings: YAML, environment overrides, and actionable validation errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import GatewaySettings, Prices
+
+YAML = """
+port: 9000
+redis_url: redis://localhost:6379/0
+models:
+  small:
+    upstreams: [unix:/run/small.sock]
+    context_window: 4096
+    prices: {input: 100, output: 300}
+  large:
+    upstreams: http://10.0.0.2:8100
+    context_window: 8192
+routing:
+  aliases: {auto: {small: small, large: large}}
+  long_prompt_tokens: 1000
+  large_tiers: [gold]
+"""
+
+
+def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(YAML)
+    env = {"TOLLWAY_PORT": "9100", "TOLLWAY_REDIS_URL": "", "TOLLWAY_LOG_PROMPTS": "true"}
+    settings = GatewaySettings.from_yaml(path, env=env)
+    assert settings.port == 9100 and settings.redis_url is None and settings.log_prompts
+    assert settings.models["large"].upstreams == ("http://10.0.0.2:8100",)
+    assert settings.known_models == {"small", "large", "auto"}
+    assert settings.routing is not None and settings.routing.large_tiers == {"gold"}
+    assert settings.resolved_database_url.startswith("sqlite:///")
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"models": {"m": {"upstreams": ["ftp://x"], "context_window": 10}}}, "unix:/path"),
+        ({"models": {"m": {"upstreams": ["http://x"]}}}, "context_window"),
+        ({"routing": {"aliases": {"auto": {"small": "m", "large": "nope"}}}}, "nope"),
+        ({"reservation_ttl_s": 0}, "reservation_ttl_s"),
+        ({"admin_key_hash": "secret"}, "sha256"),
+        ({"colour": "blue"}, "unknown setting"),
+    ],
+)
+def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> None:
+    data: dict[str, object] = {"models": {"m": {"upstreams": ["http://x"], "context_window": 64}}}
+    data.update(patch)
+    with pytest.raises(ValueError, match=message):
+        GatewaySettings.from_dict(data)
+
+
+def test_cost_is_integer_micros_rounded_up() -> None:
+    prices = Prices(input=1_000_000, cached_input=500_000, output=3)
+    assert prices.cost_micros(prompt_tokens=10, cached_tokens=4, completion_tokens=1) == 6 + 2 + 1

@@ -1,0 +1,67 @@
+"""The stream relay measures exactly what it relays, and strips the usage chunk on request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.storage.models import UsageStatus
+from gateway.stream_relay import UsageMeter, relay_events
+from gateway.upstreams import UpstreamCall
+
+
+def chunk(content: str | None = None, usage: dict[str, object] | None = None) -> str:
+    choices = [] if content is None else [{"index": 0, "delta": {"content": content}}]
+    return json.dumps({"object": "chat.completion.chunk", "choices": choices, "usage": usage})
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def call_with(payloads: list[str], *, fail_after: int | None = None) -> UpstreamCall:
+    async def events() -> AsyncIterator[str]:
+        for n, payload in enumerate(payloads):
+            if fail_after is not None and n == fail_after:
+                raise httpx.ReadError("engine went away")
+            yield payload
+
+    response = httpx.Response(200, request=httpx.Request("POST", "http://engine"))
+    return UpstreamCall(response, "http://engine", events=events())
+
+
+async def collect(events: AsyncIterator[str]) -> list[str]:
+    return [e async for e in events]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_usage_comes_from_the_final_chunk(include_usage: bool) -> None:
+    payloads = [chunk("a"), chunk("b"), chunk("c"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(payloads), meter, include_usage=include_usage))
+    assert meter.status is UsageStatus.COMPLETED and meter.usage == USAGE
+    assert meter.tokens(counted_prompt_tokens=99) == (7, 2, 3)
+    assert len(out) == (5 if include_usage else 4) and out[-1] == "data: [DONE]\n\n"
+    assert ('"usage"' in "".join(out)) is include_usage
+
+
+async def test_a_client_that_leaves_is_charged_for_the_chunks_relayed() -> None:
+    payloads = [chunk(str(n)) for n in range(10)] + [chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    events = relay_events(call_with(payloads), meter, include_usage=False)
+    for _ in range(4):
+        await events.__anext__()
+    await events.aclose()
+    assert not meter.is_finished and meter.num_relayed_tokens == 4
+    assert meter.tokens(counted_prompt_tokens=11) == (11, 0, 4)
+
+
+async def test_an_engine_failure_mid_stream_ends_with_an_error_event() -> None:
+    meter = UsageMeter()
+    payloads = [chunk("a"), chunk("b"), chunk("c")]
+    out = await collect(relay_events(call_with(payloads, fail_after=2), meter, include_usage=True))
+    assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
+    assert json.loads(out[-2].removeprefix("data: "))["error"]["code"] == "upstream_error"
+    assert out[-1] == "data: [DONE]\n\n"
