@@ -12,11 +12,13 @@ relay (stream or JSON) ────┴─► Accountant.finish   (settled; one r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,6 +35,8 @@ from gateway.stream_relay import UsageMeter, measure_body, relay_events
 from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+T = TypeVar("T")
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
 
@@ -84,10 +88,37 @@ async def _complete(request: Request, endpoint: Endpoint) -> Response:
     span.set_attribute("gen_ai.request.max_tokens", decision.max_tokens)
     if decision.reservation is not None:
         ctx.metrics.reservations_in_flight.inc()
-    return await _forward(ctx, info, body, decision, _PATHS[endpoint])
+    return await _forward(request, ctx, info, body, decision, _PATHS[endpoint])
+
+
+class _ClientGone(Exception):
+    """The client disconnected before a non-streamed answer was ready."""
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it (and so closing the upstream request, which aborts the
+    engine's generation) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise _ClientGone
+    return task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _forward(
+    request: Request,
     ctx: GatewayContext,
     info: RequestInfo,
     body: CompletionBody,
@@ -106,15 +137,20 @@ async def _forward(
         "x-priority": admission.priority,
         "x-request-id": info.request_id,
     }
+    opening = ctx.upstreams.open(
+        model,
+        path,
+        upstream_body(body, admission),
+        headers,
+        is_stream=body.is_stream,
+        on_replica_error=lambda m, _reason: metrics.upstream_errors.labels(model=m).inc(),
+    )
     try:
-        call = await ctx.upstreams.open(
-            model,
-            path,
-            upstream_body(body, admission),
-            headers,
-            is_stream=body.is_stream,
-            on_replica_error=lambda m, _reason: metrics.upstream_errors.labels(model=m).inc(),
-        )
+        call = await (opening if body.is_stream else _unless_client_leaves(request, opening))
+    except _ClientGone:
+        # Cancelled before the answer: the engine took the prompt, nothing was relayed.
+        await ctx.accountant.finish(info, admission, meter, was_answered=True)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
         meter.finish(UsageStatus.UPSTREAM_ERROR)
         await ctx.accountant.finish(info, admission, meter, was_answered=False)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 
 from gateway.ledger_redis import RedisBudgetLedger
@@ -100,3 +101,28 @@ def test_usage_record_written_after_a_database_outage(
     (record,) = usage_records(db_url, tenant_id, 1, timeout=30)
     assert record.status.value == "completed"
     assert record.completion_tokens == response.json()["usage"]["completion_tokens"]
+
+
+async def test_disconnect_before_a_non_streamed_answer_cancels_and_records(
+    engines: Engines, gateway: Callable[..., str], db_url: str, tmp_path: Path
+) -> None:
+    base = gateway(settings_for(engines, tmp_path / "gw", db_url))
+    tenant_id, key = tenant_key(db_url, budget_tokens=100_000, budget_period="total")
+    body = {
+        "model": SMALL,
+        "messages": [{"role": "user", "content": "Tell me a very long story"}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+    }
+    async with httpx.AsyncClient(base_url=base, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(
+                "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            )
+    (record,) = usage_records(db_url, tenant_id, 1)
+    assert record.status.value == "cancelled"
+    assert record.completion_tokens == 0
+    deadline = time.monotonic() + 10
+    while engine_gauge(engines.sockets[SMALL], "tollway_engine_requests_running") > 0:
+        assert time.monotonic() < deadline, "the engine kept generating"
+        await asyncio.sleep(0.05)
