@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 from opentelemetry.sdk.trace.export import SpanExporter
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -66,7 +66,7 @@ def build_gateway(
 ) -> Starlette:
     """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
     database = Database(settings.resolved_database_url)
-    redis = Redis.from_url(settings.redis_url) if settings.redis_url is not None else None
+    redis = _redis_client(settings.redis_url) if settings.redis_url is not None else None
     ledger: BudgetLedger
     rate_limits: RateLimitStore
     if redis is not None:
@@ -172,3 +172,10 @@ async def render_metrics(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
+
+
+def _redis_client(url: str) -> Redis:
+    """A client whose pool waits for a free connection instead of failing: redis-py's
+    default pool raises once 100 requests are in flight at the same time."""
+    pool = BlockingConnectionPool.from_url(url, max_connections=512, timeout=10)
+    return Redis(connection_pool=pool)

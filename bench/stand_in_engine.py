@@ -1,0 +1,144 @@
+"""An instant OpenAI-compatible engine for gateway benchmarks: a bare ASGI app, no model.
+
+``/v1/chat/completions`` answers at once, streamed (a role chunk, ``num_chunks`` content
+chunks, a finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) or
+as one JSON body. ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader
+scrapes) and ``/health`` answer too; anything else is a 404.
+
+    python -m bench.stand_in_engine --uds /tmp/engine.sock     # or --port 8100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import time
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+MODEL = "stand-in"
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_TEXT = [(b"content-type", b"text/plain; version=0.0.4")]
+_METRICS = (
+    b"tollway_engine_requests_waiting 0\n"
+    b"tollway_engine_kv_blocks_used 0\n"
+    b"tollway_engine_kv_blocks_total 1024\n"
+)
+
+
+class StandInEngine:
+    """The ASGI app. Every answer has ``num_chunks`` completion tokens, one word each."""
+
+    def __init__(self, num_chunks: int = 8) -> None:
+        self.num_chunks = num_chunks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/v1/chat/completions" and method == "POST":
+            request = json.loads(await _read_body(receive))
+            await self._chat(request, send)
+        elif path == "/v1/models":
+            body = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0}]}
+            await _answer(send, 200, _JSON, json.dumps(body).encode())
+        elif path == "/metrics":
+            await _answer(send, 200, _TEXT, _METRICS)
+        elif path == "/health":
+            await _answer(send, 200, _JSON, b'{"status":"ok"}')
+        else:
+            await _answer(send, 404, _JSON, b'{"error":{"message":"not found"}}')
+
+    async def _chat(self, request: dict[str, Any], send: Send) -> None:
+        model = str(request.get("model") or MODEL)
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in request["messages"])
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.num_chunks,
+            "total_tokens": prompt_tokens + self.num_chunks,
+        }
+        head = {"id": "chatcmpl-standin", "created": int(time.time()), "model": model}
+        if not request.get("stream"):
+            message = {"role": "assistant", "content": " ".join(["word"] * self.num_chunks)}
+            choice = {"index": 0, "message": message, "finish_reason": "length"}
+            body = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+            await _answer(send, 200, _JSON, json.dumps(body).encode())
+            return
+        head["object"] = "chat.completion.chunk"
+        deltas = [{"role": "assistant", "content": ""}, *[{"content": "word "}] * self.num_chunks]
+        chunks = [
+            {**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+        ]
+        chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if (request.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": usage})
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        for chunk in chunks:
+            body = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _answer(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def serve(sockets: list[socket.socket], num_chunks: int = 8) -> None:
+    """Serve on bound sockets until SIGTERM/SIGINT (uvicorn, one worker, httptools, uvloop)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        StandInEngine(num_chunks),
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+    )
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uds", help="unix socket path (default: TCP on --host/--port)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--num-chunks", type=int, default=8)
+    args = parser.parse_args()
+    if args.uds:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(args.uds)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+    serve([sock], args.num_chunks)
+
+
+if __name__ == "__main__":
+    main()
