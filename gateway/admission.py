@@ -53,6 +53,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
+_INLINE_COUNT_CHARS = 16_384  # longer chats are counted on a worker thread
+
+
 @dataclass(frozen=True)
 class Admission:
     served_model: str
@@ -163,7 +166,12 @@ class Admitter:
         counter = self._counters[model]
         if body.messages is not None:
             messages = body.messages
+            # Counting a typical chat takes microseconds: a thread hand-off would cost more
+            # than the work, so only long conversations leave the event loop.
+            size = sum(len(str(m.get("content") or "")) for m in messages)
             try:
+                if size < _INLINE_COUNT_CHARS:
+                    return counter.count_chat(messages)
                 return await anyio.to_thread.run_sync(counter.count_chat, messages)
             except (ValueError, TypeError, jinja2.TemplateError) as exc:
                 raise _bad_messages(exc) from None
