@@ -163,7 +163,9 @@ class UsageWriter:
                     return
                 batch = list(islice(self._buffer, self._max_batch_size))
                 self._spill.flush()
-                os.fsync(self._spill.fileno())
+                spill_fd = self._spill.fileno()
+            # fsync outside the lock: submit() (on the event loop) must never wait on a disk.
+            os.fsync(spill_fd)
             try:
                 num_rejected = self._write(batch)
             except SQLAlchemyError as exc:
