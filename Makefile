@@ -2,7 +2,6 @@
 VENV   ?= .venv
 PYTHON ?= python3
 BIN    := $(VENV)/bin
-MODEL  ?= data/models/small
 
 .PHONY: install serve test lint bench
 install: $(VENV)/.installed
@@ -15,9 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# The embedded default: gateway on 127.0.0.1:8000, small and large demo engines, SQLite.
 serve: install
-	@[ -f $(MODEL)/config.json ] || $(BIN)/tollway demo-model $(MODEL) --size small
-	$(BIN)/tollway engine --model $(MODEL)
+	$(BIN)/tollway serve
 
 test: install
 	$(BIN)/ruff check .

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from backend_engine.cli import register_engine_commands
+from gateway.serve_cli import register_serve_commands
 from gateway.storage_cli import register_storage_commands
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
 )
 register_engine_commands(app)
 register_storage_commands(app)
+register_serve_commands(app)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,226 @@
+"""Engines as child processes of ``tollway serve``: start, wait until healthy, stop.
+
+Each engine is ``python -m gateway.cli engine --uds SOCKET`` with its output in a log file (a
+pipe nobody reads would fill up and stall the engine). No engine outlives the gateway:
+
+- a clean stop (``stop()``, from a ``finally`` and from ``atexit``) sends SIGTERM to every
+  engine, waits, then SIGKILLs the ones still running;
+- if the gateway dies without running Python's cleanup (SIGKILL, a segfault), Linux delivers
+  SIGKILL to each engine (``prctl(PR_SET_PDEATHSIG)``, set in the child before ``exec``);
+- engines run in their own session, so a Ctrl-C in the terminal reaches only the gateway,
+  which then stops them in order (the gateway first, so no request is cut off mid-way).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+_PR_SET_PDEATHSIG = 1
+_LOG_TAIL_LINES = 30
+
+
+class EngineStartError(RuntimeError):
+    """An engine exited or did not become healthy; the message carries its log's tail."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine to spawn: serve ``checkpoint`` as ``name`` on the Unix socket ``socket_path``."""
+
+    name: str
+    checkpoint: Path
+    socket_path: Path
+    device: str = "cpu"
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH_BYTES:
+            raise ValueError(
+                f"engine {self.name!r}: socket path {self.socket_path} is longer than "
+                f"{MAX_SOCKET_PATH_BYTES} bytes; use a shorter data directory"
+            )
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "--model",
+            str(self.checkpoint),
+            "--uds",
+            str(self.socket_path),
+            "--served-model-name",
+            self.name,
+            "--device",
+            self.device,
+            *self.extra_args,
+        ]
+
+
+def is_socket_healthy(socket_path: Path, timeout_s: float = 1.0) -> bool:
+    """Whether something answers ``GET /health`` with 200 on this Unix socket."""
+    transport = httpx.HTTPTransport(uds=str(socket_path))
+    try:
+        with httpx.Client(transport=transport, timeout=timeout_s, trust_env=False) as client:
+            return client.get("http://engine/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get SIGKILL when this process dies (Linux only)."""
+    parent_pid = os.getpid()
+    libc_name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name is not None else None
+
+    def preexec() -> None:
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent_pid:  # the parent died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+class EngineProcess:
+    """One running engine. ``stop()`` is idempotent."""
+
+    def __init__(self, spec: EngineSpec, log_path: Path) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        if spec.socket_path.exists():
+            if is_socket_healthy(spec.socket_path):
+                raise EngineStartError(
+                    f"engine {spec.name!r}: {spec.socket_path} is already served by another "
+                    "process (is another `tollway serve` using this data directory?)"
+                )
+            spec.socket_path.unlink()  # left behind by a process that was killed
+        spec.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[bytes] = log_path.open("wb")
+        self.process = subprocess.Popen(
+            spec.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.env},
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def is_running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, num_lines: int = _LOG_TAIL_LINES) -> str:
+        try:
+            lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-num_lines:])
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise EngineStartError(
+                f"engine {self.spec.name!r} exited with code {code} "
+                f"(log: {self.log_path}):\n{self.log_tail()}"
+            )
+
+    def signal(self, signum: int) -> None:
+        if self.is_running():
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the process has exited (and been reaped) within ``timeout_s``."""
+        try:
+            self.process.wait(timeout=max(timeout_s, 0.0))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def close_log(self) -> None:
+        if not self._log.closed:
+            self._log.close()
+
+
+class EngineSupervisor:
+    """Starts a set of engines, waits for their health, and stops them all on exit.
+
+    ::
+
+        with EngineSupervisor(specs, log_dir) as engines:
+            engines.wait_until_healthy(timeout_s=300)
+            ...serve...
+        # every engine has exited here
+    """
+
+    def __init__(self, specs: Sequence[EngineSpec], log_dir: Path) -> None:
+        self._specs = tuple(specs)
+        self._log_dir = log_dir
+        self.engines: list[EngineProcess] = []
+
+    def __enter__(self) -> EngineSupervisor:
+        atexit.register(self.stop)
+        try:
+            for spec in self._specs:
+                self.engines.append(EngineProcess(spec, self._log_dir / f"{spec.name}.log"))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def wait_until_healthy(self, timeout_s: float, poll_s: float = 0.1) -> None:
+        """Return once every engine answers ``/health``; raise `EngineStartError` otherwise."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.engines)
+        while pending:
+            for engine in list(pending):
+                engine.check_alive()
+                if is_socket_healthy(engine.spec.socket_path):
+                    pending.remove(engine)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                engine = pending[0]
+                raise EngineStartError(
+                    f"engine {engine.spec.name!r} did not answer /health within {timeout_s:.0f} s "
+                    f"(log: {engine.log_path}):\n{engine.log_tail()}"
+                )
+            time.sleep(poll_s)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every engine, wait up to ``grace_s`` in all, then SIGKILL the rest."""
+        for engine in self.engines:
+            engine.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for engine in self.engines:
+            if not engine.wait(deadline - time.monotonic()):
+                engine.signal(signal.SIGKILL)
+                engine.wait(5.0)
+            engine.close_log()
+        atexit.unregister(self.stop)
