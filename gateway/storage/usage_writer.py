@@ -58,6 +58,7 @@ class UsageWriter:
         initial_backoff_s: float = 0.1,
         max_backoff_s: float = 10.0,
         compact_after_lines: int = 10_000,
+        linger_s: float = 0.02,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -70,6 +71,9 @@ class UsageWriter:
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
         self._compact_after_lines = compact_after_lines
+        # Wait this long for more records before committing a part-full batch: under load
+        # one transaction (and one fsync) then carries many records instead of one each.
+        self._linger_s = linger_s
         self._buffer: deque[UsageEntry] = deque()
         self._cond = threading.Condition()
         self._is_closing = False
@@ -159,6 +163,12 @@ class UsageWriter:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._buffer) or self._is_closing)
+                if self._is_closing:
+                    return
+                self._cond.wait_for(
+                    lambda: len(self._buffer) >= self._max_batch_size or self._is_closing,
+                    self._linger_s,
+                )
                 if self._is_closing:
                     return
                 batch = list(islice(self._buffer, self._max_batch_size))
