@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -35,34 +33,17 @@ def prompts_of_mixed_lengths(vocab_size: int) -> list[list[int]]:
     return prompts
 
 
-def reference_greedy(path: Path, prompts: list[list[int]]) -> list[list[int]]:
-    """transformers on CPU in float32, exactly NUM_NEW_TOKENS tokens (eos ignored)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    outputs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=NUM_NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
-
-
 @pytest.mark.parametrize("settings", list(ENGINE_SETTINGS))
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
-def test_cuda_greedy_matches_transformers(demo_checkpoint, architecture, settings):
+def test_cuda_greedy_matches_transformers(
+    demo_checkpoint, transformers_greedy, architecture, settings
+):
     from kernels import triton_attention
 
     assert dispatch.implementation_for(is_cuda=True) is triton_attention
     path = demo_checkpoint(architecture=architecture, size="tiny")
     prompts = prompts_of_mixed_lengths(ModelConfig.from_pretrained(path).vocab_size)
-    expected = reference_greedy(path, prompts)
+    expected = transformers_greedy(path, prompts, NUM_NEW_TOKENS)
 
     llm = LLM(model=str(path), device="cuda", dtype="float32", **ENGINE_SETTINGS[settings])
     outputs = llm.generate(prompts, GREEDY)

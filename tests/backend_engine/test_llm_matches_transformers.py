@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -24,34 +22,13 @@ def prompts_of_mixed_lengths(vocab_size: int) -> list[list[int]]:
     return prompts
 
 
-def reference_greedy(path: Path, prompts: list[list[int]]) -> list[list[int]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
-    # Generate exactly NUM_NEW_TOKENS through eos, like ignore_eos (min_new_tokens
-    # would instead forbid eos and change the greedy choice).
-    model.generation_config.eos_token_id = None
-    outputs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=NUM_NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
-
-
 @pytest.fixture(scope="module", params=ARCHITECTURES)
-def case(request, demo_checkpoint):
+def case(request, demo_checkpoint, transformers_greedy):
     path = demo_checkpoint(architecture=request.param, size="tiny")
     from backend_engine.model_config import ModelConfig
 
     prompts = prompts_of_mixed_lengths(ModelConfig.from_pretrained(path).vocab_size)
-    return path, prompts, reference_greedy(path, prompts)
+    return path, prompts, transformers_greedy(path, prompts, NUM_NEW_TOKENS)
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
