@@ -107,17 +107,18 @@ async def relay_events(
             chunk = _parse(payload)
             if chunk is None or "error" in chunk:
                 break
-            if "usage" in chunk:
-                usage = chunk.pop("usage")
-                if usage is not None:
-                    meter.observe_usage(usage)
-                    if include_usage:
-                        chunk["usage"] = usage
-                    elif not chunk.get("choices"):
-                        continue  # the usage chunk the client did not ask for
-                elif include_usage:
-                    chunk["usage"] = None
+            usage = chunk.get("usage")
+            if usage is not None:
+                meter.observe_usage(usage)
             meter.observe_chunk(chunk)
+            if include_usage:
+                yield f"data: {payload}\n\n"  # what the client asked for: pass it on as is
+                continue
+            # The client did not ask for usage: drop the usage-only chunk and the key.
+            if "usage" in chunk:
+                del chunk["usage"]
+                if usage is not None and not chunk.get("choices"):
+                    continue
             yield event(chunk)
     except httpx.HTTPError:
         pass
