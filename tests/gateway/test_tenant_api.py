@@ -5,10 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +18,6 @@ from gateway.api_errors import EXCEPTION_HANDLERS
 from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.storage.api_keys import create_key, hash_key, revoke_key
 from gateway.storage.database import Database
-from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageStatus
 from gateway.storage.tenants import create_tenant
 from gateway.storage.usage_store import UsageEntry, insert_usage
@@ -29,21 +26,6 @@ from gateway.tenant_api import tenant_routes
 ADMIN_KEY = "admin-" + "y" * 40
 NOW = datetime(2025, 3, 15, 12, 0, tzinfo=timezone.utc)
 MONTH_START = datetime(2025, 3, 1, tzinfo=timezone.utc)
-
-
-@pytest.fixture(scope="module")
-def migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tenant-template") / "tollway.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture
-def db(migrated_template: Path, tmp_path: Path) -> Iterator[Database]:
-    shutil.copyfile(migrated_template, tmp_path / "tollway.db")
-    database = Database(f"sqlite:///{tmp_path / 'tollway.db'}")
-    yield database
-    database.dispose()
 
 
 @pytest.fixture

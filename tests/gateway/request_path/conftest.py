@@ -32,7 +32,6 @@ from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import create_key
 from gateway.storage.database import Database
-from gateway.storage.migrate import upgrade
 from gateway.storage.tenants import create_tenant
 
 SMALL, LARGE = "tiny", "tiny-large"
@@ -116,18 +115,9 @@ def settings_for(
     return GatewaySettings.from_dict(data)
 
 
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("gateway-template") / "tollway.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
 @pytest.fixture
-def db_url(sqlite_template: Path, tmp_path: Path) -> str:
-    path = tmp_path / "tollway.db"
-    shutil.copyfile(sqlite_template, path)
-    return f"sqlite:///{path}"
+def db_url(sqlite_db_url: str) -> str:
+    return sqlite_db_url
 
 
 def tenant_key(db_url: str, tenant_id: str | None = None, **quota: Any) -> tuple[str, str]:
