@@ -115,14 +115,6 @@ def postgres_database(server: PostgresServer, *, template: str) -> Iterator[str]
 
 
 @pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite file migrated to head once per session; tests get copies."""
-    path = tmp_path_factory.mktemp("template") / "tollway.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture(scope="session")
 def postgres_template(postgres_server: PostgresServer) -> str:
     """A PostgreSQL database migrated to head once per session; tests get copies."""
     postgres_server.execute(f"CREATE DATABASE {PG_TEMPLATE}")
@@ -134,9 +126,7 @@ def postgres_template(postgres_server: PostgresServer) -> str:
 def migrated_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database migrated to head on the test's backend."""
     if backend == "sqlite":
-        path = tmp_path / "tollway.db"
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-        yield f"sqlite:///{path}"
+        yield request.getfixturevalue("sqlite_db_url")  # tests/gateway/conftest.py
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     with postgres_database(server, template=request.getfixturevalue("postgres_template")) as url:
