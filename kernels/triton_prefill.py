@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_launch import cache_strides, check_query, dot_precision
+from kernels.triton_paging import cache_offsets
 
 
 @triton.jit
@@ -91,11 +92,15 @@ def _prefill_kernel(
     for tile_start in range(0, kv_end, BLOCK_N):
         pos = tile_start + tl.arange(0, BLOCK_N)
         is_key = pos < kv_end
-        block_ids = tl.load(table_row + pos // BLOCK_SIZE, mask=is_key, other=0).to(tl.int64)
-        offsets = (
-            block_ids * stride_cache_block
-            + (pos % BLOCK_SIZE).to(tl.int64) * stride_cache_token
-            + kv_head * stride_cache_head
+        offsets = cache_offsets(
+            table_row,
+            pos,
+            is_key,
+            kv_head,
+            stride_cache_block,
+            stride_cache_token,
+            stride_cache_head,
+            BLOCK_SIZE,
         )  # [BLOCK_N]
         k = tl.load(
             key_cache_ptr + offsets[:, None] + dims[None, :], mask=is_key[:, None], other=0.0
