@@ -29,9 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin_schemas import (
-    DEFAULTS as _DEFAULTS,
-)
-from gateway.admin_schemas import (
+    DEFAULTS,
     ApiKey,
     ApiKeyCreate,
     ApiKeyList,
@@ -225,7 +223,7 @@ class _AdminApi:
         """
         tenant_id = request.path_params["tenant_id"]
         body = await _read_model(request, Quota)
-        quota = _validated_quota(body, _DEFAULTS.tier, param_prefix="")
+        quota = _validated_quota(body, DEFAULTS.tier, param_prefix="")
         now = self._now()
 
         def put(session: Session) -> tenants.TenantInfo | None:
