@@ -8,6 +8,9 @@ A tenant's tier lives on the tenant (set on create or with PATCH) and is mirrore
 stored quota, so the request path reads one consistent `TenantQuota`; the quota body of
 ``PUT .../quota`` therefore has no ``tier``. ``PUT`` replaces the whole quota: omitted fields
 take `TenantQuota`'s defaults.
+
+Every change to a tenant, its quota or its keys bumps the tenant's auth epoch after it is
+committed, so the gateways' key caches (``key_cache``) see it on their next request.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from gateway.admin_schemas import (
 )
 from gateway.api_errors import ApiError, invalid_request
 from gateway.auth import bearer_token
+from gateway.auth_epochs import AuthEpochs
 from gateway.budget_ledger import BudgetLedger
 from gateway.request_body import read_json
 from gateway.storage import api_keys, tenants
@@ -78,14 +82,17 @@ def admin_routes(
     admin_key_hash: str,
     ledger: BudgetLedger,
     now: Callable[[], datetime] = utc_now,
+    *,
+    auth_epochs: AuthEpochs | None = None,
 ) -> list[BaseRoute]:
-    """The ``/admin`` routes; ``admin_key_hash`` is the SHA-256 hex of the admin key."""
+    """The ``/admin`` routes; ``admin_key_hash`` is the SHA-256 hex of the admin key.
+    ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache)."""
     key_hash = admin_key_hash.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", key_hash):
         raise ValueError(
             "admin_key_hash must be the SHA-256 hex digest (64 characters) of the admin key"
         )
-    api = _AdminApi(db, ledger, now)
+    api = _AdminApi(db, ledger, now, auth_epochs)
 
     def guard(endpoint: Endpoint) -> Endpoint:
         @functools.wraps(endpoint)
@@ -125,10 +132,22 @@ def admin_routes(
 class _AdminApi:
     """The handlers. Database work runs in a worker thread, one transaction per request."""
 
-    def __init__(self, db: Database, ledger: BudgetLedger, now: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        ledger: BudgetLedger,
+        now: Callable[[], datetime],
+        auth_epochs: AuthEpochs | None,
+    ) -> None:
         self._db = db
         self._ledger = ledger
         self._now = now
+        self._auth_epochs = auth_epochs
+
+    async def _changed(self, tenant_id: str) -> None:
+        """Announce a committed change to the tenant's keys or quota."""
+        if self._auth_epochs is not None:
+            await self._auth_epochs.bump(tenant_id)
 
     async def _transaction(self, work: Callable[[Session], T]) -> T:
         def run() -> T:
@@ -202,6 +221,7 @@ class _AdminApi:
         info = await self._transaction(update)
         if info is None:
             raise _not_found("tenant", tenant_id)
+        await self._changed(tenant_id)
         return _json(_tenant_view(info))
 
     async def delete_tenant(self, request: Request) -> Response:
@@ -213,6 +233,7 @@ class _AdminApi:
         now = self._now()
         if not await self._transaction(lambda s: tenants.delete_tenant(s, tenant_id, now=now)):
             raise _not_found("tenant", tenant_id)
+        await self._changed(tenant_id)
         logger.info("deleted tenant %s", tenant_id)
         return _json(Deleted(id=tenant_id, object="tenant", deleted=True))
 
@@ -233,6 +254,7 @@ class _AdminApi:
         info = await self._transaction(put)
         if info is None:
             raise _not_found("tenant", tenant_id)
+        await self._changed(tenant_id)
         return _json(_tenant_view(info).quota)
 
     async def tenant_budget(self, request: Request) -> Response:
@@ -313,6 +335,7 @@ class _AdminApi:
             return api_keys.ApiKeyInfo.from_row(row)
 
         info = await self._transaction(revoke)
+        await self._changed(info.tenant_id)  # also when it was revoked before: a retry
         logger.info("revoked API key %s", key_id)
         return _json(_key_view(info))
 

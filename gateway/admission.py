@@ -5,6 +5,12 @@ Order (the first refusal wins)::
     model access (404/403) -> routing of aliases -> priority -> prompt length (400)
       -> output cap (400) -> rate limits (429 + Retry-After) -> budget reservation (429)
 
+The policies up to the output cap decide from the cached key's quota; rate limits and the
+budget are counted in one step of the `AdmissionStore`, which also checks that the key's
+tenant did not change since the key was cached (`key_cache`). If it did, the key is read again
+and the request decided afresh; a refusal by the earlier policies checks the epoch too, so a
+quota raised a moment ago is never refused on the old one.
+
 The result is an `Admission` (forward it; settle or release its reservation exactly once, see
 `gateway.accounting`) or a `Refusal` that keeps whatever was decided before the refusal, for
 the usage record.
@@ -21,11 +27,20 @@ from typing import Any
 import anyio
 import jinja2
 
+from gateway.admission_store import (
+    AdmissionAsk,
+    AdmissionStore,
+    AuthChanged,
+    BalanceUnknown,
+    BudgetAsk,
+    Counted,
+)
 from gateway.api_errors import ApiError, invalid_request
-from gateway.auth import Caller
-from gateway.budget_ledger import BudgetLedger, Reservation
+from gateway.auth import Caller, auth_unavailable
+from gateway.auth_epochs import AuthEpochs
+from gateway.budget_ledger import Balance, BudgetLedger, Reservation
+from gateway.key_cache import CachedKey, KeyCache
 from gateway.pool_load import PoolLoadReader
-from gateway.rate_limit_store import RateLimitStore
 from gateway.request_body import CompletionBody
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
@@ -54,6 +69,7 @@ _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
 _INLINE_COUNT_CHARS = 16_384  # longer chats are counted on a worker thread
+_MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
 
 
 @dataclass(frozen=True)
@@ -75,38 +91,75 @@ class Refusal:
     prompt_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What the policies decided before anything is counted."""
+
+    served_model: str
+    route: RoutingDecision | None
+    prompt_tokens: int
+    max_tokens: int
+    priority: PriorityClass
+
+    @property
+    def tokens(self) -> int:
+        return reservation_tokens(self.prompt_tokens, self.max_tokens)
+
+
 class Admitter:
     def __init__(
         self,
         settings: GatewaySettings,
         counters: Mapping[str, TokenCounter],
+        store: AdmissionStore,
         ledger: BudgetLedger,
-        rate_limits: RateLimitStore,
+        keys: KeyCache,
+        epochs: AuthEpochs,
         pool_load: PoolLoadReader,
         database: Database,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._counters = counters
+        self._store = store
         self._ledger = ledger
-        self._rate_limits = rate_limits
+        self._keys = keys
+        self._epochs = epochs
         self._pool_load = pool_load
         self._database = database
         self._clock = clock
 
     async def admit(
-        self, caller: Caller, body: CompletionBody, priority_header: str | None
+        self, key: CachedKey, body: CompletionBody, priority_header: str | None
     ) -> Admission | Refusal:
+        """Raises a 401 `ApiError` if the key stopped working since it was cached."""
+        for _ in range(_MAX_AUTH_RELOADS):
+            plan = await self._plan(key.caller, body, priority_header)
+            if isinstance(plan, Refusal):
+                epoch = await self._epochs.current(key.caller.tenant_id)
+                if epoch == key.epoch:
+                    return plan
+            else:
+                decision = await self._count(key, plan)
+                if not isinstance(decision, AuthChanged):
+                    return decision
+                epoch = decision.epoch
+            key = await self._keys.reload(key, epoch)
+        raise auth_unavailable()
+
+    async def _plan(
+        self, caller: Caller, body: CompletionBody, priority_header: str | None
+    ) -> _Plan | Refusal:
         quota = caller.quota
         rejection = check_model_access(body.model, quota, self._settings.known_models)
         if rejection is not None:
             return Refusal(rejection)
         served, decision = body.model, None
-        prompt_tokens = await self._count(served, body) if served in self._counters else 0
+        prompt_tokens = await self._count_tokens(served, body) if served in self._counters else 0
         routing = self._settings.routing
         if routing is not None and body.model in routing.aliases:
             pair = routing.aliases[body.model]
-            prompt_tokens = await self._count(pair.small, body)
+            prompt_tokens = await self._count_tokens(pair.small, body)
             has_code, has_math = detect_code_or_math(body.prompt_text)
             features = RequestFeatures(
                 prompt_tokens=prompt_tokens,
@@ -121,7 +174,7 @@ class Admitter:
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
             served = decision.model
             if served != pair.small:
-                prompt_tokens = await self._count(served, body)
+                prompt_tokens = await self._count_tokens(served, body)
 
         def refuse(rejection: Rejection) -> Refusal:
             return Refusal(rejection, served, decision, prompt_tokens)
@@ -138,31 +191,51 @@ class Admitter:
         )
         if isinstance(max_tokens, Rejection):
             return refuse(max_tokens)
-        tokens = reservation_tokens(prompt_tokens, max_tokens)
+        return _Plan(served, decision, prompt_tokens, max_tokens, priority)
+
+    async def _count(self, key: CachedKey, plan: _Plan) -> Admission | Refusal | AuthChanged:
+        """Rate limits and budget in one store step (rebuilding an unknown balance first)."""
+        caller, quota, tokens = key.caller, key.caller.quota, plan.tokens
+        budget = window = None
+        if quota.budget_tokens is not None:
+            window = budget_window(quota.budget_period, datetime.now(timezone.utc))
+            budget = BudgetAsk(window.key, quota.budget_tokens, self._settings.reservation_ttl_s)
+        now = self._clock()
+        ask = AdmissionAsk(caller.tenant_id, key.epoch, tokens, quota.rpm, quota.tpm, now, budget)
+        result = await self._store.admit(ask)
+        if isinstance(result, BalanceUnknown) and window is not None:
+            used = await anyio.to_thread.run_sync(self._used_in, caller.tenant_id, window)
+            await self._ledger.rebuild(caller.tenant_id, window.key, used)
+            result = await self._store.admit(ask)
+        if isinstance(result, AuthChanged):
+            return result
+        if not isinstance(result, Counted):  # unknown again: emptied twice in a row
+            raise RuntimeError("the budget balance could not be rebuilt; please retry")
+
+        def refuse(rejection: Rejection) -> Refusal:
+            return Refusal(rejection, plan.served_model, plan.route, plan.prompt_tokens)
+
         headers: Mapping[str, str] = {}
-        if quota.rpm is not None or quota.tpm is not None:
-            now = self._clock()
-            report = await self._rate_limits.hit(
-                caller.tenant_id, tokens, quota.rpm, quota.tpm, now
-            )
+        if result.window is not None:
             allowance = check_rate_limit(
-                report, rpm=quota.rpm, tpm=quota.tpm, request_tokens=tokens, now=now
+                result.window, rpm=quota.rpm, tpm=quota.tpm, request_tokens=tokens, now=now
             )
             if isinstance(allowance, Rejection):
                 return refuse(allowance)
             headers = allowance.headers
-        reservation = None
-        if quota.budget_tokens is not None:
-            window = budget_window(quota.budget_period, datetime.now(timezone.utc))
-            result = await self._reserve(caller.tenant_id, window, quota.budget_tokens, tokens)
-            if isinstance(result, Rejection):
-                return refuse(result)
-            reservation = result
+        if result.balance is not None and window is not None and budget is not None:
+            return refuse(_budget_refusal(result.balance, tokens, budget.limit, window))
         return Admission(
-            served, decision, prompt_tokens, max_tokens, priority, reservation, headers
+            plan.served_model,
+            plan.route,
+            plan.prompt_tokens,
+            plan.max_tokens,
+            plan.priority,
+            result.reservation,
+            headers,
         )
 
-    async def _count(self, model: str, body: CompletionBody) -> int:
+    async def _count_tokens(self, model: str, body: CompletionBody) -> int:
         counter = self._counters[model]
         if body.messages is not None:
             messages = body.messages
@@ -179,34 +252,6 @@ class Admitter:
             return len(body.prompt)
         return counter.count_text(body.prompt or "")
 
-    async def _reserve(
-        self, tenant_id: str, window: BudgetWindow, limit: int, tokens: int
-    ) -> Reservation | Rejection:
-        if not await self._ledger.is_known(tenant_id, window.key):
-            used = await anyio.to_thread.run_sync(self._used_in, tenant_id, window)
-            await self._ledger.rebuild(tenant_id, window.key, used)
-        reservation = await self._ledger.reserve(
-            tenant_id, window.key, limit, tokens, self._settings.reservation_ttl_s
-        )
-        if reservation is not None:
-            return reservation
-        balance = await self._ledger.balance(tenant_id, window.key)
-        rejection = admit_budget(
-            used=balance.used,
-            reserved=balance.reserved,
-            request_tokens=tokens,
-            limit=limit,
-            window=window,
-        )
-        if rejection is not None:
-            return rejection
-        # The balance moved between reserve() and balance(): the refusal stands.
-        return admit_budget(
-            used=limit, reserved=0, request_tokens=tokens, limit=limit
-        ) or Rejection(
-            429, "insufficient_quota", "insufficient_quota", "You exceeded your token budget."
-        )
-
     def _used_in(self, tenant_id: str, window: BudgetWindow) -> int:
         """Tokens the usage records charge to the window (a rebuild after a ledger restart)."""
         with self._database.session() as session:
@@ -214,6 +259,21 @@ class Admitter:
                 session, tenant_id, window.start or _EPOCH, window.end or _FAR_FUTURE
             )
         return totals.prompt_tokens + totals.completion_tokens
+
+
+def _budget_refusal(balance: Balance, tokens: int, limit: int, window: BudgetWindow) -> Rejection:
+    rejection = admit_budget(
+        used=balance.used,
+        reserved=balance.reserved,
+        request_tokens=tokens,
+        limit=limit,
+        window=window,
+    )
+    # The store refused on the balance it saw, so the policy agrees; the fallback only keeps
+    # the types honest.
+    return rejection or Rejection(
+        429, "insufficient_quota", "insufficient_quota", "You exceeded your token budget."
+    )
 
 
 def _hint(value: Any) -> Any:

@@ -25,19 +25,22 @@ from starlette.routing import BaseRoute, Route
 from gateway.accounting import Accountant
 from gateway.admin_api import admin_routes
 from gateway.admission import Admitter
+from gateway.admission_store import AdmissionStore
+from gateway.admission_store_memory import MemoryAdmissionStore
+from gateway.admission_store_redis import RedisAdmissionStore
 from gateway.api_errors import EXCEPTION_HANDLERS
 from gateway.auth import authenticate_request
+from gateway.auth_epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.budget_ledger import BudgetLedger
 from gateway.completions import chat_completions, completions
 from gateway.context import GatewayContext
+from gateway.key_cache import KeyCache
 from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.ledger_redis import RedisBudgetLedger
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.openapi import openapi_route
 from gateway.pool_load import PoolLoadReader
 from gateway.rate_limit_memory import MemoryRateLimitStore
-from gateway.rate_limit_redis import RedisRateLimitStore
-from gateway.rate_limit_store import RateLimitStore
 from gateway.request_id import RequestIdMiddleware
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
@@ -68,11 +71,19 @@ def build_gateway(
     database = Database(settings.resolved_database_url)
     redis = _redis_client(settings.redis_url) if settings.redis_url is not None else None
     ledger: BudgetLedger
-    rate_limits: RateLimitStore
+    store: AdmissionStore
+    epochs: AuthEpochs
     if redis is not None:
-        ledger, rate_limits = RedisBudgetLedger(redis), RedisRateLimitStore(redis)
+        ledger, store, epochs = (
+            RedisBudgetLedger(redis),
+            RedisAdmissionStore(redis),
+            RedisAuthEpochs(redis),
+        )
     else:
-        ledger, rate_limits = MemoryBudgetLedger(), MemoryRateLimitStore()
+        memory_ledger, memory_epochs = MemoryBudgetLedger(), MemoryAuthEpochs()
+        store = MemoryAdmissionStore(memory_ledger, MemoryRateLimitStore(), memory_epochs)
+        ledger, epochs = memory_ledger, memory_epochs
+    keys = KeyCache(database, epochs, ttl_s=settings.auth_cache_ttl_s)
     upstreams = UpstreamPool(settings.models)
     metrics = GatewayMetrics()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
@@ -81,11 +92,14 @@ def build_gateway(
         settings=settings,
         database=database,
         upstreams=upstreams,
+        keys=keys,
         admitter=Admitter(
             settings,
             token_counters(settings.models),
+            store,
             ledger,
-            rate_limits,
+            keys,
+            epochs,
             PoolLoadReader(upstreams),
             database,
         ),
@@ -115,7 +129,7 @@ def build_gateway(
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/metrics", render_metrics, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        *management_routes(settings, database, ledger),
+        *management_routes(settings, database, ledger, epochs),
         *(extra_routes or []),
     ]
     app = Starlette(
@@ -129,14 +143,14 @@ def build_gateway(
 
 
 def management_routes(
-    settings: GatewaySettings, database: Database, ledger: BudgetLedger
+    settings: GatewaySettings, database: Database, ledger: BudgetLedger, epochs: AuthEpochs
 ) -> list[BaseRoute]:
     """The tenant API (``/v1/usage``, ``/v1/budget``), the admin API when an admin key is
-    configured, and ``/openapi.json`` describing them; all share this app's database and
-    budget ledger."""
+    configured, and ``/openapi.json`` describing them; all share this app's database, budget
+    ledger and auth epochs (bumped by every change to keys and quotas)."""
     routes = tenant_routes(database, ledger)
     if settings.admin_key_hash is not None:
-        routes += admin_routes(database, settings.admin_key_hash, ledger)
+        routes += admin_routes(database, settings.admin_key_hash, ledger, auth_epochs=epochs)
     else:
         logger.warning("admin_key_hash is not set: the admin API is off")
     return [*routes, openapi_route(routes)]

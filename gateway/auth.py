@@ -1,8 +1,8 @@
-"""Who is calling: ``Authorization: Bearer <key>`` looked up by hash on every request.
+"""Who is calling: ``Authorization: Bearer <key>`` looked up by hash.
 
-There is no positive cache: a key revoked (or a tenant deleted) through any replica fails its
-next lookup on every replica, at the cost of one indexed read per request. Quota changes take
-effect the same way.
+``authenticate_request`` reads the database on every call (the tenant and admin APIs use
+it); the completion endpoints go through ``key_cache``, which keeps keys in memory and
+still sees a revocation at once on every replica.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
 from gateway.api_errors import ApiError, invalid_api_key
-from gateway.storage.api_keys import authenticate
+from gateway.storage.api_keys import AuthenticatedKey, authenticate
 from gateway.storage.database import Database
 from policies.decision import Rejection
 from policies.quota import PRIORITY_CLASSES, PriorityClass, TenantQuota
@@ -49,26 +49,34 @@ async def authenticate_request(database: Database, request: Request) -> Caller:
     def lookup() -> Caller | None:
         with database.session() as session:
             found = authenticate(session, token)
-        if found is None:
-            return None
-        quota = TenantQuota.from_dict(found.tenant.quota)
-        if "tier" not in found.tenant.quota:
-            quota = dataclasses.replace(quota, tier=found.tenant.tier)
-        priority = found.key.priority if found.key.priority in PRIORITY_CLASSES else None
-        return Caller(found.key.id, found.tenant.id, quota, priority)
+        return None if found is None else caller_of(found)
 
     try:
         caller = await anyio.to_thread.run_sync(lookup)
     except SQLAlchemyError as exc:
-        logger.warning("API key lookup failed: %s", type(exc).__name__)
-        raise ApiError(
-            Rejection(
-                503,
-                "auth_unavailable",
-                "server_error",
-                "The gateway cannot check API keys right now; please retry.",
-            )
-        ) from None
+        raise auth_unavailable(exc) from None
     if caller is None:
         raise invalid_api_key()
     return caller
+
+
+def caller_of(found: AuthenticatedKey) -> Caller:
+    quota = TenantQuota.from_dict(found.tenant.quota)
+    if "tier" not in found.tenant.quota:
+        quota = dataclasses.replace(quota, tier=found.tenant.tier)
+    priority = found.key.priority if found.key.priority in PRIORITY_CLASSES else None
+    return Caller(found.key.id, found.tenant.id, quota, priority)
+
+
+def auth_unavailable(exc: Exception | None = None) -> ApiError:
+    """The 503 for "keys cannot be checked now" (the database, or Redis, did not answer)."""
+    if exc is not None:
+        logger.warning("API key lookup failed: %s", type(exc).__name__)
+    return ApiError(
+        Rejection(
+            503,
+            "auth_unavailable",
+            "server_error",
+            "The gateway cannot check API keys right now; please retry.",
+        )
+    )

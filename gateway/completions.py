@@ -1,13 +1,14 @@
 """``/v1/chat/completions`` and ``/v1/completions``: authenticate, admit, forward, relay.
 
-authenticate ─401─► (no record: no tenant to charge)
+authenticate (key cache) ─401─► (no record: no tenant to charge)
      │
 read + parse body ─400/413─┐
-admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record)
-     │ Admission           │
+admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record; a key revoked
+     │ Admission           │                        meanwhile is a 401 without one)
 UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
      │                     │
-relay (stream or JSON) ────┴─► Accountant.finish   (settled; one record) when it closes
+relay (stream or JSON) ────┴─► Accountant.finish   (settled; one record) once the response
+                                                   has been sent, so it adds no latency
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from backend_engine.server.sse import EventStreamResponse
 from gateway.accounting import RequestInfo
 from gateway.admission import Admission, Refusal
-from gateway.api_errors import ApiError, to_rejection
-from gateway.auth import authenticate_request
+from gateway.api_errors import ApiError, invalid_api_key, to_rejection
+from gateway.auth import bearer_token
 from gateway.context import GatewayContext
 from gateway.request_body import CompletionBody, Endpoint, parse_body, read_json
 from gateway.storage.models import UsageStatus
@@ -51,7 +53,11 @@ async def completions(request: Request) -> Response:
 
 async def _complete(request: Request, endpoint: Endpoint) -> Response:
     ctx = GatewayContext.of(request)
-    caller = await authenticate_request(ctx.database, request)
+    token = bearer_token(request)
+    if token is None:
+        raise invalid_api_key()
+    key = await ctx.keys.key(token)
+    caller = key.caller
     span = ctx.tracer.start_span(
         f"{_OPERATIONS[endpoint]} gateway",
         attributes={
@@ -76,9 +82,12 @@ async def _complete(request: Request, endpoint: Endpoint) -> Response:
         body = parse_body(data, endpoint)
         info = replace(info, requested_model=body.model, is_stream=body.is_stream)
         span.set_attribute("gen_ai.request.model", body.model)
-        decision = await ctx.admitter.admit(caller, body, request.headers.get("x-priority"))
+        decision = await ctx.admitter.admit(key, body, request.headers.get("x-priority"))
     except Exception as exc:
         decision = Refusal(to_rejection(exc))
+        if decision.rejection.status == 401:  # revoked since it was cached: as authenticate
+            span.end()
+            raise
         if not isinstance(exc, ApiError):
             ctx.accountant.reject(info, decision)
             raise
@@ -175,8 +184,11 @@ async def _forward(
             raise ApiError(Rejection(502, "upstream_error", "server_error", "Bad engine answer."))
         measure_body(answer, meter)
         meter.finish(UsageStatus.COMPLETED)
-        await ctx.accountant.finish(info, admission, meter, was_answered=True)
-        return JSONResponse(answer, headers=response_headers)
+        # The engine's JSON as it came; settled and recorded after the client has it all.
+        finish = BackgroundTask(ctx.accountant.finish, info, admission, meter, was_answered=True)
+        return Response(
+            call.body, headers=response_headers, media_type="application/json", background=finish
+        )
 
     async def on_close() -> None:
         await call.aclose()

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from gateway.accounting import Accountant
 from gateway.admission import Admitter
+from gateway.key_cache import KeyCache
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
@@ -20,6 +21,7 @@ class GatewayContext:
     settings: GatewaySettings
     database: Database
     upstreams: UpstreamPool
+    keys: KeyCache
     admitter: Admitter
     accountant: Accountant
     metrics: GatewayMetrics

@@ -1,13 +1,14 @@
 """Redis budget ledger: one balance shared by any number of gateway replicas.
 
-Each operation is one Lua script, so it is atomic on the server. Keys of one balance share
-the hash tag ``{tenant:period}`` (one cluster slot); tenant and period are percent-encoded so
-``("a:b", "c")`` and ``("a", "b:c")`` cannot collide::
+Each operation is one Lua script, so it is atomic on the server. Every key of a tenant shares
+the hash tag ``{tenant}`` (one cluster slot), so the admission script
+(``admission_store_redis``) can check rate limits and reserve budget in one call; tenant and
+period are percent-encoded so ``("a:b", "c")`` and ``("a", "b:c")`` cannot collide::
 
-    tollway:budget:{acme:day%3A2025-06-01}                    HASH  used, known
-    tollway:budget:{acme:day%3A2025-06-01}:reservations       ZSET  id -> expires_at (ms)
-    tollway:budget:{acme:day%3A2025-06-01}:reservation_tokens HASH  id -> tokens
-    tollway:budget:{acme:day%3A2025-06-01}:finished           ZSET  id -> forget_at (ms)
+    tollway:budget:{acme}:day%3A2025-06-01                    HASH  used, known
+    tollway:budget:{acme}:day%3A2025-06-01:reservations       ZSET  id -> expires_at (ms)
+    tollway:budget:{acme}:day%3A2025-06-01:reservation_tokens HASH  id -> tokens
+    tollway:budget:{acme}:day%3A2025-06-01:finished           ZSET  id -> forget_at (ms)
 
 Time is the server's: scripts read ``TIME``, so replicas whose clocks differ still agree on
 when a reservation expires (this needs script effects replication: the default since Redis
@@ -35,16 +36,19 @@ from gateway.budget_ledger import (
     check_used_tokens,
 )
 
-# KEYS: account, reservations, reservation_tokens, finished. Defines `now` (ms) and purges.
-_PRELUDE = """
+# KEYS[1..4]: account, reservations, reservation_tokens, finished. Defines `now` (ms, server
+# time) and the functions below; a script calls purge() before it counts anything.
+LEDGER_FUNCTIONS = """
 local account, reservations, reservation_tokens, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', reservations, '-inf', now)) do
-  redis.call('HDEL', reservation_tokens, id)
+local function purge()
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', reservations, '-inf', now)) do
+    redis.call('HDEL', reservation_tokens, id)
+  end
+  redis.call('ZREMRANGEBYSCORE', reservations, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', finished, '-inf', now)
 end
-redis.call('ZREMRANGEBYSCORE', reservations, '-inf', now)
-redis.call('ZREMRANGEBYSCORE', finished, '-inf', now)
 local function reserved()
   local total = 0
   for _, tokens in ipairs(redis.call('HVALS', reservation_tokens)) do
@@ -69,20 +73,24 @@ local function finish(id, expires_at, retention)
   redis.call('HDEL', reservation_tokens, id)
   return true
 end
+-- Holds `tokens` until now + ttl_ms if they fit under `limit`: expires_at (ms), else false.
+local function reserve(limit, tokens, ttl_ms, id)
+  if used() + reserved() + tokens > limit then
+    return false
+  end
+  local expires_at = now + ttl_ms
+  redis.call('ZADD', reservations, expires_at, id)
+  redis.call('HSET', reservation_tokens, id, tokens)
+  return expires_at
+end
 """
+_PRELUDE = LEDGER_FUNCTIONS + "purge()\n"
 
 # ARGV: limit, tokens, ttl_ms, id. Returns expires_at (ms), or nil to refuse.
 _RESERVE = (
     _PRELUDE
     + """
-local limit, tokens, ttl_ms, id = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-if used() + reserved() + tokens > limit then
-  return false
-end
-local expires_at = now + ttl_ms
-redis.call('ZADD', reservations, expires_at, id)
-redis.call('HSET', reservation_tokens, id, tokens)
-return expires_at
+return reserve(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
 """
 )
 
@@ -128,15 +136,17 @@ return 1
 
 
 @dataclass(frozen=True)
-class _Keys:
+class BudgetKeys:
+    """The four keys of one balance, in the order ``LEDGER_FUNCTIONS`` reads them."""
+
     account: str
     reservations: str
     reservation_tokens: str
     finished: str
 
     @classmethod
-    def of(cls, tenant_id: str, period_key: str) -> _Keys:
-        account = f"tollway:budget:{{{quote(tenant_id, safe='')}:{quote(period_key, safe='')}}}"
+    def of(cls, tenant_id: str, period_key: str) -> BudgetKeys:
+        account = f"tollway:budget:{{{quote(tenant_id, safe='')}}}:{quote(period_key, safe='')}"
         return cls(
             account,
             f"{account}:reservations",
@@ -169,7 +179,7 @@ class RedisBudgetLedger:
     ) -> Reservation | None:
         check_reserve_args(limit, tokens, ttl_s)
         reservation_id = uuid.uuid4().hex
-        keys = _Keys.of(tenant_id, period_key).as_list()
+        keys = BudgetKeys.of(tenant_id, period_key).as_list()
         ttl_ms = max(1, _to_ms(ttl_s))
         expires_ms = await self._reserve(keys, [limit, tokens, ttl_ms, reservation_id])
         if expires_ms is None:
@@ -184,16 +194,16 @@ class RedisBudgetLedger:
         await self._release(_keys_of(reservation), self._finish_args(reservation))
 
     async def balance(self, tenant_id: str, period_key: str) -> Balance:
-        used, reserved = await self._balance(_Keys.of(tenant_id, period_key).as_list())
+        used, reserved = await self._balance(BudgetKeys.of(tenant_id, period_key).as_list())
         return Balance(used=int(used), reserved=int(reserved))
 
     async def rebuild(self, tenant_id: str, period_key: str, used_tokens: int) -> bool:
         check_used_tokens(used_tokens)
-        keys = _Keys.of(tenant_id, period_key).as_list()
+        keys = BudgetKeys.of(tenant_id, period_key).as_list()
         return int(await self._rebuild(keys, [used_tokens])) == 1
 
     async def is_known(self, tenant_id: str, period_key: str) -> bool:
-        account = _Keys.of(tenant_id, period_key).account
+        account = BudgetKeys.of(tenant_id, period_key).account
         return bool(await self._client.hexists(account, "known"))
 
     def _finish_args(self, reservation: Reservation) -> list[int | str]:
@@ -201,7 +211,7 @@ class RedisBudgetLedger:
 
 
 def _keys_of(reservation: Reservation) -> list[str]:
-    return _Keys.of(reservation.tenant_id, reservation.period_key).as_list()
+    return BudgetKeys.of(reservation.tenant_id, reservation.period_key).as_list()
 
 
 def _to_ms(seconds: float) -> int:

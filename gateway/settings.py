@@ -9,6 +9,7 @@
     redis_url: null               # null: budgets and rate limits in process (one gateway)
     admin_key_hash: null          # sha256 hex of the admin key
     reservation_ttl_s: 600
+    auth_cache_ttl_s: 10          # longest an API key is trusted from memory; 0: read every time
     max_body_bytes: 1048576
     otel_endpoint: null           # null: no span export
     log_prompts: false
@@ -24,8 +25,9 @@
 
 Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PORT``,
 ``TOLLWAY_DATA_DIR``, ``TOLLWAY_DATABASE_URL``, ``TOLLWAY_REDIS_URL``,
-``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_RESERVATION_TTL_S``, ``TOLLWAY_MAX_BODY_BYTES``,
-``TOLLWAY_OTEL_ENDPOINT``, ``TOLLWAY_LOG_PROMPTS`` (an empty value sets an optional field to null).
+``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_RESERVATION_TTL_S``, ``TOLLWAY_AUTH_CACHE_TTL_S``,
+``TOLLWAY_MAX_BODY_BYTES``, ``TOLLWAY_OTEL_ENDPOINT``, ``TOLLWAY_LOG_PROMPTS`` (an empty value
+sets an optional field to null).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_REDIS_URL": "redis_url",
     "TOLLWAY_ADMIN_KEY_HASH": "admin_key_hash",
     "TOLLWAY_RESERVATION_TTL_S": "reservation_ttl_s",
+    "TOLLWAY_AUTH_CACHE_TTL_S": "auth_cache_ttl_s",
     "TOLLWAY_MAX_BODY_BYTES": "max_body_bytes",
     "TOLLWAY_OTEL_ENDPOINT": "otel_endpoint",
     "TOLLWAY_LOG_PROMPTS": "log_prompts",
@@ -117,6 +120,9 @@ class GatewaySettings:
     redis_url: str | None = None
     admin_key_hash: str | None = None
     reservation_ttl_s: float = 600.0
+    # Keys revoked and quotas changed through the admin API apply at once on every replica
+    # (see `auth_epochs`); this bounds how long a change made around it may go unseen.
+    auth_cache_ttl_s: float = 10.0
     max_body_bytes: int = 1 << 20
     otel_endpoint: str | None = None
     log_prompts: bool = False
@@ -139,6 +145,11 @@ class GatewaySettings:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not self.reservation_ttl_s > 0:
             raise ValueError(f"reservation_ttl_s must be > 0, got {self.reservation_ttl_s}")
+        if not self.auth_cache_ttl_s >= 0:
+            raise ValueError(
+                f"auth_cache_ttl_s must be >= 0 (0 reads every key from the database), "
+                f"got {self.auth_cache_ttl_s}"
+            )
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if self.admin_key_hash is not None and not _SHA256_HEX.fullmatch(self.admin_key_hash):
@@ -198,7 +209,7 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         try:
             if name == "port" or name == "max_body_bytes":
                 out[name] = int(value)
-            elif name == "reservation_ttl_s":
+            elif name in ("reservation_ttl_s", "auth_cache_ttl_s"):
                 out[name] = float(value)
             elif name == "log_prompts":
                 out[name] = _bool(value)

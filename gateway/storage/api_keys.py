@@ -141,8 +141,14 @@ def authenticate(
     ``None`` covers unknown, revoked and expired keys and deleted tenants alike, so a caller
     cannot tell them apart by the answer.
     """
+    return authenticate_hash(session, hash_key(key), now=now)
+
+
+def authenticate_hash(
+    session: Session, presented_hash: str, *, now: datetime | None = None
+) -> AuthenticatedKey | None:
+    """``authenticate`` for a key already hashed (with ``hash_key``)."""
     now = now or utc_now()
-    presented_hash = hash_key(key)
     found = session.execute(
         select(ApiKey, Tenant)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)

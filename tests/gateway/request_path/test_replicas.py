@@ -1,17 +1,20 @@
-"""Two gateway instances sharing one Redis and one database: budgets and revocation."""
+"""Two gateway instances sharing one Redis and one database: budgets, revocation, quotas."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from gateway.budget_ledger import Balance
 from gateway.ledger_redis import RedisBudgetLedger
-from gateway.storage.api_keys import list_keys, revoke_key
+from gateway.storage.api_keys import hash_key, list_keys, revoke_key
 from gateway.storage.database import Database
 
 from .conftest import SMALL, Engines, settings_for, tenant_key
@@ -29,14 +32,34 @@ def chat(max_tokens: int = MAX_TOKENS) -> dict[str, object]:
     }
 
 
+ADMIN_KEY = "admin-" + "r" * 40
+
+
 @pytest.fixture
 def two_gateways(
     engines: Engines, gateway: Callable[..., str], db_url: str, redis_url: str, tmp_path: Path
 ) -> tuple[str, str]:
+    """Two replicas (one Redis, one database), both with the admin API on."""
+    shared = {"redis_url": redis_url, "admin_key_hash": hash_key(ADMIN_KEY)}
     return (
-        gateway(settings_for(engines, tmp_path / "a", db_url, redis_url=redis_url)),
-        gateway(settings_for(engines, tmp_path / "b", db_url, redis_url=redis_url)),
+        gateway(settings_for(engines, tmp_path / "a", db_url, **shared)),
+        gateway(settings_for(engines, tmp_path / "b", db_url, **shared)),
     )
+
+
+async def settled_balance(redis_url: str, tenant_id: str, period_key: str) -> Balance:
+    """The balance once no reservation is held: settling happens after each response is sent."""
+    redis = Redis.from_url(redis_url)
+    try:
+        ledger = RedisBudgetLedger(redis)
+        deadline = time.monotonic() + 10
+        while True:
+            balance = await ledger.balance(tenant_id, period_key)
+            if balance.reserved == 0 or time.monotonic() > deadline:
+                return balance
+            await asyncio.sleep(0.02)
+    finally:
+        await redis.aclose()
 
 
 async def test_budget_is_exact_under_200_concurrent_requests_on_two_replicas(
@@ -62,11 +85,7 @@ async def test_budget_is_exact_under_200_concurrent_requests_on_two_replicas(
             r.json()["error"]["code"] == "insufficient_quota" for r in burst if r.status_code == 429
         )
 
-        redis = Redis.from_url(redis_url)
-        try:
-            balance = await RedisBudgetLedger(redis).balance(tenant_id, "total")
-        finally:
-            await redis.aclose()
+        balance = await settled_balance(redis_url, tenant_id, "total")
         assert balance.reserved == 0
         assert balance.used <= budget
         # Nothing that fitted was refused: exactly as many as the budget holds got through.
@@ -87,6 +106,17 @@ async def test_budget_is_exact_under_200_concurrent_requests_on_two_replicas(
     assert sum(r.prompt_tokens + r.completion_tokens for r in completed) <= budget
 
 
+def completes(client: httpx.Client, base: str) -> int:
+    return client.post(base + "/v1/chat/completions", json=chat(1)).status_code
+
+
+def admin(base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {"authorization": f"Bearer {ADMIN_KEY}"}
+    response = httpx.request(method, base + path, headers=headers, timeout=60, **kwargs)
+    assert response.status_code == 200, response.text
+    return response
+
+
 def test_a_key_revoked_on_one_instance_is_refused_on_the_other(
     two_gateways: tuple[str, str], db_url: str
 ) -> None:
@@ -94,16 +124,90 @@ def test_a_key_revoked_on_one_instance_is_refused_on_the_other(
     headers = {"authorization": f"Bearer {key}"}
     first, second = two_gateways
     with httpx.Client(timeout=60, headers=headers) as client:
-        for base in two_gateways:
-            assert client.post(base + "/v1/chat/completions", json=chat(1)).status_code == 200
-        database = Database(db_url)  # the storage layer an admin API on `first` writes through
-        try:
-            with database.transaction() as session:
-                (info,) = list_keys(session, tenant_id)
-                assert revoke_key(session, info.id)
-        finally:
-            database.dispose()
+        for base in two_gateways:  # twice each: both replicas now answer from their key cache
+            assert completes(client, base) == 200
+            assert completes(client, base) == 200
+        (listed,) = admin(first, "GET", f"/admin/tenants/{tenant_id}/keys").json()["data"]
+        admin(first, "DELETE", f"/admin/keys/{listed['id']}")
         refused = client.post(second + "/v1/chat/completions", json=chat(1))
         assert refused.status_code == 401
         assert refused.json()["error"]["code"] == "invalid_api_key"
-        assert client.post(first + "/v1/chat/completions", json=chat(1)).status_code == 401
+        assert completes(client, first) == 401
+        assert completes(client, second) == 401
+
+
+def test_a_quota_changed_on_one_instance_applies_at_once_on_the_other(
+    two_gateways: tuple[str, str], db_url: str
+) -> None:
+    tenant_id, key = tenant_key(db_url)
+    first, second = two_gateways
+    with httpx.Client(timeout=60, headers={"authorization": f"Bearer {key}"}) as client:
+        assert completes(client, second) == 200
+        admin(first, "PUT", f"/admin/tenants/{tenant_id}/quota", json={"allowed_models": ["x"]})
+        refused = client.post(second + "/v1/chat/completions", json=chat(1))
+        assert refused.status_code == 403, refused.text
+        # ...and a refusal made on the cached quota is checked too: lifting it applies at once.
+        admin(first, "PUT", f"/admin/tenants/{tenant_id}/quota", json={})
+        assert completes(client, second) == 200
+        admin(first, "PUT", f"/admin/tenants/{tenant_id}/quota", json={"rpm": 1})
+        assert completes(client, second) == 200
+        assert completes(client, second) == 429
+
+
+def test_a_tenant_deleted_on_one_instance_is_refused_on_the_other(
+    two_gateways: tuple[str, str], db_url: str
+) -> None:
+    tenant_id, key = tenant_key(db_url)
+    first, second = two_gateways
+    with httpx.Client(timeout=60, headers={"authorization": f"Bearer {key}"}) as client:
+        assert completes(client, second) == 200
+        admin(first, "DELETE", f"/admin/tenants/{tenant_id}")
+        assert completes(client, second) == 401
+
+
+def revoke_in_the_database(db_url: str, tenant_id: str) -> None:
+    """A revocation that bypasses the admin API (so no gateway is told)."""
+    database = Database(db_url)
+    try:
+        with database.transaction() as session:
+            (info,) = list_keys(session, tenant_id)
+            assert revoke_key(session, info.id)
+    finally:
+        database.dispose()
+
+
+@pytest.mark.parametrize("ttl_s", [0.0, 0.5])
+def test_a_key_revoked_in_the_database_is_refused_within_the_cache_ttl(
+    engines: Engines,
+    gateway: Callable[..., str],
+    db_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    ttl_s: float,
+) -> None:
+    base = gateway(
+        settings_for(engines, tmp_path / "gw", db_url, redis_url=redis_url, auth_cache_ttl_s=ttl_s)
+    )
+    tenant_id, key = tenant_key(db_url)
+    with httpx.Client(timeout=60, headers={"authorization": f"Bearer {key}"}) as client:
+        assert completes(client, base) == 200
+        revoke_in_the_database(db_url, tenant_id)
+        if ttl_s > 0:
+            assert completes(client, base) == 200  # still trusted from memory...
+            time.sleep(ttl_s)
+        assert completes(client, base) == 401  # ...but never for longer than the TTL
+
+
+def test_an_embedded_gateway_refuses_a_key_revoked_through_its_admin_api_at_once(
+    engines: Engines, gateway: Callable[..., str], db_url: str, tmp_path: Path
+) -> None:
+    """No Redis: the admin API tells the same process's key cache."""
+    settings = settings_for(engines, tmp_path / "gw", db_url, admin_key_hash=hash_key(ADMIN_KEY))
+    base = gateway(settings)
+    tenant_id, key = tenant_key(db_url)
+    with httpx.Client(timeout=60, headers={"authorization": f"Bearer {key}"}) as client:
+        assert completes(client, base) == 200
+        assert completes(client, base) == 200
+        (listed,) = admin(base, "GET", f"/admin/tenants/{tenant_id}/keys").json()["data"]
+        admin(base, "DELETE", f"/admin/keys/{listed['id']}")
+        assert completes(client, base) == 401
