@@ -11,6 +11,7 @@ from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.config import EngineConfig
 from backend_engine.model_config import ModelConfig
 from backend_engine.models import load_model
+from backend_engine.models.packed_linear import pack_linears
 from backend_engine.outputs import TokenLogprob
 from backend_engine.sampler import sample
 from backend_engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -59,6 +60,8 @@ class ModelRunner:
             device=config.device,
             show_progress=config.show_progress,
         )
+        if self.device.type == "cpu":
+            pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls
         shape = (
             num_blocks,
             config.block_size,

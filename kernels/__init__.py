@@ -1,8 +1,9 @@
 """Paged-attention kernels: ``store_kv``, ``paged_decode_attention``, ``paged_prefill_attention``.
 
-Each call dispatches on the query's device: CUDA goes to the Triton kernels when present
-(see :mod:`kernels.dispatch`), everything else to the PyTorch reference
-(:mod:`kernels.reference`, which documents the cache layout).
+Each call dispatches on the query's device (see :mod:`kernels.dispatch`): CUDA goes to the
+Triton kernels, CPU to :mod:`kernels.cpu_attention` (a native C decode kernel, built once per
+machine, with the PyTorch reference behind it). :mod:`kernels.reference` documents the
+cache layout and is the referee for both.
 """
 
 from __future__ import annotations

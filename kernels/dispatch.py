@@ -1,8 +1,8 @@
 """Choose the kernel implementation for a tensor's device.
 
-CUDA tensors go to ``kernels.triton_attention`` once that module exists; everything else
-(and CUDA until then) runs the plain-PyTorch reference. The module is looked up once and
-cached by the import system, so dispatch costs one attribute check per call.
+CUDA tensors go to ``kernels.triton_attention`` (the Triton kernels); CPU tensors go to
+``kernels.cpu_attention`` (a native decode kernel with the PyTorch reference behind it).
+Modules are looked up once and cached, so dispatch costs one attribute check per call.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.util
 from functools import cache
 from types import ModuleType
 
-from kernels import reference
+from kernels import cpu_attention, reference
 
 TRITON_MODULE = "kernels.triton_attention"
 
@@ -35,8 +35,10 @@ def implementation_for(is_cuda: bool, head_dim: int = 64) -> ModuleType:
     as :mod:`kernels.reference`. Head sizes the Triton kernels cannot tile (e.g. 80 or 96)
     fall back to the reference, which is slower on a GPU but exact.
     """
+    if not is_cuda:
+        return cpu_attention
     is_tileable = head_dim >= MIN_TRITON_HEAD_DIM and head_dim & (head_dim - 1) == 0
-    if is_cuda and is_tileable:
+    if is_tileable:
         triton_module = _triton_module()
         if triton_module is not None:
             return triton_module

@@ -45,6 +45,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        if x.dtype == torch.float32:  # one fused op, bit-identical to the steps below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -76,10 +78,11 @@ class Attention(nn.Module):
         md: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [tokens, q+k+v heads, d]
+        # Queries and keys rotate together (one pass); q and k are views of the result.
+        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.num_heads + self.num_kv_heads :]
         key_cache, value_cache = kv_cache
         kernels.store_kv(k, v, key_cache, value_cache, md.slot_mapping)
 

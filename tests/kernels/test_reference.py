@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import dispatch, reference
+from kernels import cpu_attention, dispatch, reference
 
 # Tolerances: fp32 differs only by summation order; bf16 inputs are computed in float32 by
 # both sides, so the gap is the final rounding to bf16 (~2^-8 relative).
@@ -220,8 +220,8 @@ def test_store_kv_writes_slots_and_skips_negative() -> None:
     assert int((key_cache != 0).any(-1).any(-1).sum()) == 2  # nothing else written
 
 
-def test_public_api_dispatches_to_reference_on_cpu() -> None:
-    assert dispatch.implementation_for(is_cuda=False) is reference
+def test_public_api_dispatches_to_cpu_kernels_on_cpu() -> None:
+    assert dispatch.implementation_for(is_cuda=False) is cpu_attention
     key_cache, value_cache = make_cache(8, 16, 1, 32, torch.float32)
     key, value = torch.randn(5, 1, 32), torch.randn(5, 1, 32)
     slots = torch.arange(5, dtype=torch.int64) + 16  # block 1

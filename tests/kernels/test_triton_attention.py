@@ -20,7 +20,7 @@ import torch
 
 import kernels
 from backend_engine import LLM, SamplingParams
-from kernels import dispatch, reference, triton_attention
+from kernels import cpu_attention, dispatch, reference, triton_attention
 from kernels.triton_decode import choose_partition_size
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -243,9 +243,9 @@ def test_bad_partition_size_raises() -> None:
         )
 
 
-def test_dispatch_picks_triton_for_cuda_and_reference_otherwise() -> None:
+def test_dispatch_picks_triton_for_cuda_and_the_cpu_kernels_otherwise() -> None:
     assert dispatch.implementation_for(is_cuda=True) is triton_attention
-    assert dispatch.implementation_for(is_cuda=False) is reference
+    assert dispatch.implementation_for(is_cuda=False) is cpu_attention
     for name in ("store_kv", "paged_decode_attention", "paged_prefill_attention"):
         assert callable(getattr(triton_attention, name))
 
@@ -269,9 +269,7 @@ def test_engine_generates_the_same_tokens_with_triton_kernels(
     assert generate(triton_attention) == generate(reference)
 
 
-def test_dispatch_falls_back_to_the_reference_for_untileable_head_dims():
-    from kernels import dispatch, reference
-
+def test_dispatch_falls_back_to_the_reference_for_untileable_head_dims() -> None:
     assert dispatch.implementation_for(True, 96) is reference
     assert dispatch.implementation_for(True, 8) is reference
-    assert dispatch.implementation_for(False, 128) is reference
+    assert dispatch.implementation_for(False, 128) is cpu_attention

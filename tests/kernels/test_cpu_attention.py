@@ -1,0 +1,128 @@
+"""The native CPU decode kernel against the PyTorch reference, and its fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_attention, reference
+from kernels.cpu_build import DISABLE_ENV, find_compiler
+
+needs_compiler = pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+
+
+def random_case(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    lens: list[int],
+    dtype: torch.dtype = torch.float32,
+    pool_blocks: int = 512,
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """Queries, caches and non-contiguous random block tables drawn from a large pool."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (pool_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
+    max_blocks = max(-(-n // block_size) for n in lens) + 1  # one spare column of padding
+    ids = torch.randperm(pool_blocks, generator=gen)[: len(lens) * max_blocks]
+    tables = ids.view(len(lens), max_blocks).to(torch.int32)
+    q = torch.randn(len(lens), num_heads, head_dim, generator=gen).to(dtype)
+    return q, key_cache, value_cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+@needs_compiler
+def test_native_library_builds_here() -> None:
+    assert cpu_attention.native_library() is not None
+
+
+@needs_compiler
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (7, 1)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_native_decode_matches_the_reference(
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    lens = [1, 2, block_size - 1, block_size, block_size + 1, 3 * block_size + 5, 300]
+    q, key_cache, value_cache, tables, seq_lens = random_case(
+        num_heads, num_kv_heads, head_dim, block_size, lens
+    )
+    scale = head_dim**-0.5
+    got = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, scale)
+    want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, scale)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_native_decode_reads_strided_query_rows() -> None:
+    """Queries may be a view into the fused q/k/v projection (rows further apart)."""
+    q, key_cache, value_cache, tables, seq_lens = random_case(8, 2, 64, 16, [5, 40, 17])
+    wide = torch.randn(3, 12, 64)
+    wide[:, :8] = q
+    strided = wide[:, :8]
+    assert not strided.is_contiguous()
+    got = cpu_attention.paged_decode_attention(
+        strided, key_cache, value_cache, tables, seq_lens, 0.125
+    )
+    want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.125)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_native_decode_handles_an_empty_batch() -> None:
+    q, key_cache, value_cache, tables, seq_lens = random_case(4, 2, 64, 16, [3])
+    empty = cpu_attention.paged_decode_attention(
+        q[:0], key_cache, value_cache, tables[:0], seq_lens[:0], 0.125
+    )
+    assert empty.shape == (0, 4, 64)
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("table", "lens"),
+    [
+        ([[0, 1], [2, 9]], [20, 20]),  # block 9 is outside a 4-block cache
+        ([[0], [1]], [20, 3]),  # 20 tokens need 2 blocks, the table lists 1
+        ([[0, -1], [1, 2]], [20, 3]),  # a negative block id
+    ],
+)
+def test_native_decode_refuses_tables_that_would_read_outside_the_cache(
+    table: list[list[int]], lens: list[int]
+) -> None:
+    key_cache = torch.randn(4, 16, 2, 64)
+    with pytest.raises(ValueError, match="block table"):
+        cpu_attention.paged_decode_attention(
+            torch.randn(2, 8, 64),
+            key_cache,
+            key_cache.clone(),
+            torch.tensor(table, dtype=torch.int32),
+            torch.tensor(lens, dtype=torch.int32),
+            0.1,
+        )
+
+
+def test_other_dtypes_run_the_reference() -> None:
+    q, key_cache, value_cache, tables, seq_lens = random_case(
+        8, 2, 64, 16, [7, 33], dtype=torch.bfloat16
+    )
+    got = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.125)
+    want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.125)
+    assert torch.equal(got, want)
+
+
+def test_native_kernels_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DISABLE_ENV, "reference")
+    cpu_attention.native_library.cache_clear()
+    try:
+        assert cpu_attention.native_library() is None
+        q, key_cache, value_cache, tables, seq_lens = random_case(8, 2, 64, 16, [7, 33])
+        got = cpu_attention.paged_decode_attention(
+            q, key_cache, value_cache, tables, seq_lens, 0.125
+        )
+        want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.125)
+        assert torch.equal(got, want)
+    finally:
+        monkeypatch.delenv(DISABLE_ENV)
+        cpu_attention.native_library.cache_clear()

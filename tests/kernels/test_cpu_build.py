@@ -1,0 +1,63 @@
+"""Building C sources into cached shared libraries, and failing soft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernels import cpu_build
+from kernels.cpu_build import build_shared_library, find_compiler
+
+SOURCE = "int tollway_answer(void) { return 42; }\n"
+
+
+@pytest.fixture
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "tollway" / "kernels"
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+def test_builds_once_and_reuses_the_cached_library(tmp_path: Path, cache_home: Path) -> None:
+    import ctypes
+
+    source = tmp_path / "answer.c"
+    source.write_text(SOURCE)
+    first = build_shared_library(source)
+    assert first is not None and first.parent == cache_home
+    assert ctypes.CDLL(str(first)).tollway_answer() == 42
+    built_at = first.stat().st_mtime_ns
+    assert build_shared_library(source) == first
+    assert first.stat().st_mtime_ns == built_at  # not rebuilt
+    assert not list(cache_home.glob("*.partial"))
+
+    source.write_text(SOURCE.replace("42", "43"))  # a changed source is a new library
+    second = build_shared_library(source)
+    assert second is not None and second != first
+
+
+def test_a_failed_build_returns_none_and_leaves_nothing(
+    tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "broken.c"
+    source.write_text("this is not C\n")
+    if find_compiler() is not None:
+        assert build_shared_library(source) is None
+        assert not list(cache_home.glob("*"))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    assert build_shared_library(source) is None
+
+
+def test_no_compiler_returns_none(
+    tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cpu_build, "find_compiler", lambda: None)
+    source = tmp_path / "answer.c"
+    source.write_text(SOURCE)
+    assert build_shared_library(source) is None
+
+
+def test_the_cache_key_names_the_processor() -> None:
+    fingerprint = cpu_build.cpu_fingerprint()
+    assert fingerprint  # at least the machine architecture
