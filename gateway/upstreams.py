@@ -7,6 +7,12 @@ socket, so TCP and Unix-socket engines share one client and one set of timeouts.
 `UpstreamPool.open` picks replicas round-robin and moves on to the next one when an engine
 fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
 its first event with content. Once a token has been relayed the request stays where it is.
+
+The request path hands a prebuilt ``httpx.Request`` (URL parsed once per replica and path,
+the client's timeouts as its extension) straight to the replica's transport: an engine call
+needs none of the client's redirects, auth, cookies or default headers. The aiohttp session
+behind each transport keeps no cookie jar either. ``client`` (same transports) serves
+everything else, e.g. the pool-load scrapes.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
@@ -66,7 +73,9 @@ class UpstreamPool:
         transport_factory: Callable[[str | None], httpx.AsyncBaseTransport] | None = None,
     ) -> None:
         make = transport_factory or _aiohttp_transport
+        tcp = make(None)
         mounts: dict[str, httpx.AsyncBaseTransport] = {}
+        self._transports: dict[str, httpx.AsyncBaseTransport] = {}  # by replica base URL
         self._bases: dict[str, tuple[str, ...]] = {}
         socket_hosts: dict[str, str] = {}
         for name, model in models.items():
@@ -77,13 +86,18 @@ class UpstreamPool:
                     if path not in socket_hosts:
                         socket_hosts[path] = f"http://uds-{len(socket_hosts)}.tollway.invalid"
                         mounts[socket_hosts[path]] = make(path)
-                    bases.append(socket_hosts[path])
+                    base = socket_hosts[path]
+                    self._transports[base] = mounts[base]
                 else:
-                    bases.append(url.rstrip("/"))
+                    base = url.rstrip("/")
+                    self._transports[base] = tcp
+                bases.append(base)
             self._bases[name] = tuple(bases)
         self.client = httpx.AsyncClient(
-            transport=make(None), mounts=mounts, timeout=timeout, trust_env=False
+            transport=tcp, mounts=mounts, timeout=timeout, trust_env=False
         )
+        self._extensions = {"timeout": timeout.as_dict()}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._turns = {name: itertools.count() for name in models}
 
     def replicas(self, model: str) -> list[str]:
@@ -107,17 +121,19 @@ class UpstreamPool:
         A 4xx answer is returned as is (the engine's own error for this request).
         """
         payload = json.dumps(body).encode()
+        request_headers = {**headers, "content-type": "application/json"}
         num_failed = 0
         for base in self.replicas(model):
-            request = self.client.build_request(
+            request = httpx.Request(
                 "POST",
-                base + path,
+                self._url(base, path),
                 content=payload,
-                headers={**headers, "content-type": "application/json"},
+                headers=request_headers,
+                extensions=self._extensions,
             )
             response: httpx.Response | None = None
             try:
-                response = await self.client.send(request, stream=True)
+                response = await self._transports[base].handle_async_request(request)
                 if response.status_code >= 500:
                     raise _ReplicaFailed(f"status {response.status_code}")
                 call = UpstreamCall(response, base, num_failed_replicas=num_failed)
@@ -138,7 +154,13 @@ class UpstreamPool:
         raise upstream_unavailable(model)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.client.aclose()  # closes every transport, mounted ones included
+
+    def _url(self, base: str, path: str) -> httpx.URL:
+        url = self._urls.get((base, path))
+        if url is None:
+            url = self._urls[base, path] = httpx.URL(base + path)
+        return url
 
 
 class _ReplicaFailed(Exception):
@@ -147,7 +169,17 @@ class _ReplicaFailed(Exception):
 
 def _aiohttp_transport(uds: str | None) -> httpx.AsyncBaseTransport:
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-    return AiohttpTransport(uds=uds, limits=limits, trust_env=False)
+
+    def session() -> aiohttp.ClientSession:  # called on first use, inside the event loop
+        keepalive_s = limits.keepalive_expiry
+        connector: aiohttp.BaseConnector = (
+            aiohttp.UnixConnector(path=uds, limit=1000, keepalive_timeout=keepalive_s)
+            if uds is not None
+            else aiohttp.TCPConnector(limit=1000, keepalive_timeout=keepalive_s)
+        )
+        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+    return AiohttpTransport(uds=uds, limits=limits, trust_env=False, client=session)
 
 
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:

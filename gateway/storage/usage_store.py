@@ -9,7 +9,7 @@ every row exactly once even while new rows arrive.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -57,8 +57,12 @@ class UsageEntry:
         if self.created_at.tzinfo is None:
             raise ValueError("created_at must be timezone-aware")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name (a shallow ``dataclasses.asdict``: every field is immutable)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
     def to_json_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = self.to_dict()
         data["status"] = self.status.value
         for name in _DATETIME_FIELDS:
             if data[name] is not None:
@@ -105,7 +109,7 @@ def insert_usage(session: Session, entries: Iterable[UsageEntry]) -> int:
     """Insert the records not yet stored (by ``request_id``); returns how many were new."""
     rows: dict[str, dict[str, Any]] = {}
     for entry in entries:
-        rows.setdefault(entry.request_id, {**asdict(entry), "status": entry.status})
+        rows.setdefault(entry.request_id, entry.to_dict())
     if not rows:
         return 0
     dialect = session.get_bind().dialect.name
