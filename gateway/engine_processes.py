@@ -9,6 +9,12 @@ pipe nobody reads would fill up and stall the engine). No engine outlives the ga
   SIGKILL to each engine (``prctl(PR_SET_PDEATHSIG)``, set in the child before ``exec``);
 - engines run in their own session, so a Ctrl-C in the terminal reaches only the gateway,
   which then stops them in order (the gateway first, so no request is cut off mid-way).
+
+Once serving, ``watch()`` starts a watchdog thread: an engine that exits on its own (a crash,
+the OOM killer) is started again after a back-off that doubles while it keeps dying soon
+after starting (1 s up to 30 s) and resets once it has stayed up. Its log file is appended
+to, so the crash stays readable. While it is down the gateway answers its requests with
+an upstream error (or retries them on another replica of the same model).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +37,14 @@ from typing import IO
 
 import httpx
 
+logger = logging.getLogger(__name__)
+
 MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 30
+FIRST_RESTART_DELAY_S = 1.0
+MAX_RESTART_DELAY_S = 30.0
+STABLE_UPTIME_S = 60.0  # an engine up this long has recovered: the back-off starts over
 
 
 class EngineStartError(RuntimeError):
@@ -102,9 +115,10 @@ def die_with_parent() -> Callable[[], None]:
 class EngineProcess:
     """One running engine. ``stop()`` is idempotent."""
 
-    def __init__(self, spec: EngineSpec, log_path: Path) -> None:
+    def __init__(self, spec: EngineSpec, log_path: Path, *, append_log: bool = False) -> None:
         self.spec = spec
         self.log_path = log_path
+        self.started_at = time.monotonic()
         if spec.socket_path.exists():
             if is_socket_healthy(spec.socket_path):
                 raise EngineStartError(
@@ -114,7 +128,7 @@ class EngineProcess:
             spec.socket_path.unlink()  # left behind by a process that was killed
         spec.socket_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log: IO[bytes] = log_path.open("wb")
+        self._log: IO[bytes] = log_path.open("ab" if append_log else "wb")
         self.process = subprocess.Popen(
             spec.command(),
             stdin=subprocess.DEVNULL,
@@ -176,10 +190,21 @@ class EngineSupervisor:
         # every engine has exited here
     """
 
-    def __init__(self, specs: Sequence[EngineSpec], log_dir: Path) -> None:
+    def __init__(
+        self,
+        specs: Sequence[EngineSpec],
+        log_dir: Path,
+        *,
+        first_restart_delay_s: float = FIRST_RESTART_DELAY_S,
+    ) -> None:
         self._specs = tuple(specs)
         self._log_dir = log_dir
+        self._first_restart_delay_s = first_restart_delay_s
         self.engines: list[EngineProcess] = []
+        self.restarts: dict[str, int] = {spec.name: 0 for spec in self._specs}
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._lock = threading.Lock()  # engines are replaced by the watchdog, stopped by stop()
 
     def __enter__(self) -> EngineSupervisor:
         atexit.register(self.stop)
@@ -213,8 +238,60 @@ class EngineSupervisor:
                 )
             time.sleep(poll_s)
 
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Restart engines that exit on their own, from a daemon thread, until ``stop()``."""
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=self._watch, args=(poll_s,), name="engine-watchdog", daemon=True
+            )
+            self._watchdog.start()
+
+    def _watch(self, poll_s: float) -> None:
+        delays = {spec.name: self._first_restart_delay_s for spec in self._specs}
+        while not self._stopping.wait(poll_s):
+            for index, engine in enumerate(list(self.engines)):
+                if engine.is_running():
+                    if time.monotonic() - engine.started_at > STABLE_UPTIME_S:
+                        delays[engine.spec.name] = self._first_restart_delay_s
+                    continue
+                name = engine.spec.name
+                logger.error(
+                    "engine %r exited with code %s; restarting it in %.0f s (log: %s):\n%s",
+                    name,
+                    engine.process.returncode,
+                    delays[name],
+                    engine.log_path,
+                    engine.log_tail(),
+                )
+                if self._stopping.wait(delays[name]):
+                    return
+                delays[name] = min(delays[name] * 2, MAX_RESTART_DELAY_S)
+                self._restart(index, engine)
+
+    def _restart(self, index: int, engine: EngineProcess) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            engine.close_log()
+            try:
+                replacement = EngineProcess(engine.spec, engine.log_path, append_log=True)
+            except (OSError, EngineStartError) as error:
+                logger.error("engine %r could not be restarted: %s", engine.spec.name, error)
+                return
+            self.engines[index] = replacement
+            self.restarts[engine.spec.name] += 1
+        logger.warning("engine %r restarted (pid %d)", engine.spec.name, replacement.pid)
+
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every engine, wait up to ``grace_s`` in all, then SIGKILL the rest."""
+        self._stopping.set()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=grace_s)
+        with self._lock:
+            self._stop_engines(grace_s)
+        atexit.unregister(self.stop)
+
+    def _stop_engines(self, grace_s: float) -> None:
         for engine in self.engines:
             engine.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -223,4 +300,3 @@ class EngineSupervisor:
                 engine.signal(signal.SIGKILL)
                 engine.wait(5.0)
             engine.close_log()
-        atexit.unregister(self.stop)

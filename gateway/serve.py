@@ -7,6 +7,7 @@
     migrate the database (a no-op when current)
     bind the gateway's port (fails fast if taken)
     start the engines, wait for /health                   gateway.engine_processes
+      then restart any engine that dies (watchdog thread)
     print the banner, run uvicorn until SIGINT/SIGTERM
     stop the gateway (drains requests), then the engines
 
@@ -116,6 +117,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                     names = ", ".join(spec.name for spec in plan.engines)
                     say(f"starting engines ({names}); logs in {plan.log_dir}")
                 engines.wait_until_healthy(options.engine_timeout_s)
+                engines.watch()  # from here on, an engine that dies is started again
                 say(banner(plan, credentials))
                 is_shown = True
                 uvicorn.Server(config).run(sockets=[sock])

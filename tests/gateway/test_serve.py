@@ -257,6 +257,36 @@ def test_an_engine_child_becomes_healthy_and_leaves_no_orphan(short_tmp: Path, t
     assert (short_tmp / "logs" / "tiny.log").is_file()
 
 
+def test_an_engine_that_dies_while_serving_is_started_again(short_tmp: Path, tiny: Path) -> None:
+    spec = EngineSpec("tiny", tiny, short_tmp / "tiny.sock", env={"OMP_NUM_THREADS": "1"})
+    with EngineSupervisor([spec], short_tmp / "logs", first_restart_delay_s=0.1) as engines:
+        engines.wait_until_healthy(timeout_s=120)
+        engines.watch(poll_s=0.05)
+        first_pid = engines.engines[0].pid
+        os.kill(first_pid, signal.SIGKILL)  # a crash, as the OOM killer would do it
+        deadline = time.monotonic() + 120
+        while engines.engines[0].pid == first_pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engines.restarts == {"tiny": 1}
+        engines.wait_until_healthy(timeout_s=120)
+        second_pid = engines.engines[0].pid
+        assert second_pid != first_pid
+    assert _is_gone(first_pid) and _is_gone(second_pid)
+    log = (short_tmp / "logs" / "tiny.log").read_text()
+    assert log.count("Uvicorn running") == 2, log[-2000:]  # both runs kept in one log
+
+
+def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> None:
+    spec = EngineSpec("tiny", tiny, short_tmp / "tiny.sock", env={"OMP_NUM_THREADS": "1"})
+    engines = EngineSupervisor([spec], short_tmp / "logs", first_restart_delay_s=0.01)
+    with engines:
+        engines.wait_until_healthy(timeout_s=120)
+        engines.watch(poll_s=0.01)
+    pid = engines.engines[0].pid
+    time.sleep(0.3)
+    assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid and _is_gone(pid)
+
+
 def test_an_engine_that_dies_at_start_reports_its_log(short_tmp: Path) -> None:
     empty = short_tmp / "no-model"
     empty.mkdir()

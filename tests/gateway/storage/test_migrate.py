@@ -69,3 +69,24 @@ def test_the_status_check_constraint_exists(migrated_url):
             raise AssertionError("a status outside the enum was accepted")
     finally:
         engine.dispose()
+
+
+def test_replicas_starting_together_migrate_once(database_url):
+    """Several gateway processes upgrading one empty database at once all succeed."""
+    import subprocess
+    import sys
+
+    script = "import sys; from gateway.storage.migrate import upgrade; upgrade(sys.argv[1])"
+    replicas = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, database_url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [replica.communicate(timeout=120)[0] for replica in replicas]
+    assert [replica.returncode for replica in replicas] == [0] * 4, outputs
+    assert current_revision(database_url) == head_revision()
+    assert table_names(database_url) == APP_TABLES
