@@ -3,7 +3,7 @@ gateway (budgets and rate limits in Redis, keys in SQLite), side by side in one 
 
     python -m bench.gateway_overhead                       # 2,000 requests per case
     python -m bench.gateway_overhead --repeats 3 --concurrency 1 32 128
-    python -m bench.gateway_overhead --profile /tmp/gw.prof   # cProfile the gateway's loop thread
+    python -m bench.gateway_overhead --profile /tmp/gw.prof   # CPU profile of the gateway's loop
 
 Four processes share the machine: this one (the aiohttp load generator), the stand-in engine
 (`bench.stand_in_engine`, TCP for direct calls and a unix socket for the gateway), the
@@ -114,7 +114,8 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
         return
     # uvicorn re-raises SIGTERM after its graceful shutdown: ignore it then, to dump the stats.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    profiler = cProfile.Profile()
+    # Thread CPU time, not wall time: idle waits in epoll and for the GIL are not costs.
+    profiler = cProfile.Profile(time.thread_time)
     profiler.enable()
     try:
         server.run(sockets=[sock])

@@ -18,8 +18,6 @@ import itertools
 import secrets
 from typing import Any
 
-from redis.asyncio import Redis
-
 from gateway.admission_store import (
     AdmissionAsk,
     AdmissionResult,
@@ -36,6 +34,7 @@ from gateway.rate_limit_store import (
     check_hit_args,
     check_window,
 )
+from gateway.redis_pipeline import RedisCommands
 
 _NO_BUDGET_PERIOD = "-"  # names budget keys the script never touches when no budget is asked
 
@@ -79,7 +78,7 @@ return {0, window, expires_at, 0, 0}
 class RedisAdmissionStore:
     """``AdmissionStore`` in Redis; the caller owns (and closes) the client."""
 
-    def __init__(self, client: Redis, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(self, client: RedisCommands, window_s: float = DEFAULT_WINDOW_S) -> None:
         check_window(window_s)
         self._window_s = window_s
         self._window_ms = max(1, round(window_s * 1000))

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import anyio
 from opentelemetry.sdk.trace.export import SpanExporter
-from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -41,6 +40,7 @@ from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.openapi import openapi_route
 from gateway.pool_load import PoolLoadReader
 from gateway.rate_limit_memory import MemoryRateLimitStore
+from gateway.redis_pipeline import RedisPipeline
 from gateway.request_id import RequestIdMiddleware
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
@@ -69,7 +69,7 @@ def build_gateway(
 ) -> Starlette:
     """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
     database = Database(settings.resolved_database_url)
-    redis = _redis_client(settings.redis_url) if settings.redis_url is not None else None
+    redis = RedisPipeline(settings.redis_url) if settings.redis_url is not None else None
     ledger: BudgetLedger
     store: AdmissionStore
     epochs: AuthEpochs
@@ -186,10 +186,3 @@ async def render_metrics(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
-
-
-def _redis_client(url: str) -> Redis:
-    """A client whose pool waits for a free connection instead of failing: redis-py's
-    default pool raises once 100 requests are in flight at the same time."""
-    pool = BlockingConnectionPool.from_url(url, max_connections=512, timeout=10)
-    return Redis(connection_pool=pool)

@@ -26,7 +26,7 @@ import secrets
 from typing import Protocol
 from urllib.parse import quote
 
-from redis.asyncio import Redis
+from gateway.redis_pipeline import RedisCommands
 
 INITIAL_EPOCH = ""  # a tenant whose keys and quota never changed since the store was empty
 
@@ -69,15 +69,15 @@ def auth_epoch_key(tenant_id: str) -> str:
 class RedisAuthEpochs:
     """``tollway:auth:{tenant}:epoch`` (a string; absent means ``INITIAL_EPOCH``)."""
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: RedisCommands) -> None:
         self._client = client
 
     async def current(self, tenant_id: str) -> str:
-        value = await self._client.get(auth_epoch_key(tenant_id))
+        value = await self._client.execute_command("GET", auth_epoch_key(tenant_id))
         return INITIAL_EPOCH if value is None else _text(value)
 
     async def bump(self, tenant_id: str) -> None:
-        await self._client.set(auth_epoch_key(tenant_id), new_epoch())
+        await self._client.execute_command("SET", auth_epoch_key(tenant_id), new_epoch())
 
 
 def _text(value: bytes | str) -> str:

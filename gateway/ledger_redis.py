@@ -26,8 +26,6 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from redis.asyncio import Redis
-
 from gateway.budget_ledger import (
     DEFAULT_SETTLED_RETENTION_S,
     Balance,
@@ -35,6 +33,7 @@ from gateway.budget_ledger import (
     check_reserve_args,
     check_used_tokens,
 )
+from gateway.redis_pipeline import RedisCommands
 
 # KEYS[1..4]: account, reservations, reservation_tokens, finished. Defines `now` (ms, server
 # time) and the functions below; a script calls purge() before it counts anything.
@@ -162,7 +161,7 @@ class RedisBudgetLedger:
     """``BudgetLedger`` in Redis; the caller owns (and closes) the client."""
 
     def __init__(
-        self, client: Redis, settled_retention_s: float = DEFAULT_SETTLED_RETENTION_S
+        self, client: RedisCommands, settled_retention_s: float = DEFAULT_SETTLED_RETENTION_S
     ) -> None:
         if not settled_retention_s > 0:
             raise ValueError(f"settled_retention_s must be > 0, got {settled_retention_s}")
@@ -204,7 +203,7 @@ class RedisBudgetLedger:
 
     async def is_known(self, tenant_id: str, period_key: str) -> bool:
         account = BudgetKeys.of(tenant_id, period_key).account
-        return bool(await self._client.hexists(account, "known"))
+        return bool(await self._client.execute_command("HEXISTS", account, "known"))
 
     def _finish_args(self, reservation: Reservation) -> list[int | str]:
         return [reservation.reservation_id, _to_ms(reservation.expires_at), self._retention_ms]
