@@ -7,9 +7,10 @@ once into its blocked layout and reuse it: on the 2-core AMD EPYC development ma
 demo model's matmuls run 2.2x faster at 16 rows, 1.6x at 64 and 1.2x for prefill-sized
 batches (``bench/offline_throughput.py`` shows the effect on the whole engine).
 
-Packing happens once after the weights are loaded; results equal ``F.linear`` up to float
-rounding (the accumulation order differs). When oneDNN is not available, or a weight's
-dtype or device is not one it packs, the layer is left as it is.
+Packing happens once after the weights are loaded, and each packed layer is checked against
+``F.linear`` on a probe before it is used; results equal ``F.linear`` up to float rounding
+(the accumulation order differs). When oneDNN is not available, or a weight's dtype or
+device is not one it packs, or the probe disagrees, the layers are left as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -52,11 +54,22 @@ class PackedLinear(nn.Module):
 
 def can_pack(linear: nn.Linear) -> bool:
     weight = linear.weight
-    return (
-        torch.backends.mkldnn.is_available()
-        and weight.device.type == "cpu"
-        and weight.dtype in _PACKABLE_DTYPES
-    )
+    if not torch.backends.mkldnn.is_available() or weight.device.type != "cpu":
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype in _PACKABLE_DTYPES
+
+
+def _agrees_with_f_linear(linear: nn.Linear, packed: PackedLinear) -> bool:
+    """A probe through the packed layer matches ``F.linear`` (guards odd builds and CPUs)."""
+    probe = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0))
+    probe = probe.to(linear.weight.dtype)
+    with torch.inference_mode():
+        want = F.linear(probe, linear.weight, linear.bias).float()
+        got = packed(probe).float()
+    tolerance = 1e-4 if linear.weight.dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(got, want, rtol=tolerance, atol=tolerance * float(want.abs().max())))
 
 
 def pack_linears(module: nn.Module) -> int:
@@ -69,8 +82,14 @@ def pack_linears(module: nn.Module) -> int:
     ]
     try:
         packed = [PackedLinear(child) for _, _, child in targets]
+        agree = all(
+            _agrees_with_f_linear(c, p) for (_, _, c), p in zip(targets, packed, strict=True)
+        )
     except RuntimeError as error:  # an op missing from this build: keep plain linears
         logger.info("oneDNN weight packing unavailable (%s); using F.linear", error)
+        return 0
+    if not agree:
+        logger.warning("oneDNN packed linears disagree with F.linear here; not packing")
         return 0
     for (parent, name, _), layer in zip(targets, packed, strict=True):
         setattr(parent, name, layer)
