@@ -59,7 +59,8 @@ class Accountant:
 
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
         reason = refusal.rejection.code
-        self._metrics.rejections.labels(reason=reason).inc()
+        metrics = self._metrics
+        metrics.child(metrics.rejections, reason).inc()
         self._count(info, refusal.served_model, f"rejected:{refusal.rejection.status}")
         self._submit(
             info,
@@ -92,9 +93,10 @@ class Accountant:
                 self._metrics.reservations_in_flight.dec()
         model = admission.served_model
         prices = self._settings.models[model].prices
-        self._metrics.tokens.labels(model=model, direction="input").inc(prompt - cached)
-        self._metrics.tokens.labels(model=model, direction="cached_input").inc(cached)
-        self._metrics.tokens.labels(model=model, direction="output").inc(completion)
+        metrics = self._metrics
+        metrics.child(metrics.tokens, model, "input").inc(prompt - cached)
+        metrics.child(metrics.tokens, model, "cached_input").inc(cached)
+        metrics.child(metrics.tokens, model, "output").inc(completion)
         self._count(info, model, status.value)
         self._submit(
             info,
@@ -117,9 +119,8 @@ class Accountant:
         span.end()
 
     def _count(self, info: RequestInfo, model: str | None, status: str) -> None:
-        self._metrics.requests.labels(
-            endpoint=info.endpoint, model=model or "", status=status
-        ).inc()
+        metrics = self._metrics
+        metrics.child(metrics.requests, info.endpoint, model or "", status).inc()
 
     def _submit(
         self,

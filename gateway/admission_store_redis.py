@@ -36,6 +36,7 @@ from gateway.rate_limit_store import (
 )
 from gateway.redis_pipeline import RedisCommands
 
+_MAX_CACHED_KEYS = 10_000
 _NO_BUDGET_PERIOD = "-"  # names budget keys the script never touches when no budget is asked
 
 # Replies: {1, epoch} auth changed; {2} balance unknown; {0, window or 0, expires_at or -1,
@@ -85,16 +86,24 @@ class RedisAdmissionStore:
         self._admit = client.register_script(_ADMIT)
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
+        self._keys: dict[tuple[str, str], list[str]] = {}  # the script's keys, built once
+
+    def _keys_of(self, tenant_id: str, period_key: str) -> list[str]:
+        keys = self._keys.get((tenant_id, period_key))
+        if keys is None:
+            if len(self._keys) >= _MAX_CACHED_KEYS:
+                self._keys.clear()
+            keys = [*BudgetKeys.of(tenant_id, period_key).as_list(), auth_epoch_key(tenant_id)]
+            keys += rate_limit_keys(tenant_id)
+            self._keys[tenant_id, period_key] = keys
+        return keys
 
     async def admit(self, ask: AdmissionAsk) -> AdmissionResult:
         check_hit_args(ask.tokens, ask.rpm_limit, ask.tpm_limit)
         budget = ask.budget
         if budget is not None:
             check_reserve_args(budget.limit, ask.tokens, budget.ttl_s)
-        period_key = budget.period_key if budget is not None else _NO_BUDGET_PERIOD
-        budget_keys = BudgetKeys.of(ask.tenant_id, period_key)
-        keys = [*budget_keys.as_list(), auth_epoch_key(ask.tenant_id)]
-        keys += rate_limit_keys(ask.tenant_id)
+        keys = self._keys_of(ask.tenant_id, budget.period_key if budget else _NO_BUDGET_PERIOD)
         reservation_id = f"{self._id_prefix}{next(self._ids):x}"
         args: list[int | str] = [
             ask.auth_epoch,

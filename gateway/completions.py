@@ -137,8 +137,8 @@ async def _forward(
     model = admission.served_model
     metrics = ctx.metrics
     meter = UsageMeter(
-        on_first_token=metrics.time_to_first_token.labels(model=model).observe,
-        on_next_token=metrics.inter_token_latency.labels(model=model).observe,
+        on_first_token=metrics.child(metrics.time_to_first_token, model).observe,
+        on_next_token=metrics.child(metrics.inter_token_latency, model).observe,
         started_at=time.monotonic(),
     )
     headers = {
@@ -152,7 +152,7 @@ async def _forward(
         upstream_body(body, admission),
         headers,
         is_stream=body.is_stream,
-        on_replica_error=lambda m, _reason: metrics.upstream_errors.labels(model=m).inc(),
+        on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
     )
     try:
         call = await (opening if body.is_stream else _unless_client_leaves(request, opening))

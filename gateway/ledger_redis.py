@@ -134,6 +134,9 @@ return 1
 )
 
 
+_MAX_CACHED_KEYS = 10_000
+
+
 @dataclass(frozen=True)
 class BudgetKeys:
     """The four keys of one balance, in the order ``LEDGER_FUNCTIONS`` reads them."""
@@ -172,6 +175,7 @@ class RedisBudgetLedger:
         self._release = client.register_script(_RELEASE)
         self._balance = client.register_script(_BALANCE)
         self._rebuild = client.register_script(_REBUILD)
+        self._settle_keys: dict[tuple[str, str], list[str]] = {}
 
     async def reserve(
         self, tenant_id: str, period_key: str, limit: int, tokens: int, ttl_s: float
@@ -187,10 +191,11 @@ class RedisBudgetLedger:
 
     async def settle(self, reservation: Reservation, used_tokens: int) -> None:
         check_used_tokens(used_tokens)
-        await self._settle(_keys_of(reservation), [*self._finish_args(reservation), used_tokens])
+        keys = self._keys_of(reservation)
+        await self._settle(keys, [*self._finish_args(reservation), used_tokens])
 
     async def release(self, reservation: Reservation) -> None:
-        await self._release(_keys_of(reservation), self._finish_args(reservation))
+        await self._release(self._keys_of(reservation), self._finish_args(reservation))
 
     async def balance(self, tenant_id: str, period_key: str) -> Balance:
         used, reserved = await self._balance(BudgetKeys.of(tenant_id, period_key).as_list())
@@ -205,12 +210,18 @@ class RedisBudgetLedger:
         account = BudgetKeys.of(tenant_id, period_key).account
         return bool(await self._client.execute_command("HEXISTS", account, "known"))
 
+    def _keys_of(self, reservation: Reservation) -> list[str]:
+        """The balance's keys, built once per (tenant, period) this gateway settles."""
+        key = (reservation.tenant_id, reservation.period_key)
+        keys = self._settle_keys.get(key)
+        if keys is None:
+            if len(self._settle_keys) >= _MAX_CACHED_KEYS:
+                self._settle_keys.clear()
+            keys = self._settle_keys[key] = BudgetKeys.of(*key).as_list()
+        return keys
+
     def _finish_args(self, reservation: Reservation) -> list[int | str]:
         return [reservation.reservation_id, _to_ms(reservation.expires_at), self._retention_ms]
-
-
-def _keys_of(reservation: Reservation) -> list[str]:
-    return BudgetKeys.of(reservation.tenant_id, reservation.period_key).as_list()
 
 
 def _to_ms(seconds: float) -> int:

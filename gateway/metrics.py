@@ -1,11 +1,20 @@
-"""Prometheus metrics of one gateway app, on its own registry (several apps share a process)."""
+"""Prometheus metrics of one gateway app, on its own registry (several apps share a process).
+
+The request path reaches labelled series through ``GatewayMetrics.child``, which remembers
+them: ``prometheus_client``'s ``labels()`` validates its arguments and takes a lock on every
+call. Every label value here comes from a bounded set (models, endpoints, outcomes).
+"""
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+M = TypeVar("M", bound=MetricWrapperBase)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -56,6 +65,16 @@ class GatewayMetrics:
             "Budget reservations held by requests in flight on this gateway.",
             registry=self.registry,
         )
+
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: M, *label_values: str) -> M:
+        """``metric.labels(*label_values)`` (values in the order the labels were declared)."""
+        key = (id(metric), label_values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*label_values)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

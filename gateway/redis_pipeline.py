@@ -172,7 +172,11 @@ def encode_command(args: Sequence[Arg]) -> bytes:
     """A command as a RESP array of bulk strings."""
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
-        if isinstance(arg, bytes):
+        if type(arg) is str:  # the common cases first, without the isinstance chain
+            data = arg.encode()
+        elif type(arg) is int:
+            data = b"%d" % arg
+        elif isinstance(arg, bytes):
             data = arg
         elif isinstance(arg, str):
             data = arg.encode()

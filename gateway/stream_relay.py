@@ -28,6 +28,7 @@ from gateway.storage.models import UsageStatus
 from gateway.upstreams import UpstreamCall
 from policies.decision import Rejection
 
+_NULL_USAGE_LAST = ',"usage":null}'  # how our engine ends every chunk but the last
 MID_STREAM_ERROR = Rejection(
     502,
     "upstream_error",
@@ -111,14 +112,18 @@ async def relay_events(
             if usage is not None:
                 meter.observe_usage(usage)
             meter.observe_chunk(chunk)
-            if include_usage:
-                yield f"data: {payload}\n\n"  # what the client asked for: pass it on as is
+            if include_usage or "usage" not in chunk:
+                yield f"data: {payload}\n\n"  # nothing to take out: pass it on as is
                 continue
             # The client did not ask for usage: drop the usage-only chunk and the key.
-            if "usage" in chunk:
-                del chunk["usage"]
-                if usage is not None and not chunk.get("choices"):
-                    continue
+            if usage is not None and not chunk.get("choices"):
+                continue
+            if usage is None and payload.endswith(_NULL_USAGE_LAST):
+                # The key is the object's last member (a parsed object cannot end any other
+                # way with these characters): cut it out instead of encoding the chunk again.
+                yield f"data: {payload[: -len(_NULL_USAGE_LAST)]}}}\n\n"
+                continue
+            del chunk["usage"]
             yield event(chunk)
     except httpx.HTTPError:
         pass

@@ -65,3 +65,20 @@ async def test_an_engine_failure_mid_stream_ends_with_an_error_event() -> None:
     assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
     assert json.loads(out[-2].removeprefix("data: "))["error"]["code"] == "upstream_error"
     assert out[-1] == "data: [DONE]\n\n"
+
+
+async def test_chunks_without_a_usage_value_lose_the_key_and_nothing_else() -> None:
+    compact = (",", ":")
+    engine_style = [
+        json.dumps({"choices": [{"delta": {"content": "a"}}], "usage": None}, separators=compact),
+        json.dumps({"choices": [{"delta": {"content": "b"}}], "usage": None}),  # other spacing
+        json.dumps({"choices": [{"delta": {"content": "c"}}]}),
+        chunk(usage=USAGE),
+        "[DONE]",
+    ]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(engine_style), meter, include_usage=False))
+    chunks = [json.loads(e.removeprefix("data: ")) for e in out[:-1]]
+    assert chunks == [{"choices": [{"delta": {"content": c}}]} for c in "abc"]
+    assert out[0] == 'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    assert meter.usage == USAGE and meter.num_relayed_tokens == 3
