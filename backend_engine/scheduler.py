@@ -127,8 +127,18 @@ class Scheduler:
         )
 
     def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        """Move waiting requests into ``running`` and schedule their first prefill chunk.
+
+        Continuous mode admits while the step has token budget left. Static mode forms a
+        whole batch of ``max_num_seqs`` at once: requests beyond this step's budget join the
+        batch with nothing scheduled and are prefilled, in chunks, over the next steps.
+        """
         running_by_tenant = Counter(r.tenant_id for r in self.running)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and (budget > 0 or self.mode == "static")
+            and len(self.running) < self.max_num_seqs
+        ):
             request = self.waiting.peek(running_by_tenant)
             if request is None:
                 break
@@ -144,8 +154,9 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             running_by_tenant[request.tenant_id] += 1
-            scheduled.append((request, num_new))
-            budget -= num_new
+            if num_new > 0:
+                scheduled.append((request, num_new))
+                budget -= num_new
         return budget
 
     def _describe(self, request: Request, num_new: int) -> ScheduledRequest:

@@ -198,6 +198,22 @@ def test_static_mode_waits_for_the_whole_batch_to_drain():
     assert scheduled_ids(out) == ["c"]
 
 
+def test_static_mode_forms_a_whole_batch_even_beyond_one_steps_token_budget():
+    h = Harness(mode="static", budget=8, max_num_seqs=4)
+    for rid in "abcd":
+        h.add(rid, num_prompt=6, max_tokens=2)
+    out = h.step()
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("a", 6), ("b", 2)]
+    assert [r.request_id for r in h.scheduler.running] == ["a", "b", "c", "d"]
+    h.add("e", max_tokens=1)
+    seen = []
+    while h.scheduler.num_unfinished > 1:
+        seen.append(scheduled_ids(h.step()))
+    assert all("e" not in ids for ids in seen)  # e waits for the batch to drain
+    assert any("c" in ids for ids in seen) and any("d" in ids for ids in seen)
+    assert scheduled_ids(h.step()) == ["e"]
+
+
 def test_watermark_holds_back_admission():
     h = Harness(num_blocks=10, block_size=4, watermark=0.5)
     h.add("a", num_prompt=4, max_tokens=8)
