@@ -33,6 +33,11 @@
 
 int tollway_abi_version(void) { return TOLLWAY_ABI_VERSION; }
 
+/* Ask for the first cache line of each token's row of a block before it is needed. */
+static inline void prefetch_block(const float *block, int64_t block_size, int64_t token_stride) {
+    for (int64_t j = 0; j < block_size; ++j) __builtin_prefetch(block + j * token_stride, 0, 0);
+}
+
 /*
  * Attention of the query heads that read KV heads [first_kv_head, first_kv_head + num_kv)
  * of one sequence. Tokens are the outer loop, so when an item covers all KV heads each
@@ -53,11 +58,9 @@ static void attend(const float *restrict q, /* this item's queries: [rows, head_
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
         const float *k_block = key_cache + table[b] * block_stride + head_offset;
-        if (b + 1 < num_blocks) {
-            const char *next = (const char *)(key_cache + table[b + 1] * block_stride + head_offset);
-            for (int64_t j = 0; j < block_size; ++j)
-                __builtin_prefetch(next + j * token_stride * (int64_t)sizeof(float), 0, 0);
-        }
+        if (b + 1 < num_blocks)
+            prefetch_block(key_cache + table[b + 1] * block_stride + head_offset, block_size,
+                           token_stride);
         for (int64_t j = 0; j < n; ++j) {
             const float *k_token = k_block + j * token_stride;
             for (int64_t r = 0; r < rows; ++r) {
@@ -90,12 +93,9 @@ static void attend(const float *restrict q, /* this item's queries: [rows, head_
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
         const float *v_block = value_cache + table[b] * block_stride + head_offset;
-        if (b + 1 < num_blocks) {
-            const char *next =
-                (const char *)(value_cache + table[b + 1] * block_stride + head_offset);
-            for (int64_t j = 0; j < block_size; ++j)
-                __builtin_prefetch(next + j * token_stride * (int64_t)sizeof(float), 0, 0);
-        }
+        if (b + 1 < num_blocks)
+            prefetch_block(value_cache + table[b + 1] * block_stride + head_offset, block_size,
+                           token_stride);
         for (int64_t j = 0; j < n; ++j) {
             const float *v_token = v_block + j * token_stride;
             for (int64_t r = 0; r < rows; ++r) {
