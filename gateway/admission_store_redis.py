@@ -34,7 +34,7 @@ from gateway.rate_limit_store import (
     check_hit_args,
     check_window,
 )
-from gateway.redis_pipeline import RedisCommands
+from gateway.redis_client import RedisCommands
 
 _MAX_CACHED_KEYS = 10_000
 _NO_BUDGET_PERIOD = "-"  # names budget keys the script never touches when no budget is asked

@@ -40,7 +40,7 @@ from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.openapi import openapi_route
 from gateway.pool_load import PoolLoadReader
 from gateway.rate_limit_memory import MemoryRateLimitStore
-from gateway.redis_pipeline import RedisPipeline
+from gateway.redis_client import LeanRedis
 from gateway.request_id import RequestIdMiddleware
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
@@ -69,7 +69,7 @@ def build_gateway(
 ) -> Starlette:
     """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
     database = Database(settings.resolved_database_url)
-    redis = RedisPipeline(settings.redis_url) if settings.redis_url is not None else None
+    redis = LeanRedis(settings.redis_url) if settings.redis_url is not None else None
     ledger: BudgetLedger
     store: AdmissionStore
     epochs: AuthEpochs

@@ -26,7 +26,7 @@ import secrets
 from typing import Protocol
 from urllib.parse import quote
 
-from gateway.redis_pipeline import RedisCommands
+from gateway.redis_client import RedisCommands
 
 INITIAL_EPOCH = ""  # a tenant whose keys and quota never changed since the store was empty
 

@@ -33,7 +33,7 @@ from gateway.budget_ledger import (
     check_reserve_args,
     check_used_tokens,
 )
-from gateway.redis_pipeline import RedisCommands
+from gateway.redis_client import RedisCommands
 
 # KEYS[1..4]: account, reservations, reservation_tokens, finished. Defines `now` (ms, server
 # time) and the functions below; a script calls purge() before it counts anything.

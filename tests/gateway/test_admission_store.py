@@ -1,5 +1,5 @@
 """One suite, run against both admission stores: in-process, and Redis on a real redis-server
-(through redis-py and through the gateway's own pipelined client).
+(through redis-py and through the gateway's lean client, ``LeanRedis``).
 
 Each "replica" is a store with the budget ledger and auth epochs it shares state with (memory:
 one process, so one of each; Redis: a new client per replica, as separate gateways have).
@@ -30,7 +30,7 @@ from gateway.budget_ledger import Balance, BudgetLedger
 from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.ledger_redis import RedisBudgetLedger
 from gateway.rate_limit_memory import MemoryRateLimitStore
-from gateway.redis_pipeline import RedisPipeline
+from gateway.redis_client import LeanRedis
 
 TENANT, MONTH = "acme", "month:2025-06"
 TTL_S = 30.0
@@ -43,7 +43,7 @@ class Replica:
     epochs: AuthEpochs
 
 
-@pytest.fixture(params=["memory", "redis", "redis-pipeline"])
+@pytest.fixture(params=["memory", "redis", "lean-redis"])
 async def new_replica(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[], Replica]]:
     if request.param == "memory":
         ledger, epochs = MemoryBudgetLedger(), MemoryAuthEpochs()
@@ -53,10 +53,10 @@ async def new_replica(request: pytest.FixtureRequest) -> AsyncIterator[Callable[
         yield lambda: replica
         return
     url: str = request.getfixturevalue("redis_url")
-    clients: list[Redis | RedisPipeline] = []
+    clients: list[Redis | LeanRedis] = []
 
     def new_redis_replica() -> Replica:
-        client = Redis.from_url(url) if request.param == "redis" else RedisPipeline(url)
+        client = Redis.from_url(url) if request.param == "redis" else LeanRedis(url)
         clients.append(client)
         return Replica(
             RedisAdmissionStore(client), RedisBudgetLedger(client), RedisAuthEpochs(client)

@@ -1,5 +1,5 @@
 """One suite, run against both ledgers: in-process, and Redis on a real redis-server (through
-redis-py and through the gateway's own pipelined client)."""
+redis-py and through the gateway's lean client, ``LeanRedis``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from gateway.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.ledger_redis import RedisBudgetLedger
-from gateway.redis_pipeline import RedisPipeline
+from gateway.redis_client import LeanRedis
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0
@@ -36,7 +36,7 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis", "redis-pipeline"])
+@pytest.fixture(params=["memory", "redis", "lean-redis"])
 async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
     if request.param == "memory":
         clock = FakeClock()
@@ -48,13 +48,13 @@ async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
         yield Ledgers(new=lambda: ledger, advance=advance_clock)
         return
     url: str = request.getfixturevalue("redis_url")
-    clients: list[Redis | RedisPipeline] = []
+    clients: list[Redis | LeanRedis] = []
 
     def new_redis_ledger() -> BudgetLedger:
         if request.param == "redis":
             clients.append(Redis.from_url(url))
         else:
-            clients.append(RedisPipeline(url))
+            clients.append(LeanRedis(url))
         return RedisBudgetLedger(clients[-1])
 
     yield Ledgers(new=new_redis_ledger, advance=asyncio.sleep)  # Redis runs on server time

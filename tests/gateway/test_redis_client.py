@@ -1,4 +1,5 @@
-"""The pipelined Redis client against a real redis-server: order, errors, scripts, reconnects."""
+"""The lean Redis client against a real redis-server (on a unix socket): order, errors,
+scripts, cancellation, reconnects, URL options."""
 
 from __future__ import annotations
 
@@ -10,36 +11,24 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from gateway.redis_pipeline import RedisPipeline, encode_command, parse_reply
+from gateway.redis_client import LeanRedis
 
 
 @pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[RedisPipeline]:
-    pipeline = RedisPipeline(redis_url)
-    yield pipeline
-    await pipeline.aclose()
+async def client(redis_url: str) -> AsyncIterator[LeanRedis]:
+    lean = LeanRedis(redis_url)
+    yield lean
+    await lean.aclose()
 
 
-def test_commands_are_resp_arrays_of_bulk_strings() -> None:
-    assert encode_command(["SET", "k", 12, b"\x00", 1.5]) == (
-        b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n12\r\n$1\r\n\x00\r\n$3\r\n1.5\r\n"
-    )
-    with pytest.raises(TypeError):
-        encode_command(["SET", "k", True])
+def kill_normal_clients(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url) as admin:
+        assert admin.client_kill_filter(skipme=True, _type="normal") >= 1
 
 
-def test_replies_parse_only_once_complete() -> None:
-    reply = b"*4\r\n:1\r\n$5\r\nhello\r\n$-1\r\n*2\r\n+OK\r\n:-7\r\n"
-    assert parse_reply(reply, 0) == ([1, b"hello", None, [b"OK", -7]], len(reply))
-    for cut in range(len(reply)):
-        assert parse_reply(reply[:cut], 0) is None
-    parsed = parse_reply(b"-ERR wrong\r\n", 0)
-    assert parsed is not None and isinstance(parsed[0], ResponseError)
-    with pytest.raises(ValueError):
-        parse_reply(b"?what\r\n", 0)
-
-
-async def test_concurrent_calls_get_their_own_replies(client: RedisPipeline) -> None:
+async def test_concurrent_calls_get_their_own_replies_on_one_connection(
+    client: LeanRedis, redis_url: str
+) -> None:
     replies = await asyncio.gather(*(client.execute_command("INCR", "n") for _ in range(1000)))
     assert sorted(replies) == list(range(1, 1001))
     values = await asyncio.gather(
@@ -47,45 +36,77 @@ async def test_concurrent_calls_get_their_own_replies(client: RedisPipeline) -> 
         *(client.execute_command("GET", f"k{n}") for n in range(200)),
     )
     assert values[200:] == [str(n).encode() for n in range(200)]
+    with redis.Redis.from_url(redis_url) as admin:  # no pool to run dry: all on one
+        assert len(admin.client_list(_type="normal")) == 1 + 1
 
 
-async def test_errors_reach_the_caller_and_the_connection_goes_on(client: RedisPipeline) -> None:
+async def test_errors_are_redis_py_exceptions_and_the_connection_goes_on(
+    client: LeanRedis,
+) -> None:
     await client.execute_command("SET", "s", "text")
-    with pytest.raises(ResponseError):
+    with pytest.raises(ResponseError, match="not an integer"):
         await client.execute_command("INCR", "s")
     assert await client.execute_command("GET", "s") == b"text"
 
 
-async def test_a_cancelled_call_does_not_shift_the_replies(client: RedisPipeline) -> None:
+async def test_a_cancelled_call_does_not_shift_the_replies(client: LeanRedis) -> None:
     slow = asyncio.ensure_future(client.execute_command("DEBUG", "SLEEP", "0.2"))
     await asyncio.sleep(0.05)
     slow.cancel()
-    assert await client.execute_command("ECHO", "after") == b"after"
+    after = await asyncio.gather(*(client.execute_command("ECHO", n) for n in range(50)))
+    assert after == [str(n).encode() for n in range(50)]
+    assert slow.cancelled()
 
 
-async def test_scripts_survive_a_script_flush(client: RedisPipeline, redis_url: str) -> None:
-    script = client.register_script("return {KEYS[1], tonumber(ARGV[1]) + 1}")
-    assert await script(["a"], [41]) == [b"a", 42]
+async def test_scripts_survive_a_script_flush(client: LeanRedis, redis_url: str) -> None:
+    script = client.register_script("return {KEYS[1], tonumber(ARGV[1]) + 1, false}")
+    assert await script(["a"], [41]) == [b"a", 42, None]  # RESP2, as the stores expect
     with redis.Redis.from_url(redis_url) as admin:
         admin.script_flush()
-    assert await script(["b"], [1]) == [b"b", 2]
+    assert await script(keys=["b"], args=[1]) == [b"b", 2, None]
 
 
 async def test_a_lost_connection_fails_pending_calls_then_reconnects(
-    client: RedisPipeline, redis_url: str
+    client: LeanRedis, redis_url: str
 ) -> None:
     assert await client.execute_command("CLIENT", "SETNAME", "victim") == b"OK"
     pending = asyncio.ensure_future(client.execute_command("BLPOP", "never", 5))
     await asyncio.sleep(0.05)
-    with redis.Redis.from_url(redis_url) as admin:
-        assert admin.client_kill_filter(skipme=True, _type="normal") >= 1
+    kill_normal_clients(redis_url)
+    with pytest.raises(RedisConnectionError):
+        await pending
+    assert await client.execute_command("PING") == b"PONG"
+    assert await client.execute_command("CLIENT", "GETNAME") is None  # a new connection
+
+
+async def test_an_idle_connection_closed_by_the_server_is_replaced(
+    client: LeanRedis, redis_url: str
+) -> None:
+    assert await client.execute_command("PING") == b"PONG"
+    kill_normal_clients(redis_url)
+    await asyncio.sleep(0.05)  # the reader sees the end of the stream
+    assert await client.execute_command("PING") == b"PONG"
+
+
+async def test_aclose_fails_calls_in_flight_and_later_calls_reconnect(
+    client: LeanRedis,
+) -> None:
+    pending = asyncio.ensure_future(client.execute_command("BLPOP", "never", 5))
+    await asyncio.sleep(0.05)
+    await client.aclose()
     with pytest.raises(RedisConnectionError):
         await pending
     assert await client.execute_command("PING") == b"PONG"
 
 
+async def test_connection_failures_are_redis_py_connection_errors(tmp_path: object) -> None:
+    client = LeanRedis(f"unix://{tmp_path}/nothing-here.sock")
+    with pytest.raises(RedisConnectionError):
+        await client.execute_command("PING")
+
+
 async def test_the_url_selects_the_database(redis_url: str) -> None:
-    client = RedisPipeline(redis_url + "?db=3")
+    client = LeanRedis(redis_url + "?db=3")
     try:
         await client.execute_command("SET", "where", "db3")
     finally:
@@ -98,7 +119,7 @@ def test_it_runs_on_uvloop_as_the_gateway_serves(redis_url: str) -> None:
     uvloop = pytest.importorskip("uvloop")
 
     async def round_trips() -> list[object]:
-        client = RedisPipeline(redis_url)
+        client = LeanRedis(redis_url)
         try:
             script = client.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
             return await asyncio.gather(script(["u"], [2]), client.execute_command("PING"))
