@@ -3,9 +3,10 @@
 Decode attention runs the C kernel in ``kernels/csrc/paged_attention_cpu.c`` (built once
 per machine by :mod:`kernels.cpu_build`), which reads each sequence's KV blocks in place
 instead of gathering them first: one pass over the context's bytes instead of three. It
-takes float32 tensors in the reference layout; anything else (another dtype, no C
-compiler, ``TOLLWAY_CPU_KERNELS=reference``) runs :mod:`kernels.reference`, which is also
-the referee in the tests. ``store_kv`` and prefill attention are the reference's.
+takes float32 or bfloat16 tensors in the reference layout (computing in float32, as the
+reference does); anything else (float16, no C compiler, ``TOLLWAY_CPU_KERNELS=reference``)
+runs :mod:`kernels.reference`, which is also the referee in the tests. ``store_kv`` and
+prefill attention are the reference's.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from kernels.cpu_build import build_shared_library, native_kernels_enabled
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 _BAD_BLOCK_TABLE = -2
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's DTYPE_* values
 
 store_kv = reference.store_kv
 paged_prefill_attention = reference.paged_prefill_attention
@@ -46,8 +48,13 @@ def native_library() -> ctypes.CDLL | None:
     if library.tollway_abi_version() != _ABI_VERSION:
         logger.warning("%s has an unexpected ABI version; using PyTorch", path)
         return None
-    decode = library.tollway_paged_decode_attention_f32
-    decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_int]
+    decode = library.tollway_paged_decode_attention
+    decode.argtypes = (
+        [ctypes.c_void_p] * 6
+        + [ctypes.c_int]
+        + [ctypes.c_int64] * 8
+        + [ctypes.c_float, ctypes.c_int]
+    )
     decode.restype = ctypes.c_int
     return library
 
@@ -70,13 +77,14 @@ def paged_decode_attention(
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     if num_seqs == 0:
         return out
-    status = library.tollway_paged_decode_attention_f32(
+    status = library.tollway_paged_decode_attention(
         q.data_ptr(),
         key_cache.data_ptr(),
         value_cache.data_ptr(),
         block_tables.data_ptr(),
         seq_lens.data_ptr(),
         out.data_ptr(),
+        _DTYPE_CODES[q.dtype],
         q.stride(0),
         num_seqs,
         num_heads,
@@ -107,7 +115,8 @@ def _native_can_run(
 ) -> bool:
     floats = (q, key_cache, value_cache)
     return (
-        all(t.dtype == torch.float32 and t.device.type == "cpu" for t in floats)
+        q.dtype in _DTYPE_CODES
+        and all(t.dtype == q.dtype and t.device.type == "cpu" for t in floats)
         and block_tables.dtype == torch.int32
         and seq_lens.dtype == torch.int32
         and q.stride(2) == 1

@@ -6,10 +6,10 @@
  * sequence's block table and reads every key and value exactly once, so a decode step's
  * attention costs one pass over the context's KV bytes.
  *
- * Layout (see kernels/reference.py):
- *   q, out:                 [num_seqs, num_heads, head_dim]               float32
+ * Layout (see kernels/reference.py), all of one dtype, float32 or bfloat16:
+ *   q, out:                 [num_seqs, num_heads, head_dim]
  *                           (q's rows may be strided: q_row_stride elements apart)
- *   key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim] float32
+ *   key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
  *   block_tables:           [num_seqs, max_blocks] int32
  *   seq_lens:               [num_seqs] int32, context length incl. the query token
  *
@@ -22,20 +22,74 @@
  * Per item: pass 1 computes every query row's scores for the whole context into a
  * per-thread buffer (keys read once, block by block, the next block prefetched), then the
  * softmax, then pass 2 accumulates the values (read once). The scores buffer is
- * rows * max_len floats, small enough to stay in L2.
+ * rows * max_len floats, small enough to stay in L2. Arithmetic is float32 whatever the
+ * dtype, as in the reference: a bfloat16 block is widened (exactly) into a per-thread
+ * buffer as it is read, so bfloat16 caches cost half the memory traffic, and the output
+ * is rounded to nearest even once at the end.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TOLLWAY_ABI_VERSION 3
+#define TOLLWAY_ABI_VERSION 4
 
 int tollway_abi_version(void) { return TOLLWAY_ABI_VERSION; }
 
+enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 };
+
+static inline float f32_of_bf16(uint16_t x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static inline uint16_t bf16_of_f32(float x) { /* round to nearest even; NaN stays NaN */
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* One layer's K or V cache as this kernel reads it: where an item's heads start in a
+   token's row, and how to step between blocks and tokens (in elements). */
+typedef struct {
+    const void *base;
+    int dtype;
+    int64_t block_stride, token_stride, head_offset;
+} CacheView;
+
+static inline size_t element_size(int dtype) { return dtype == DTYPE_BFLOAT16 ? 2 : 4; }
+
 /* Ask for the first cache line of each token's row of a block before it is needed. */
-static inline void prefetch_block(const float *block, int64_t block_size, int64_t token_stride) {
-    for (int64_t j = 0; j < block_size; ++j) __builtin_prefetch(block + j * token_stride, 0, 0);
+static inline void prefetch_block(const CacheView *cache, int64_t block, int64_t block_size) {
+    const size_t size = element_size(cache->dtype);
+    const char *start =
+        (const char *)cache->base + (block * cache->block_stride + cache->head_offset) * size;
+    for (int64_t j = 0; j < block_size; ++j)
+        __builtin_prefetch(start + j * cache->token_stride * (int64_t)size, 0, 0);
+}
+
+/* The first n tokens of a block as float rows of `width` values, `*stride` apart: the cache
+   itself for float32, else widened into `scratch` ([block_size, width] floats). */
+static inline const float *block_rows(const CacheView *cache, int64_t block, int64_t n,
+                                      int64_t width, float *restrict scratch, int64_t *stride) {
+    const int64_t offset = block * cache->block_stride + cache->head_offset;
+    if (cache->dtype == DTYPE_FLOAT32) {
+        *stride = cache->token_stride;
+        return (const float *)cache->base + offset;
+    }
+    const uint16_t *src = (const uint16_t *)cache->base + offset;
+    for (int64_t j = 0; j < n; ++j) {
+        const uint16_t *row = src + j * cache->token_stride;
+        float *dst = scratch + j * width;
+#pragma omp simd
+        for (int64_t e = 0; e < width; ++e) dst[e] = f32_of_bf16(row[e]);
+    }
+    *stride = width;
+    return scratch;
 }
 
 /*
@@ -45,24 +99,24 @@ static inline void prefetch_block(const float *block, int64_t block_size, int64_
  * back; the next block is prefetched while the current one is processed.
  */
 static void attend(const float *restrict q, /* this item's queries: [rows, head_dim] */
-                   const float *restrict key_cache, const float *restrict value_cache,
+                   const CacheView *keys, const CacheView *values,
                    const int32_t *restrict table, int64_t len, int64_t num_kv,
-                   int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
-                   int64_t block_stride, int64_t head_offset, float scale,
-                   float *restrict scores, /* [rows, len] */
+                   int64_t group, int64_t head_dim, int64_t block_size, float scale,
+                   float *restrict scores,  /* [rows, len] */
+                   float *restrict scratch, /* [block_size, num_kv * head_dim] */
                    float *restrict out /* [rows, head_dim] */) {
     const int64_t rows = num_kv * group;
+    const int64_t width = num_kv * head_dim;
     const int64_t num_blocks = (len + block_size - 1) / block_size;
+    int64_t stride;
     /* Pass 1: scores[r][t] = scale * q[r] . k[t] for query row r = kv * group + g */
     for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
-        const float *k_block = key_cache + table[b] * block_stride + head_offset;
-        if (b + 1 < num_blocks)
-            prefetch_block(key_cache + table[b + 1] * block_stride + head_offset, block_size,
-                           token_stride);
+        if (b + 1 < num_blocks) prefetch_block(keys, table[b + 1], block_size);
+        const float *k_block = block_rows(keys, table[b], n, width, scratch, &stride);
         for (int64_t j = 0; j < n; ++j) {
-            const float *k_token = k_block + j * token_stride;
+            const float *k_token = k_block + j * stride;
             for (int64_t r = 0; r < rows; ++r) {
                 const float *k = k_token + (r / group) * head_dim;
                 const float *qr = q + r * head_dim;
@@ -92,12 +146,10 @@ static void attend(const float *restrict q, /* this item's queries: [rows, head_
     for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
-        const float *v_block = value_cache + table[b] * block_stride + head_offset;
-        if (b + 1 < num_blocks)
-            prefetch_block(value_cache + table[b + 1] * block_stride + head_offset, block_size,
-                           token_stride);
+        if (b + 1 < num_blocks) prefetch_block(values, table[b + 1], block_size);
+        const float *v_block = block_rows(values, table[b], n, width, scratch, &stride);
         for (int64_t j = 0; j < n; ++j) {
-            const float *v_token = v_block + j * token_stride;
+            const float *v_token = v_block + j * stride;
             for (int64_t r = 0; r < rows; ++r) {
                 const float *v = v_token + (r / group) * head_dim;
                 const float p = scores[r * len + start + j];
@@ -125,16 +177,16 @@ static int tables_are_valid(const int32_t *block_tables, const int32_t *seq_lens
 }
 
 /*
+ * dtype: DTYPE_FLOAT32 or DTYPE_BFLOAT16, for q, the caches and out alike.
  * Returns 0 on success, -1 if a work buffer could not be allocated, -2 if a block table
  * is too short for its sequence or names a block outside the cache (nothing is read then).
  */
-int tollway_paged_decode_attention_f32(const float *q, const float *key_cache,
-                                       const float *value_cache, const int32_t *block_tables,
-                                       const int32_t *seq_lens, float *out, int64_t q_row_stride,
-                                       int64_t num_seqs,
-                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                       int64_t num_blocks, int64_t block_size, int64_t max_blocks,
-                                       float scale, int num_threads) {
+int tollway_paged_decode_attention(const void *q, const void *key_cache, const void *value_cache,
+                                   const int32_t *block_tables, const int32_t *seq_lens,
+                                   void *out, int dtype, int64_t q_row_stride, int64_t num_seqs,
+                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                   int64_t num_blocks, int64_t block_size, int64_t max_blocks,
+                                   float scale, int num_threads) {
     if (!tables_are_valid(block_tables, seq_lens, num_seqs, num_blocks, block_size, max_blocks))
         return -2;
     const int64_t group = num_heads / num_kv_heads;
@@ -147,25 +199,47 @@ int tollway_paged_decode_attention_f32(const float *q, const float *key_cache,
     const int64_t kv_per_item = num_seqs >= 2 * (int64_t)num_threads ? num_kv_heads : 1;
     const int64_t items_per_seq = num_kv_heads / kv_per_item;
     const int64_t rows_per_item = kv_per_item * group;
+    const int64_t item_values = rows_per_item * head_dim; /* query (and output) values */
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float *scores = malloc((size_t)(rows_per_item * max_len) * sizeof(float));
+        /* scores [rows, max_len] | scratch [block_size, kv_per_item * head_dim] | q | out */
+        const int64_t scratch_values = block_size * kv_per_item * head_dim;
+        float *scores = malloc(
+            (size_t)(rows_per_item * max_len + scratch_values + 2 * item_values) * sizeof(float));
         if (scores == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
             if (scores == NULL) continue;
+            float *scratch = scores + rows_per_item * max_len;
+            float *q_item = scratch + scratch_values;
+            float *out_item = q_item + item_values;
             const int64_t s = item / items_per_seq;
             const int64_t first_kv = (item % items_per_seq) * kv_per_item;
-            const int64_t len = seq_lens[s];
-            float *out_rows = out + (s * num_heads + first_kv * group) * head_dim;
-            if (len <= 0) {
-                memset(out_rows, 0, (size_t)(rows_per_item * head_dim) * sizeof(float));
-                continue;
+            const int64_t q_offset = s * q_row_stride + first_kv * group * head_dim;
+            const int64_t out_offset = (s * num_heads + first_kv * group) * head_dim;
+            if (dtype == DTYPE_FLOAT32) {
+                memcpy(q_item, (const float *)q + q_offset, (size_t)item_values * sizeof(float));
+            } else {
+                const uint16_t *q_bf16 = (const uint16_t *)q + q_offset;
+                for (int64_t e = 0; e < item_values; ++e) q_item[e] = f32_of_bf16(q_bf16[e]);
             }
-            attend(q + s * q_row_stride + first_kv * group * head_dim, key_cache, value_cache,
-                   block_tables + s * max_blocks, len, kv_per_item, group, head_dim, block_size,
-                   token_stride, block_stride, first_kv * head_dim, scale, scores, out_rows);
+            const CacheView keys = {key_cache, dtype, block_stride, token_stride,
+                                    first_kv * head_dim};
+            const CacheView values = {value_cache, dtype, block_stride, token_stride,
+                                      first_kv * head_dim};
+            if (seq_lens[s] <= 0)
+                memset(out_item, 0, (size_t)item_values * sizeof(float));
+            else
+                attend(q_item, &keys, &values, block_tables + s * max_blocks, seq_lens[s],
+                       kv_per_item, group, head_dim, block_size, scale, scores, scratch,
+                       out_item);
+            if (dtype == DTYPE_FLOAT32) {
+                memcpy((float *)out + out_offset, out_item, (size_t)item_values * sizeof(float));
+            } else {
+                uint16_t *out_bf16 = (uint16_t *)out + out_offset;
+                for (int64_t e = 0; e < item_values; ++e) out_bf16[e] = bf16_of_f32(out_item[e]);
+            }
         }
         free(scores);
     }

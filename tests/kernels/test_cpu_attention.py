@@ -42,21 +42,41 @@ def test_native_library_builds_here() -> None:
     assert cpu_attention.native_library() is not None
 
 
+# Both sides compute in float32; bfloat16 outputs may then round one ulp (2^-8) apart.
+TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
 @needs_compiler
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (7, 1)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_decode_matches_the_reference(
-    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> None:
     lens = [1, 2, block_size - 1, block_size, block_size + 1, 3 * block_size + 5, 300]
     q, key_cache, value_cache, tables, seq_lens = random_case(
-        num_heads, num_kv_heads, head_dim, block_size, lens
+        num_heads, num_kv_heads, head_dim, block_size, lens, dtype=dtype
     )
     scale = head_dim**-0.5
     got = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, scale)
     want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, scale)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert got.dtype == dtype
+    tolerance = TOLERANCES[dtype]
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+
+
+@needs_compiler
+def test_native_decode_uses_the_whole_batch_and_single_heads_alike() -> None:
+    """Many sequences run as whole-sequence work items, few as (sequence, KV head) pairs."""
+    lens = [5 + 37 * i for i in range(9)]
+    q, key_cache, value_cache, tables, seq_lens = random_case(8, 2, 64, 16, lens)
+    batch = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.1)
+    for i in range(len(lens)):  # one sequence at a time: the other work split
+        one = cpu_attention.paged_decode_attention(
+            q[i : i + 1], key_cache, value_cache, tables[i : i + 1], seq_lens[i : i + 1], 0.1
+        )
+        torch.testing.assert_close(one, batch[i : i + 1], atol=1e-6, rtol=1e-6)
 
 
 @needs_compiler
@@ -109,7 +129,7 @@ def test_native_decode_refuses_tables_that_would_read_outside_the_cache(
 
 def test_other_dtypes_run_the_reference() -> None:
     q, key_cache, value_cache, tables, seq_lens = random_case(
-        8, 2, 64, 16, [7, 33], dtype=torch.bfloat16
+        8, 2, 64, 16, [7, 33], dtype=torch.float16
     )
     got = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.125)
     want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.125)
