@@ -50,10 +50,6 @@ class SchedulerOutput:
     preempted_request_ids: list[str]
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 

@@ -59,5 +59,15 @@ def test_no_compiler_returns_none(
 
 
 def test_the_cache_key_names_the_processor() -> None:
+    """``-march=native`` code is keyed by what it was compiled for: the CPU's feature flags."""
+    import platform
+
     fingerprint = cpu_build.cpu_fingerprint()
-    assert fingerprint  # at least the machine architecture
+    assert fingerprint.startswith(platform.machine())
+    if Path("/proc/cpuinfo").is_file():
+        flags = [
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith(("flags", "Features"))
+        ]
+        assert flags and flags[0].strip() in fingerprint
