@@ -1,5 +1,5 @@
-"""The engine's OpenAI-compatible HTTP server."""
+"""The engine's OpenAI-compatible HTTP server (`backend_engine.server.app`).
 
-from backend_engine.server.app import build_app, serve
-
-__all__ = ["build_app", "serve"]
+Nothing is imported here: the gateway uses `backend_engine.server.sse` and must not load the
+engine (and torch) by importing this package.
+"""

@@ -111,7 +111,11 @@ class UsageWriter:
             self._spill.flush()
             self._num_spilled_lines += 1
             self._buffer.append(entry)
-            self._cond.notify_all()
+            # Wake the writer only when it has something to act on: the first record (it
+            # waits for one) and a full batch (it lingers for one). A wake-up per record
+            # would make the writer thread take the GIL from the event loop every request.
+            if len(self._buffer) == 1 or len(self._buffer) == self._max_batch_size:
+                self._cond.notify_all()
 
     def flush(self, timeout: float) -> bool:
         """Wait until every accepted record is in the database; ``False`` on timeout."""
