@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,36 @@ def test_submitted_records_are_written_and_the_spill_file_emptied(writer_db, mak
     assert stored_ids(writer_db) == [f"req-{n}" for n in range(10)]
     assert writer.num_written == 10 and writer.num_pending == 0
     assert (tmp_path / "usage.jsonl").read_text() == ""
+
+
+def test_a_part_full_batch_lingers_and_flush_cuts_the_linger_short(writer_db, make_entry, tmp_path):
+    writer = UsageWriter(writer_db, tmp_path / "usage.jsonl", max_batch_size=100, linger_s=60)
+    writer.start()
+    try:
+        writer.submit(make_entry(0))
+        writer.submit(make_entry(1))
+        time.sleep(0.3)
+        assert stored_ids(writer_db) == [] and writer.num_pending == 2
+        started = time.monotonic()
+        assert writer.flush(timeout=10)
+        assert time.monotonic() - started < 5  # not the 60 s linger
+        assert stored_ids(writer_db) == ["req-0", "req-1"]
+    finally:
+        writer.close(timeout=1)
+
+
+def test_a_full_batch_is_written_without_lingering(writer_db, make_entry, tmp_path):
+    writer = UsageWriter(writer_db, tmp_path / "usage.jsonl", max_batch_size=3, linger_s=60)
+    writer.start()
+    try:
+        for n in range(3):
+            writer.submit(make_entry(n))
+        deadline = time.monotonic() + 10
+        while writer.num_pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stored_ids(writer_db) == ["req-0", "req-1", "req-2"]
+    finally:
+        writer.close(timeout=1)
 
 
 def test_records_wait_out_an_outage(writer_db, outage, make_entry, tmp_path):
