@@ -113,9 +113,11 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
     import uvicorn
 
     from gateway.app import build_gateway
+    from gateway.serve import freeze_startup_objects
     from gateway.settings import GatewaySettings
 
     app = build_gateway(GatewaySettings.from_dict(settings_data))
+    freeze_startup_objects()  # as `tollway serve` does
     config = uvicorn.Config(
         app,
         loop="uvloop",

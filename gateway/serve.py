@@ -18,6 +18,7 @@ fails after they were created, in the error output.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import signal
 import sys
@@ -120,12 +121,25 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                 engines.watch()  # from here on, an engine that dies is started again
                 say(banner(plan, credentials))
                 is_shown = True
+                freeze_startup_objects()
                 uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
         if credentials is not None and credentials.is_new and not is_shown:
             print(credential_lines(credentials, base_url=None), file=sys.stderr, flush=True)
+
+
+def freeze_startup_objects() -> None:
+    """Exempt what start-up built (imports, settings, the app) from garbage collection.
+
+    It lives as long as the process, yet every full collection walks all of it while the
+    event loop waits: on the gateway-overhead bench's paced engine at 128 requests in flight,
+    one such pause took 61 ms, and added latency went from +1.8 / +32.5 ms (p50 / p99) to
+    +1.1 / +4.3 ms with the start-up objects frozen. Call it once, just before serving.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def base_url(plan: ServePlan) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -79,4 +80,8 @@ def serve(
     """Load the model and serve it on TCP ``host:port``, or on the Unix socket ``uds``."""
     engine = AsyncEngine(config, model_name)
     server = uvicorn.Server(uvicorn_config(build_app(engine), host=host, port=port, uds=uds))
+    # The model, tokenizer and imports live as long as the process: keep full collections
+    # from walking them (each one pauses the step loop and every stream).
+    gc.collect()
+    gc.freeze()
     server.run()

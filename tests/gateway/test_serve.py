@@ -370,3 +370,12 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
             process.kill()
             process.wait()
         reader.join(timeout=5)
+
+
+def test_start_up_objects_are_frozen_out_of_garbage_collection() -> None:
+    code = (
+        "import gc, gateway.app; from gateway.serve import freeze_startup_objects; "
+        "assert gc.get_freeze_count() == 0; freeze_startup_objects(); "
+        "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
