@@ -110,24 +110,14 @@ def _serve_engine(sockets: list[socket.socket], spec: EngineSpec) -> None:
 def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: str | None) -> None:
     import cProfile
 
-    import uvicorn
-
+    from bench.stand_in_engine import bench_server
     from gateway.app import build_gateway
     from gateway.serve import freeze_startup_objects
     from gateway.settings import GatewaySettings
 
     app = build_gateway(GatewaySettings.from_dict(settings_data))
     freeze_startup_objects()  # as `tollway serve` does
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-    )
-    server = uvicorn.Server(config)
+    server = bench_server(app)
     if profile is None:
         server.run(sockets=[sock])
         return

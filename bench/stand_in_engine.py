@@ -19,9 +19,12 @@ import asyncio
 import json
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    import uvicorn
 
 MODEL = "stand-in"
 _JSON = [(b"content-type", b"application/json")]
@@ -131,14 +134,12 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-def serve(
-    sockets: list[socket.socket], num_chunks: int = 8, ttft_ms: float = 0.0, itl_ms: float = 0.0
-) -> None:
-    """Serve on bound sockets until SIGTERM/SIGINT (uvicorn, one worker, httptools, uvloop)."""
+def bench_server(app: Any) -> uvicorn.Server:
+    """A uvicorn server for the benchmarks: one worker, httptools, uvloop, no access log."""
     import uvicorn
 
     config = uvicorn.Config(
-        StandInEngine(num_chunks, ttft_ms, itl_ms),
+        app,
         loop="uvloop",
         http="httptools",
         lifespan="on",
@@ -146,7 +147,14 @@ def serve(
         access_log=False,
         backlog=4096,
     )
-    uvicorn.Server(config).run(sockets=sockets)
+    return uvicorn.Server(config)
+
+
+def serve(
+    sockets: list[socket.socket], num_chunks: int = 8, ttft_ms: float = 0.0, itl_ms: float = 0.0
+) -> None:
+    """Serve on bound sockets until SIGTERM/SIGINT."""
+    bench_server(StandInEngine(num_chunks, ttft_ms, itl_ms)).run(sockets=sockets)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kernels import reference
-from kernels.cpu_build import build_shared_library, native_kernels_enabled
+from kernels.cpu_build import load_library
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +35,11 @@ paged_prefill_attention = reference.paged_prefill_attention
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernels, or ``None`` when they are disabled or cannot be built."""
-    if not native_kernels_enabled():
-        return None
-    path = build_shared_library(SOURCE)
-    if path is None:
-        return None
-    try:
-        library = ctypes.CDLL(str(path))
-    except OSError as error:
-        logger.warning("loading %s failed (%s); CPU kernels fall back to PyTorch", path, error)
+    library = load_library(SOURCE, "CPU kernels fall back to PyTorch")
+    if library is None:
         return None
     if library.tollway_abi_version() != _ABI_VERSION:
-        logger.warning("%s has an unexpected ABI version; using PyTorch", path)
+        logger.warning("%s has an unexpected ABI version; using PyTorch", SOURCE.name)
         return None
     decode = library.tollway_paged_decode_attention
     decode.argtypes = (

@@ -12,6 +12,7 @@ safe. No compiler, or a failed build, means ``None``: callers fall back to PyTor
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -99,3 +100,18 @@ def build_shared_library(source: Path) -> Path | None:
         return None
     os.replace(partial, target)
     return target
+
+
+def load_library(source: Path, fallback: str) -> ctypes.CDLL | None:
+    """``source`` built (if need be) and loaded, or ``None`` when native kernels are off or it
+    cannot be built or loaded; ``fallback`` names what runs instead, for the log."""
+    if not native_kernels_enabled():
+        return None
+    path = build_shared_library(source)
+    if path is None:
+        return None
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as error:
+        logger.warning("loading %s failed (%s); %s", path, error, fallback)
+        return None

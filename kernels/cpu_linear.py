@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_build import build_shared_library, native_kernels_enabled
+from kernels.cpu_build import load_library
 
 logger = logging.getLogger(__name__)
 
@@ -62,22 +62,15 @@ class BlockedWeight:
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernel, or ``None`` when native kernels are off or cannot be built."""
-    if not native_kernels_enabled():
-        return None
-    path = build_shared_library(SOURCE)
-    if path is None:
-        return None
-    try:
-        library = ctypes.CDLL(str(path))
-    except OSError as error:
-        logger.warning("loading %s failed (%s); linears stay on oneDNN", path, error)
+    library = load_library(SOURCE, "linears stay on oneDNN")
+    if library is None:
         return None
     if (
         library.tollway_linear_abi_version() != _ABI_VERSION
         or library.tollway_linear_max_rows() != MAX_ROWS
         or library.tollway_linear_block() != _BLOCK
     ):
-        logger.warning("%s does not match this module; linears stay on oneDNN", path)
+        logger.warning("%s does not match this module; linears stay on oneDNN", SOURCE.name)
         return None
     linear = library.tollway_small_batch_linear
     linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]

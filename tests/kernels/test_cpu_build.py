@@ -71,3 +71,18 @@ def test_the_cache_key_names_the_processor() -> None:
             if line.startswith(("flags", "Features"))
         ]
         assert flags and flags[0].strip() in fingerprint
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+def test_load_library_loads_the_built_library_unless_disabled(
+    tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "answer.c"
+    source.write_text(SOURCE)
+    library = cpu_build.load_library(source, "the reference runs")
+    assert library is not None and library.tollway_answer() == 42
+    monkeypatch.setenv(cpu_build.DISABLE_ENV, "reference")
+    assert cpu_build.load_library(source, "the reference runs") is None
+    monkeypatch.delenv(cpu_build.DISABLE_ENV)
+    (tmp_path / "broken.c").write_text("this is not C\n")
+    assert cpu_build.load_library(tmp_path / "broken.c", "the reference runs") is None
