@@ -112,11 +112,11 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
 
     from bench.stand_in_engine import bench_server
     from gateway.app import build_gateway
-    from gateway.serve import freeze_startup_objects
+    from gateway.serve import tune_gc_for_serving
     from gateway.settings import GatewaySettings
 
     app = build_gateway(GatewaySettings.from_dict(settings_data))
-    freeze_startup_objects()  # as `tollway serve` does
+    tune_gc_for_serving()  # as `tollway serve` does
     server = bench_server(app)
     if profile is None:
         server.run(sockets=[sock])

@@ -372,10 +372,11 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
         reader.join(timeout=5)
 
 
-def test_start_up_objects_are_frozen_out_of_garbage_collection() -> None:
+def test_start_up_objects_are_frozen_and_young_collections_made_rarer() -> None:
     code = (
-        "import gc, gateway.app; from gateway.serve import freeze_startup_objects; "
-        "assert gc.get_freeze_count() == 0; freeze_startup_objects(); "
-        "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()"
+        "import gc, gateway.app; from gateway.serve import tune_gc_for_serving; "
+        "assert gc.get_freeze_count() == 0; tune_gc_for_serving(); "
+        "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count(); "
+        "assert gc.get_threshold()[0] == 10_000, gc.get_threshold()"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
