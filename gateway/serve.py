@@ -142,9 +142,10 @@ def tune_gc_for_serving() -> None:
     (a young collection every 700 net allocations) the same load ran ~240 young and ~20
     middle collections in 4,000 requests, ~0.3 s of pauses, some over 10 ms each; at 10,000
     it ran 12 (45 ms in all, none over 7 ms), and the streamed first-byte p99 at 128 in
-    flight fell from +19 / +33 ms to +10 / +22 ms in two side-by-side runs. Cyclic garbage
-    waits a little longer to be freed: at most 10,000 objects' worth. Call it once, just
-    before serving.
+    flight fell from +19 / +33 ms to +10 / +22 ms in two pairs of back-to-back bench runs
+    (separate runs, so within this machine's noise for the p50s). Cyclic garbage waits a
+    little longer to be freed: at most 10,000 objects' worth. Call it once, just before
+    serving.
     """
     gc.collect()
     gc.freeze()
