@@ -16,13 +16,16 @@
     python -m bench.gateway_overhead --scenarios paced --paced-itl-ms 10
     python -m bench.gateway_overhead --profile /tmp/gw.prof   # CPU profile of the gateway's loop
 
-Five processes share the machine (`bench.gateway_stack`): this one (the aiohttp load
+Six processes share the machine (`bench.gateway_stack`): this one (the aiohttp load
 generator), two stand-in engines (`bench.stand_in_engine`, instant and paced; the gateway
-serves them as two models), the gateway (uvicorn, one worker, uvloop + httptools) and
-redis-server. Latency is per request, to the last byte (and to the first byte for streams);
-"added" is gateway minus direct. CPU per request is the gateway process's user + system
-time (all its threads, and its event-loop thread alone) over the requests it served, read
-from /proc.
+serves them as two models), the gateway (uvicorn, one worker, uvloop + httptools),
+redis-server, and the floor proxy (`bench.floor_proxy`, served the same way: body parsed
+for the model, one Lua script in Redis, aiohttp to the engine, nothing else). Each case
+runs direct, through the floor proxy, then through the gateway. Latency is per request, to
+the last byte (and to the first byte for streams); "added" is gateway (or floor proxy)
+minus direct: the floor proxy's is what this stack and machine cost before any of the
+gateway's own work. CPU per request is the gateway process's user + system time (all its
+threads, and its event-loop thread alone) over the requests it served, read from /proc.
 """
 
 from __future__ import annotations
@@ -227,6 +230,7 @@ def report(
     is_stream: bool,
     concurrency: int,
     direct: list[LoadResult],
+    floor: list[LoadResult],
     gateway: list[LoadResult],
 ) -> None:
     mode = "streamed" if is_stream else "non-streamed"
@@ -235,10 +239,12 @@ def report(
     for label, is_first_byte in [("last byte", False), ("first byte", True)][: 1 + is_stream]:
         d50, d99 = p50_p99(direct, is_first_byte)
         g50, g99 = p50_p99(gateway, is_first_byte)
+        f50, f99 = p50_p99(floor, is_first_byte)
         print(
             f"  {label:<10}  direct p50 {d50:7.2f} ms  p99 {d99:7.2f} ms | gateway p50 "
             f"{g50:7.2f} ms  p99 {g99:7.2f} ms | added p50 {g50 - d50:+7.2f} ms  "
-            f"p99 {g99 - d99:+7.2f} ms"
+            f"p99 {g99 - d99:+7.2f} ms | floor proxy added p50 {f50 - d50:+6.2f} ms  "
+            f"p99 {f99 - d99:+6.2f} ms"
         )
     d_rps, g_rps = med(direct, lambda r: r.rps), med(gateway, lambda r: r.rps)
     cpu_ms = med(gateway, lambda r: r.cpu_s / num * 1000)
@@ -261,7 +267,9 @@ def report(
     print(
         f"  CPU/request gateway {cpu_ms:.2f} ms ({versus}event-loop thread {loop_ms:.2f} ms, "
         f"other threads {cpu_ms - loop_ms:.2f} ms), redis-server {redis_ms:.3f} ms; "
-        f"gateway busy {busy:.0%} of a core"
+        f"gateway busy {busy:.0%} of a core; floor proxy "
+        f"{med(floor, lambda r: r.cpu_s / num * 1000):.2f} ms, "
+        f"{med(floor, lambda r: r.rps):.0f} req/s"
     )
     (d50, d99), (g50, g99) = p50_p99(direct), p50_p99(gateway)
     checks = [
@@ -277,26 +285,29 @@ def report(
 
 # --- main --------------------------------------------------------------------------------------
 
-Results = dict[tuple[bool, int], tuple[list[LoadResult], list[LoadResult]]]  # direct, gateway
+# (is_stream, concurrency) -> [direct, floor proxy, gateway] runs
+Results = dict[tuple[bool, int], tuple[list[LoadResult], list[LoadResult], list[LoadResult]]]
 
 
 def run_scenario(
     stack: Stack, scenario: Scenario, cases: list[tuple[bool, int]], repeats: int
 ) -> Results:
     """Each case ``(is_stream, concurrency)`` straight to the scenario's engine, then through
-    the gateway, ``repeats`` times."""
+    the floor proxy, then through the gateway, ``repeats`` times."""
     model = scenario.engine.model
     headers = {"authorization": f"Bearer {stack.api_key}", "content-type": "application/json"}
     pids = (stack.gateway_pid, stack.redis_pid)
     path = "/v1/chat/completions"
-    results: Results = {case: ([], []) for case in cases}
+    results: Results = {case: ([], [], []) for case in cases}
     for _ in range(repeats):
         for is_stream, concurrency in cases:
             body = request_body(model, is_stream, scenario.max_tokens)
             num, spread_s = scenario.num_requests, scenario.spread_s
             load = (headers, body, is_stream, concurrency, num, spread_s)
-            direct, through = results[(is_stream, concurrency)]
+            direct, floor, through = results[(is_stream, concurrency)]
             direct.append(asyncio.run(measure(stack.engine_urls[model] + path, *load, None)))
+            floor_pids = (stack.floor_pid, stack.redis_pid)
+            floor.append(asyncio.run(measure(stack.floor_url + path, *load, floor_pids)))
             through.append(asyncio.run(measure(stack.gateway_url + path, *load, pids)))
     return results
 
@@ -362,8 +373,8 @@ def main() -> None:
     )
     for scenario, scenario_results in zip(scenarios, results, strict=True):
         print(f"\n{scenario.header()}")
-        for (is_stream, concurrency), (direct, through) in scenario_results.items():
-            report(scenario, is_stream, concurrency, direct, through)
+        for (is_stream, concurrency), (direct, floor, through) in scenario_results.items():
+            report(scenario, is_stream, concurrency, direct, floor, through)
     print(
         f"\ntargets: added p50 < {TARGET_ADDED_P50_MS:g} ms, p99 < {TARGET_ADDED_P99_MS:g} ms "
         f"(at 32-128 in flight, meaningful against the paced engine); instant engine: "

@@ -1,8 +1,8 @@
 """The processes a gateway benchmark runs against, each its own process on this machine:
 stand-in engines (`bench.stand_in_engine`, one per model, each on TCP for direct calls and
-on a unix socket for the gateway), a real redis-server, and the gateway (uvicorn, one
-worker, uvloop + httptools; budgets and rate limits in Redis, keys in SQLite). Plus the
-/proc readings that charge CPU to them.
+on a unix socket for the gateway), a real redis-server, the gateway (uvicorn, one worker,
+uvloop + httptools; budgets and rate limits in Redis, keys in SQLite) and, served the same
+way, the floor proxy (`bench.floor_proxy`). Plus the /proc readings that charge CPU to them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class Stack:
     gateway_url: str
     gateway_pid: int
     redis_pid: int
+    floor_url: str  # bench.floor_proxy: the least a Python proxy on this stack does
+    floor_pid: int
     api_key: str  # a key of a tenant whose quota allows every model, without real limits
 
 
@@ -49,7 +51,7 @@ def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iter
     exit. ``profile``: write the gateway process's cProfile stats there."""
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tw-ovh-"))  # short: <108
-        engine_urls, engine_pids, models = {}, [], {}
+        engine_urls, engine_pids, models, uds_paths = {}, [], {}, {}
         for i, spec in enumerate(engines):
             uds_path = f"{tmp}/engine{i}.sock"
             tcp, uds = _tcp_socket(), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -57,6 +59,7 @@ def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iter
             pid = stack.enter_context(child_process(_serve_engine, [tcp, uds], spec))
             engine_pids.append(pid)
             engine_urls[spec.model] = f"http://127.0.0.1:{tcp.getsockname()[1]}"
+            uds_paths[spec.model] = uds_path
             models[spec.model] = {
                 "upstreams": [f"unix:{uds_path}"],
                 "context_window": 8192,
@@ -71,10 +74,16 @@ def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iter
             child_process(_serve_gateway, {**settings, "models": models}, gateway_sock, profile)
         )
         gateway_url = f"http://127.0.0.1:{gateway_sock.getsockname()[1]}"
+        floor_sock = _tcp_socket()
+        floor_pid = stack.enter_context(
+            child_process(_serve_floor_proxy, uds_paths, redis_url, floor_sock)
+        )
+        floor_url = f"http://127.0.0.1:{floor_sock.getsockname()[1]}"
         for url, pid in zip(engine_urls.values(), engine_pids, strict=True):
             wait_http(f"{url}/health", pid)
         wait_http(f"{gateway_url}/health", gateway_pid)
-        yield Stack(engine_urls, gateway_url, gateway_pid, redis_pid, api_key)
+        wait_http(f"{floor_url}/health", floor_pid)
+        yield Stack(engine_urls, gateway_url, gateway_pid, redis_pid, floor_url, floor_pid, api_key)
 
 
 # --- CPU ---------------------------------------------------------------------------------------
@@ -131,6 +140,16 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
     finally:
         profiler.disable()
         profiler.dump_stats(profile)
+
+
+def _serve_floor_proxy(upstreams: dict[str, str], redis_url: str, sock: socket.socket) -> None:
+    from bench.floor_proxy import FloorProxy
+    from bench.stand_in_engine import bench_server
+    from gateway.serve import tune_gc_for_serving
+
+    app = FloorProxy(upstreams, redis_url)
+    tune_gc_for_serving()
+    bench_server(app).run(sockets=[sock])
 
 
 def _tcp_socket() -> socket.socket:
