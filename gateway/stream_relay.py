@@ -95,41 +95,58 @@ class UsageMeter:
 async def relay_events(
     call: UpstreamCall, meter: UsageMeter, *, include_usage: bool
 ) -> AsyncIterator[str]:
-    """The client's SSE stream. Ends with ``[DONE]``; a broken upstream ends it with an
-    error event first. The caller closes ``call`` when the response ends, however it ends."""
+    """The client's SSE stream, one string per batch of upstream events (events that arrived
+    together are written together: one send, not one per event). Ends with ``[DONE]``; a
+    broken upstream ends it with an error event first. The caller closes ``call`` when the
+    response ends, however it ends."""
     if call.events is None:
         raise ValueError("relay_events needs a streaming upstream call")
     try:
-        async for payload in call.events:
-            if payload == "[DONE]":
-                meter.finish(UsageStatus.COMPLETED)
-                yield DONE
-                return
-            chunk = _parse(payload)
-            if chunk is None or "error" in chunk:
-                break
-            usage = chunk.get("usage")
-            if usage is not None:
-                meter.observe_usage(usage)
-            meter.observe_chunk(chunk)
-            if include_usage or "usage" not in chunk:
-                yield f"data: {payload}\n\n"  # nothing to take out: pass it on as is
-                continue
-            # The client did not ask for usage: drop the usage-only chunk and the key.
-            if usage is not None and not chunk.get("choices"):
-                continue
-            if usage is None and payload.endswith(_NULL_USAGE_LAST):
-                # The key is the object's last member (a parsed object cannot end any other
-                # way with these characters): cut it out instead of encoding the chunk again.
-                yield f"data: {payload[: -len(_NULL_USAGE_LAST)]}}}\n\n"
-                continue
-            del chunk["usage"]
-            yield event(chunk)
+        async for batch in call.events:
+            out = []
+            for payload in batch:
+                if payload == "[DONE]":
+                    meter.finish(UsageStatus.COMPLETED)
+                    out.append(DONE)
+                    yield "".join(out)
+                    return
+                chunk = _parse(payload)
+                if chunk is None or "error" in chunk:
+                    if out:
+                        yield "".join(out)
+                    meter.finish(UsageStatus.UPSTREAM_ERROR)
+                    yield event(MID_STREAM_ERROR.error_body()) + DONE
+                    return
+                relayed = _relayed(payload, chunk, meter, include_usage)
+                if relayed is not None:
+                    out.append(relayed)
+            if out:
+                yield "".join(out)
     except httpx.HTTPError:
         pass
     meter.finish(UsageStatus.UPSTREAM_ERROR)
-    yield event(MID_STREAM_ERROR.error_body())
-    yield DONE
+    yield event(MID_STREAM_ERROR.error_body()) + DONE
+
+
+def _relayed(
+    payload: str, chunk: dict[str, Any], meter: UsageMeter, include_usage: bool
+) -> str | None:
+    """Measure one chunk; the event to send the client for it (None: nothing)."""
+    usage = chunk.get("usage")
+    if usage is not None:
+        meter.observe_usage(usage)
+    meter.observe_chunk(chunk)
+    if include_usage or "usage" not in chunk:
+        return f"data: {payload}\n\n"  # nothing to take out: pass it on as is
+    # The client did not ask for usage: drop the usage-only chunk and the key.
+    if usage is not None and not chunk.get("choices"):
+        return None
+    if usage is None and payload.endswith(_NULL_USAGE_LAST):
+        # The key is the object's last member (a parsed object cannot end any other way
+        # with these characters): cut it out instead of encoding the chunk again.
+        return f"data: {payload[: -len(_NULL_USAGE_LAST)]}}}\n\n"
+    del chunk["usage"]
+    return event(chunk)
 
 
 def measure_body(body: dict[str, Any], meter: UsageMeter) -> None:

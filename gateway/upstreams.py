@@ -38,12 +38,14 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
 
 @dataclass
 class UpstreamCall:
-    """An open upstream response. For streams, ``events`` yields SSE ``data`` payloads,
-    starting with the ones read ahead while deciding whether to retry."""
+    """An open upstream response. For streams, ``events`` yields SSE ``data`` payloads in
+    the batches they arrived in (one read of the upstream's bytes each, so a relay can
+    write them to the client at once), starting with the ones read ahead while deciding
+    whether to retry."""
 
     response: httpx.Response
     replica: str
-    events: AsyncIterator[str] | None = None
+    events: AsyncIterator[list[str]] | None = None
     body: bytes = b""
     num_failed_replicas: int = 0
     _is_closed: bool = field(default=False, repr=False)
@@ -138,7 +140,7 @@ class UpstreamPool:
                     raise _ReplicaFailed(f"status {response.status_code}")
                 call = UpstreamCall(response, base, num_failed_replicas=num_failed)
                 if is_stream and response.status_code < 400:
-                    call.events = await _read_ahead(sse_data(response))
+                    call.events = await _read_ahead(sse_batches(response))
                 else:
                     call.body = await response.aread()
                     await response.aclose()
@@ -182,8 +184,9 @@ def _aiohttp_transport(uds: str | None) -> httpx.AsyncBaseTransport:
     return AiohttpTransport(uds=uds, limits=limits, trust_env=False, client=session)
 
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The ``data`` payload of each server-sent event, in order (``[DONE]`` included).
+async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
+    """The ``data`` payload of each server-sent event, in order (``[DONE]`` included), one
+    non-empty list per read that completed any: events that arrive together stay together.
 
     Events are cut from the raw bytes (any of the three SSE line endings), which costs a few
     ``find`` calls per event instead of a text decoder and a line splitter per line."""
@@ -192,16 +195,18 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         pending += chunk
         if b"\r" in pending:
             pending = _to_lf(pending)
-        start = 0
+        start, batch = 0, []
         while (end := pending.find(b"\n\n", start)) >= 0:
             data = _event_data(pending[start:end])
             if data is not None:
-                yield data
+                batch.append(data)
             start = end + 2
         pending = pending[start:]
+        if batch:
+            yield batch
     data = _event_data(_to_lf(pending, is_final=True))
     if data is not None:
-        yield data
+        yield [data]
 
 
 def _to_lf(text: bytes, *, is_final: bool = False) -> bytes:
@@ -220,26 +225,29 @@ def _event_data(block: bytes) -> str | None:
     return b"\n".join(lines).decode() if lines else None
 
 
-async def _read_ahead(events: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _read_ahead(batches: AsyncIterator[list[str]]) -> AsyncIterator[list[str]]:
     """Read events until one carries a token, an error or the end; fail (so the caller
     retries elsewhere) if the stream breaks or reports an error before that."""
-    buffered: list[str] = []
-    async for payload in events:
-        buffered.append(payload)
-        if _is_error(payload):
-            raise _ReplicaFailed("error event before the first token")
-        if _has_substance(payload):
-            return _chain(buffered, events)
-    if not buffered or buffered[-1] != "[DONE]":
+    buffered: list[list[str]] = []
+    async for batch in batches:
+        buffered.append(batch)
+        for payload in batch:
+            if _is_error(payload):
+                raise _ReplicaFailed("error event before the first token")
+            if _has_substance(payload):
+                return _chain(buffered, batches)
+    if not buffered or buffered[-1][-1] != "[DONE]":
         raise _ReplicaFailed("stream ended before the first token")
-    return _chain(buffered, events)
+    return _chain(buffered, batches)
 
 
-async def _chain(first: list[str], rest: AsyncIterator[str]) -> AsyncIterator[str]:
-    for payload in first:
-        yield payload
-    async for payload in rest:
-        yield payload
+async def _chain(
+    first: list[list[str]], rest: AsyncIterator[list[str]]
+) -> AsyncIterator[list[str]]:
+    for batch in first:
+        yield batch
+    async for batch in rest:
+        yield batch
 
 
 def _is_error(payload: str) -> bool:

@@ -21,12 +21,16 @@ def chunk(content: str | None = None, usage: dict[str, object] | None = None) ->
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
 
 
-def call_with(payloads: list[str], *, fail_after: int | None = None) -> UpstreamCall:
-    async def events() -> AsyncIterator[str]:
-        for n, payload in enumerate(payloads):
-            if fail_after is not None and n == fail_after:
+def call_with(
+    payloads: list[str], *, fail_after: int | None = None, batch_size: int = 1
+) -> UpstreamCall:
+    """An upstream whose events arrive ``batch_size`` at a time (one read each)."""
+
+    async def events() -> AsyncIterator[list[str]]:
+        for n in range(0, len(payloads), batch_size):
+            if fail_after is not None and n >= fail_after:
                 raise httpx.ReadError("engine went away")
-            yield payload
+            yield payloads[n : n + batch_size]
 
     response = httpx.Response(200, request=httpx.Request("POST", "http://engine"))
     return UpstreamCall(response, "http://engine", events=events())
@@ -34,6 +38,11 @@ def call_with(payloads: list[str], *, fail_after: int | None = None) -> Upstream
 
 async def collect(events: AsyncIterator[str]) -> list[str]:
     return [e async for e in events]
+
+
+def split_events(sent: list[str]) -> list[str]:
+    """What the client received, event by event."""
+    return [f"{e}\n\n" for e in "".join(sent).split("\n\n") if e]
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
@@ -63,8 +72,38 @@ async def test_an_engine_failure_mid_stream_ends_with_an_error_event() -> None:
     payloads = [chunk("a"), chunk("b"), chunk("c")]
     out = await collect(relay_events(call_with(payloads, fail_after=2), meter, include_usage=True))
     assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
-    assert json.loads(out[-2].removeprefix("data: "))["error"]["code"] == "upstream_error"
-    assert out[-1] == "data: [DONE]\n\n"
+    received = split_events(out)
+    assert json.loads(received[-2].removeprefix("data: "))["error"]["code"] == "upstream_error"
+    assert received[-1] == "data: [DONE]\n\n" and len(received) == 4
+
+
+async def test_events_that_arrive_together_are_sent_together() -> None:
+    payloads = [chunk("a"), chunk("b"), chunk("c"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(payloads, batch_size=3), meter, include_usage=False))
+    assert len(out) == 2  # one send per upstream read
+    received = split_events(out)
+    assert [json.loads(e.removeprefix("data: ")) for e in received[:3]] == [
+        {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": c}}]}
+        for c in "abc"
+    ]
+    assert received[3:] == ["data: [DONE]\n\n"]  # the usage-only chunk was dropped
+    assert meter.status is UsageStatus.COMPLETED and meter.num_relayed_tokens == 3
+    assert meter.usage == USAGE
+
+
+async def test_an_error_event_inside_a_batch_ends_the_stream_after_what_came_before() -> None:
+    error = json.dumps({"error": {"message": "engine failed", "code": "internal"}})
+    payloads = [chunk("a"), chunk("b"), error, chunk("never")]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(payloads, batch_size=4), meter, include_usage=True))
+    received = split_events(out)
+    assert [json.loads(e.removeprefix("data: ")).get("choices") for e in received[:2]] == [
+        [{"index": 0, "delta": {"content": c}}] for c in "ab"
+    ]
+    assert json.loads(received[2].removeprefix("data: "))["error"]["code"] == "upstream_error"
+    assert received[3:] == ["data: [DONE]\n\n"]
+    assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
 
 
 async def test_chunks_without_a_usage_value_lose_the_key_and_nothing_else() -> None:

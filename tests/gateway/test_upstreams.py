@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.upstreams import sse_data
+from gateway.upstreams import sse_batches
 
 STREAM = (
     b'data: {"a": 1}\n\n'
@@ -27,9 +27,13 @@ class Chunks(httpx.AsyncByteStream):
             yield chunk
 
 
-async def events(chunks: list[bytes]) -> list[str]:
+async def batches(chunks: list[bytes]) -> list[list[str]]:
     response = httpx.Response(200, stream=Chunks(chunks))
-    return [data async for data in sse_data(response)]
+    return [batch async for batch in sse_batches(response)]
+
+
+async def events(chunks: list[bytes]) -> list[str]:
+    return [data for batch in await batches(chunks) for data in batch]
 
 
 @pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
@@ -44,3 +48,11 @@ async def test_every_line_ending_and_every_cut(newline: bytes) -> None:
 async def test_a_last_event_without_its_blank_line_still_counts() -> None:
     assert await events([b"data: x\n\ndata: tail"]) == ["x", "tail"]
     assert await events([b"data: caf\xc3", b"\xa9\n\n"]) == ["café"]
+
+
+async def test_events_that_arrive_together_stay_together() -> None:
+    assert await batches([STREAM]) == [EXPECTED]
+    assert await batches([b"data: a\n\ndata: b", b"\n\ndata: c\n\n", b": ping\n\n"]) == [
+        ["a"],
+        ["b", "c"],
+    ]  # a read that completes no event (half of one, or a comment) yields nothing
