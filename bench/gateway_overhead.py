@@ -297,6 +297,7 @@ def run_scenario(
     model = scenario.engine.model
     headers = {"authorization": f"Bearer {stack.api_key}", "content-type": "application/json"}
     pids = (stack.gateway_pid, stack.redis_pid)
+    floor_pids = (stack.floor_pid, stack.redis_pid)
     path = "/v1/chat/completions"
     results: Results = {case: ([], [], []) for case in cases}
     for _ in range(repeats):
@@ -306,7 +307,6 @@ def run_scenario(
             load = (headers, body, is_stream, concurrency, num, spread_s)
             direct, floor, through = results[(is_stream, concurrency)]
             direct.append(asyncio.run(measure(stack.engine_urls[model] + path, *load, None)))
-            floor_pids = (stack.floor_pid, stack.redis_pid)
             floor.append(asyncio.run(measure(stack.floor_url + path, *load, floor_pids)))
             through.append(asyncio.run(measure(stack.gateway_url + path, *load, pids)))
     return results

@@ -103,7 +103,7 @@ async def relay_events(
         raise ValueError("relay_events needs a streaming upstream call")
     try:
         async for batch in call.events:
-            out = []
+            out, is_broken = [], False
             for payload in batch:
                 if payload == "[DONE]":
                     meter.finish(UsageStatus.COMPLETED)
@@ -112,16 +112,15 @@ async def relay_events(
                     return
                 chunk = _parse(payload)
                 if chunk is None or "error" in chunk:
-                    if out:
-                        yield "".join(out)
-                    meter.finish(UsageStatus.UPSTREAM_ERROR)
-                    yield event(MID_STREAM_ERROR.error_body()) + DONE
-                    return
+                    is_broken = True
+                    break
                 relayed = _relayed(payload, chunk, meter, include_usage)
                 if relayed is not None:
                     out.append(relayed)
             if out:
                 yield "".join(out)
+            if is_broken:
+                break
     except httpx.HTTPError:
         pass
     meter.finish(UsageStatus.UPSTREAM_ERROR)
