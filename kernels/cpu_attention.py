@@ -5,8 +5,17 @@ per machine by :mod:`kernels.cpu_build`), which reads each sequence's KV blocks 
 instead of gathering them first: one pass over the context's bytes instead of three. It
 takes float32 or bfloat16 tensors in the reference layout (computing in float32, as the
 reference does); anything else (float16, no C compiler, ``TOLLWAY_CPU_KERNELS=reference``)
-runs :mod:`kernels.reference`, which is also the referee in the tests. ``store_kv`` and
-prefill attention are the reference's.
+runs :mod:`kernels.reference`, which is also the referee in the tests.
+
+Prefill attention runs each whole prompt of at least ``_MIN_OWN_PROMPT`` tokens (a chunk
+with no cached prefix) on its own through PyTorch's fused causal attention, its grouped KV
+heads broadcast rather than copied. Shorter prompts, and chunks that continue a cached
+prefix (they need a shifted causal mask), go to the reference. Against the reference's
+padded buckets, which pad mixed lengths up to 2x and take SDPA's slower grouped-query path,
+this halves prefill attention for mixed prompts (16 prompts of 32-128 tokens, 8 query and 2
+KV heads: 8.6 to 4.8 ms a layer on the 2-core development machine; one 84-token prompt 0.35
+to 0.24 ms; one of 1,200 tokens 17 to 13 ms). ``TOLLWAY_CPU_KERNELS=reference`` sends all of
+prefill to the reference too. ``store_kv`` is the reference's.
 """
 
 from __future__ import annotations
@@ -17,19 +26,23 @@ from functools import cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from kernels import reference
-from kernels.cpu_build import load_library
+from kernels.cpu_build import load_library, native_kernels_enabled
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
 _ABI_VERSION = 4
 _BAD_BLOCK_TABLE = -2
+# Shorter whole prompts share the reference's padded batches, where one call per prompt
+# would cost more than their attention (16 prompts of 48 tokens: 1.7 ms batched, 2.1 ms one
+# by one; of 64 tokens: 2.6 ms either way).
+_MIN_OWN_PROMPT = 64
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's DTYPE_* values
 
 store_kv = reference.store_kv
-paged_prefill_attention = reference.paged_prefill_attention
 
 
 @cache
@@ -97,6 +110,79 @@ def paged_decode_attention(
     if status != 0:
         raise MemoryError("paged decode attention could not allocate its work buffers")
     return out
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32, offsets of each sequence's tokens in q
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length incl. the new tokens
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """As :func:`kernels.reference.paged_prefill_attention` (the chunk's keys already stored)."""
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    query_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
+    # Whole prompts long enough to repay a call of their own; the rest go to the reference.
+    whole = [i for i, n in enumerate(lens) if _MIN_OWN_PROMPT <= query_lens[i] == n]
+    if not whole or not native_kernels_enabled():
+        return reference.paged_prefill_attention(
+            q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens, scale
+        )
+    out = torch.empty_like(q)
+    for i in whole:
+        start, end = cu[i], cu[i + 1]
+        out[start:end] = _causal_prompt_attention(
+            q[start:end], key_cache, value_cache, block_tables[i], lens[i], scale
+        )
+    own = set(whole)
+    continued = [i for i in range(len(lens)) if query_lens[i] > 0 and i not in own]
+    if continued:
+        token_idx = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in continued])
+        sub_cu = [0]
+        for i in continued:
+            sub_cu.append(sub_cu[-1] + query_lens[i])
+        rows = torch.tensor(continued)
+        res = reference.paged_prefill_attention(
+            q.index_select(0, token_idx),
+            key_cache,
+            value_cache,
+            block_tables.index_select(0, rows),
+            torch.tensor(sub_cu, dtype=torch.int32),
+            seq_lens.index_select(0, rows),
+            scale,
+        )
+        out.index_copy_(0, token_idx, res)
+    return out
+
+
+def _causal_prompt_attention(
+    q: torch.Tensor,  # [n, num_heads, head_dim]: a whole prompt, positions 0..n-1
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [>= ceil(n / block_size)] int32
+    n: int,
+    scale: float,
+) -> torch.Tensor:  # [n, num_heads, head_dim], q's dtype
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    num_heads = q.shape[1]
+    group = num_heads // num_kv_heads
+    compute_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    block_ids = block_table[: -(-n // block_size)]
+
+    def context(cache: torch.Tensor) -> torch.Tensor:  # [kv, group, n, d], group a 0-stride view
+        rows = cache.view(num_blocks, -1).index_select(0, block_ids)
+        rows = rows.view(-1, num_kv_heads, head_dim)[:n].to(compute_dtype)
+        return rows.transpose(0, 1)[:, None].expand(num_kv_heads, group, n, head_dim)
+
+    # [kv, group, n, d]: query head h = kv * group + g, as in grouped-query attention
+    qh = q.to(compute_dtype).view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    res = F.scaled_dot_product_attention(
+        qh, context(key_cache), context(value_cache), is_causal=True, scale=scale
+    )
+    return res.permute(2, 0, 1, 3).reshape(n, num_heads, head_dim).to(q.dtype)
 
 
 def _native_can_run(
