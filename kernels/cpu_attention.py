@@ -7,15 +7,15 @@ takes float32 or bfloat16 tensors in the reference layout (computing in float32,
 reference does); anything else (float16, no C compiler, ``TOLLWAY_CPU_KERNELS=reference``)
 runs :mod:`kernels.reference`, which is also the referee in the tests.
 
-Prefill attention runs each whole prompt of at least ``_MIN_OWN_PROMPT`` tokens (a chunk
-with no cached prefix) on its own through PyTorch's fused causal attention, its grouped KV
-heads broadcast rather than copied. Shorter prompts, and chunks that continue a cached
-prefix (they need a shifted causal mask), go to the reference. Against the reference's
-padded buckets, which pad mixed lengths up to 2x and take SDPA's slower grouped-query path,
-this halves prefill attention for mixed prompts (16 prompts of 32-128 tokens, 8 query and 2
-KV heads: 8.6 to 4.8 ms a layer on the 2-core development machine; one 84-token prompt 0.35
-to 0.24 ms; one of 1,200 tokens 17 to 13 ms). ``TOLLWAY_CPU_KERNELS=reference`` sends all of
-prefill to the reference too. ``store_kv`` is the reference's.
+Prefill attention runs each whole prompt (a chunk with no cached prefix) of at least
+``MIN_OWN_PROMPT_TOKENS`` tokens on its own through PyTorch's fused causal attention, its
+grouped KV heads broadcast rather than copied. Shorter prompts, and chunks that continue a
+cached prefix (they need a shifted causal mask), go to the reference. The reference pads
+each bucket of mixed lengths up to 2x and takes SDPA's slower grouped-query path:
+``python -m bench.cpu_prefill_attention`` on the 2-core development machine gave 1.3-1.7x
+faster prefill attention per layer for 1-16 prompts of 32-512 tokens, and a burst of 64
+such prompts prefilled 1.16x faster in the engine. ``TOLLWAY_CPU_KERNELS=reference`` sends
+all of prefill to the reference too. ``store_kv`` is the reference's.
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
 _ABI_VERSION = 4
 _BAD_BLOCK_TABLE = -2
-# Shorter whole prompts share the reference's padded batches, where one call per prompt
-# would cost more than their attention (16 prompts of 48 tokens: 1.7 ms batched, 2.1 ms one
-# by one; of 64 tokens: 2.6 ms either way).
-_MIN_OWN_PROMPT = 64
+# Shorter whole prompts share the reference's padded batches: an SDPA call costs ~0.1-0.2 ms
+# whatever its size, more than a short prompt's attention. Measured per layer (interleaved,
+# 2-core development machine): mixed lengths, the usual burst, run 1.1-1.8x faster one by one
+# (16 prompts of 32-128 tokens 6.5 vs 5.7 ms, 64 of 32-512 289 vs 161 ms); equal lengths,
+# where the reference pads nothing, 10-40% slower (16 prompts of 64 tokens 2.5-3.1 vs
+# 3.0-4.4 ms).
+MIN_OWN_PROMPT_TOKENS = 64
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's DTYPE_* values
 
 store_kv = reference.store_kv
@@ -126,7 +129,7 @@ def paged_prefill_attention(
     lens = seq_lens.tolist()
     query_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
     # Whole prompts long enough to repay a call of their own; the rest go to the reference.
-    whole = [i for i, n in enumerate(lens) if _MIN_OWN_PROMPT <= query_lens[i] == n]
+    whole = [i for i, n in enumerate(lens) if MIN_OWN_PROMPT_TOKENS <= query_lens[i] == n]
     if not whole or not native_kernels_enabled():
         return reference.paged_prefill_attention(
             q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens, scale
