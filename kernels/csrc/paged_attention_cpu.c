@@ -20,9 +20,15 @@
  * (PyTorch's libgomp.so.1), shared with its own ops.
  *
  * Per item: pass 1 computes every query row's scores for the whole context into a
- * per-thread buffer (keys read once, block by block, the next block prefetched), then the
- * softmax, then pass 2 accumulates the values (read once). The scores buffer is
- * rows * max_len floats, small enough to stay in L2. Arithmetic is float32 whatever the
+ * per-thread buffer, then the softmax, then pass 2 accumulates the values. Both passes go
+ * block by block (each key and value read from memory once) and, inside a block, query row
+ * by query row: the row's query (pass 1) or its output sums (pass 2) stay in vector
+ * registers across the block's tokens, whose rows the other query rows of the group then
+ * find in L1. Head sizes 64 and 128 get unrolled code (GCC/Clang vector extensions, 16
+ * floats a register: AVX-512, or two AVX2 / four NEON registers); others a plain loop.
+ * The block two ahead is prefetched in slices between query rows: blocks lie anywhere in
+ * the cache, so the hardware prefetcher loses the stream at each block boundary. The
+ * scores buffer is rows * max_len floats, small enough to stay in L2. Arithmetic is float32 whatever the
  * dtype, as in the reference: a bfloat16 block is widened (exactly) into a per-thread
  * buffer as it is read, so bfloat16 caches cost half the memory traffic, and the output
  * is rounded to nearest even once at the end.
@@ -61,15 +67,28 @@ typedef struct {
     int64_t block_stride, token_stride, head_offset;
 } CacheView;
 
+/* How many blocks ahead of the one being read to prefetch. */
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2
+#endif
+
 static inline size_t element_size(int dtype) { return dtype == DTYPE_BFLOAT16 ? 2 : 4; }
 
-/* Ask for the first cache line of each token's row of a block before it is needed. */
-static inline void prefetch_block(const CacheView *cache, int64_t block, int64_t block_size) {
+/* Ask for every cache line of tokens [first, end) of a block's rows (this item's heads).
+   Blocks lie anywhere in the cache, so the hardware prefetcher loses the stream at every
+   block boundary; callers spread these requests over the work on the block before, as a
+   burst of a whole block's lines would stall on the core's few outstanding-miss slots. */
+static inline void prefetch_tokens(const CacheView *cache, int64_t block, int64_t first,
+                                   int64_t end, int64_t width) {
     const size_t size = element_size(cache->dtype);
     const char *start =
         (const char *)cache->base + (block * cache->block_stride + cache->head_offset) * size;
-    for (int64_t j = 0; j < block_size; ++j)
-        __builtin_prefetch(start + j * cache->token_stride * (int64_t)size, 0, 0);
+    const int64_t row_bytes = width * (int64_t)size;
+    for (int64_t j = first; j < end; ++j) {
+        const char *row = start + j * cache->token_stride * (int64_t)size;
+        for (int64_t offset = 0; offset < row_bytes; offset += 64)
+            __builtin_prefetch(row + offset, 0, 3);
+    }
 }
 
 /* The first n tokens of a block as float rows of `width` values, `*stride` apart: the cache
@@ -90,6 +109,91 @@ static inline const float *block_rows(const CacheView *cache, int64_t block, int
     }
     *stride = width;
     return scratch;
+}
+
+/* 16 floats: one AVX-512 register, two AVX2 ones, four NEON ones. */
+typedef float Lanes __attribute__((vector_size(64)));
+
+static inline Lanes load_lanes(const float *src) {
+    Lanes x;
+    memcpy(&x, src, sizeof x);
+    return x;
+}
+
+static inline float sum_lanes(Lanes x) {
+    float total = 0.0f;
+    for (int i = 0; i < 16; ++i) total += x[i];
+    return total;
+}
+
+/* out[0:CHUNKS*16] += sum_j p[j] * v[j * stride + ...], the sums held in registers. */
+#define DEFINE_ACCUMULATE(CHUNKS)                                                            \
+    static void accumulate_##CHUNKS(const float *restrict p, const float *restrict v,       \
+                                    int64_t stride, int64_t n, float *restrict out) {        \
+        Lanes sums[CHUNKS];                                                                  \
+        for (int c = 0; c < CHUNKS; ++c) sums[c] = (Lanes){0};                               \
+        for (int64_t j = 0; j < n; ++j) {                                                    \
+            const float pj = p[j];                                                           \
+            const float *row = v + j * stride;                                               \
+            for (int c = 0; c < CHUNKS; ++c) sums[c] += pj * load_lanes(row + 16 * c);       \
+        }                                                                                    \
+        for (int c = 0; c < CHUNKS; ++c) {                                                   \
+            const Lanes total = load_lanes(out + 16 * c) + sums[c];                          \
+            memcpy(out + 16 * c, &total, sizeof total);                                      \
+        }                                                                                    \
+    }
+DEFINE_ACCUMULATE(4)
+DEFINE_ACCUMULATE(8)
+
+/* scores[j] = scale * q . k[j * stride + ...] for the n keys of a block. */
+#define DEFINE_SCORE(CHUNKS)                                                                 \
+    static void score_##CHUNKS(const float *restrict q, const float *restrict k,            \
+                               int64_t stride, int64_t n, float scale,                       \
+                               float *restrict scores) {                                     \
+        Lanes query[CHUNKS];                                                                 \
+        for (int c = 0; c < CHUNKS; ++c) query[c] = load_lanes(q + 16 * c);                  \
+        for (int64_t j = 0; j < n; ++j) {                                                    \
+            const float *row = k + j * stride;                                               \
+            Lanes dot = query[0] * load_lanes(row);                                          \
+            for (int c = 1; c < CHUNKS; ++c) dot += query[c] * load_lanes(row + 16 * c);     \
+            scores[j] = sum_lanes(dot) * scale;                                              \
+        }                                                                                    \
+    }
+DEFINE_SCORE(4)
+DEFINE_SCORE(8)
+
+static void score_keys(const float *restrict q, const float *restrict k, int64_t stride,
+                       int64_t n, int64_t head_dim, float scale, float *restrict scores) {
+    if (head_dim == 64) {
+        score_4(q, k, stride, n, scale, scores);
+    } else if (head_dim == 128) {
+        score_8(q, k, stride, n, scale, scores);
+    } else {
+        for (int64_t j = 0; j < n; ++j) {
+            const float *row = k + j * stride;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * row[d];
+            scores[j] = dot * scale;
+        }
+    }
+}
+
+static void accumulate_values(const float *restrict p, const float *restrict v,
+                              int64_t stride, int64_t n, int64_t head_dim,
+                              float *restrict out) {
+    if (head_dim == 64) {
+        accumulate_4(p, v, stride, n, out);
+    } else if (head_dim == 128) {
+        accumulate_8(p, v, stride, n, out);
+    } else {
+        for (int64_t j = 0; j < n; ++j) {
+            const float pj = p[j];
+            const float *row = v + j * stride;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) out[d] += pj * row[d];
+        }
+    }
 }
 
 /*
@@ -113,18 +217,14 @@ static void attend(const float *restrict q, /* this item's queries: [rows, head_
     for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
-        if (b + 1 < num_blocks) prefetch_block(keys, table[b + 1], block_size);
+        const int64_t ahead = b + PREFETCH_BLOCKS < num_blocks ? table[b + PREFETCH_BLOCKS] : -1;
         const float *k_block = block_rows(keys, table[b], n, width, scratch, &stride);
-        for (int64_t j = 0; j < n; ++j) {
-            const float *k_token = k_block + j * stride;
-            for (int64_t r = 0; r < rows; ++r) {
-                const float *k = k_token + (r / group) * head_dim;
-                const float *qr = q + r * head_dim;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int64_t d = 0; d < head_dim; ++d) dot += qr[d] * k[d];
-                scores[r * len + start + j] = dot * scale;
-            }
+        for (int64_t r = 0; r < rows; ++r) {
+            if (ahead >= 0)  /* this row's share of the block ahead */
+                prefetch_tokens(keys, ahead, r * block_size / rows, (r + 1) * block_size / rows,
+                                width);
+            score_keys(q + r * head_dim, k_block + (r / group) * head_dim, stride, n, head_dim,
+                       scale, scores + r * len + start);
         }
     }
     /* Softmax over each query's row; rows of out start at zero. */
@@ -146,17 +246,14 @@ static void attend(const float *restrict q, /* this item's queries: [rows, head_
     for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
-        if (b + 1 < num_blocks) prefetch_block(values, table[b + 1], block_size);
+        const int64_t ahead = b + PREFETCH_BLOCKS < num_blocks ? table[b + PREFETCH_BLOCKS] : -1;
         const float *v_block = block_rows(values, table[b], n, width, scratch, &stride);
-        for (int64_t j = 0; j < n; ++j) {
-            const float *v_token = v_block + j * stride;
-            for (int64_t r = 0; r < rows; ++r) {
-                const float *v = v_token + (r / group) * head_dim;
-                const float p = scores[r * len + start + j];
-                float *o = out + r * head_dim;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) o[d] += p * v[d];
-            }
+        for (int64_t r = 0; r < rows; ++r) {
+            if (ahead >= 0)  /* this row's share of the block ahead */
+                prefetch_tokens(values, ahead, r * block_size / rows,
+                                (r + 1) * block_size / rows, width);
+            accumulate_values(scores + r * len + start, v_block + (r / group) * head_dim,
+                              stride, n, head_dim, out + r * head_dim);
         }
     }
 }

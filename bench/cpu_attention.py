@@ -1,0 +1,263 @@
+"""CPU attention: ``kernels.cpu_attention`` (the native decode kernel, per-prompt fused
+prefill) against ``kernels.reference`` (plain PyTorch), side by side in one run.
+
+    python -m bench.cpu_attention                 # kernel cases, then the engine
+    python -m bench.cpu_attention --no-engine
+
+Kernel cases: one layer's attention (8 query and 2 KV heads, head_dim 64, float32, blocks
+of 16 in a shuffled cache) over contexts already stored in the paged cache; decode: one
+query token per sequence; prefill: whole prompts. Each case's time is the median of
+``--calls`` calls, ours and the reference's alternating. Engine decode: the median decode
+step of 16 sequences at 1,500 tokens of context (large demo model), with the native decode
+kernel and with the reference's. Engine burst: the large demo model
+prefills ``--burst`` prompts of random length (``--burst-lens``; ``max_tokens=1``, so the
+run is all prefill), once with the per-prompt path and once with every prompt sent to the
+reference (``cpu_attention.MIN_OWN_PROMPT_TOKENS`` raised past every prompt), alternating,
+``--repeats`` times each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workloads import add_common_args, command_line, demo_model
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 64, 16
+DECODE_CASES = {  # name: (sequences, context tokens)
+    "16 sequences x 175 tokens": (16, 175),
+    "64 sequences x 300 tokens": (64, 300),
+    "16 sequences x 1,500 tokens": (16, 1500),
+    "64 sequences x 2,000 tokens": (64, 2000),
+}
+PREFILL_CASES = {
+    "16 prompts of 32-128 tokens": (16, 32, 128),
+    "16 prompts of 64 tokens": (16, 64, 64),
+    "1 prompt of 84 tokens": (1, 84, 84),
+    "4 prompts of 256-512 tokens": (4, 256, 512),
+    "1 prompt of 1,200 tokens": (1, 1200, 1200),
+}
+
+
+def paired_medians_ms(
+    ours: Callable[[], object], reference: Callable[[], object], num_calls: int
+) -> tuple[float, float]:
+    """Median ms of each, their calls alternating (a noisy neighbour hits both alike)."""
+    for _ in range(3):
+        ours()
+        reference()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(num_calls):
+        for call, sink in ((ours, times[0]), (reference, times[1])):
+            start = time.perf_counter()
+            call()
+            sink.append(time.perf_counter() - start)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+def decode_case(num_seqs: int, context: int, num_calls: int) -> tuple[float, float]:
+    """(ours ms, reference ms) for one layer's decode attention of ``num_seqs`` sequences."""
+    import torch
+
+    from kernels import cpu_attention, reference
+
+    gen = torch.Generator().manual_seed(0)
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    shape = (num_seqs * blocks_per_seq, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    key_cache = torch.randn(shape, generator=gen)
+    value_cache = torch.randn(shape, generator=gen)
+    tables = torch.randperm(shape[0], generator=gen).view(num_seqs, -1).to(torch.int32)
+    q = torch.randn(num_seqs, NUM_HEADS, HEAD_DIM, generator=gen)
+    lens = torch.full((num_seqs,), context, dtype=torch.int32)
+    args = (q, key_cache, value_cache, tables.contiguous(), lens)
+    scale = HEAD_DIM**-0.5
+    return paired_medians_ms(
+        lambda: cpu_attention.paged_decode_attention(*args, scale),
+        lambda: reference.paged_decode_attention(*args, scale),
+        num_calls,
+    )
+
+
+def prefill_case(count: int, low: int, high: int, num_calls: int) -> tuple[float, float]:
+    """(per-prompt ms, reference ms) for one layer's prefill of ``count`` whole prompts."""
+    import torch
+
+    from kernels import cpu_attention, reference
+
+    rng = random.Random(0)
+    lens = [rng.randint(low, high) for _ in range(count)]
+    blocks = [-(-n // BLOCK_SIZE) for n in lens]
+    shape = (sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    key_cache, value_cache = torch.randn(shape), torch.randn(shape)
+    first = [sum(blocks[:i]) for i in range(count)]
+    width = max(blocks)
+    tables = torch.tensor(
+        [list(range(f, f + b)) + [0] * (width - b) for f, b in zip(first, blocks, strict=True)],
+        dtype=torch.int32,
+    )
+    q = torch.randn(sum(lens), NUM_HEADS, HEAD_DIM)
+    cu = torch.tensor([0, *(sum(lens[: i + 1]) for i in range(count))], dtype=torch.int32)
+    args = (q, key_cache, value_cache, tables, cu, torch.tensor(lens, dtype=torch.int32))
+    scale = HEAD_DIM**-0.5
+    return paired_medians_ms(
+        lambda: cpu_attention.paged_prefill_attention(*args, scale),
+        lambda: reference.paged_prefill_attention(*args, scale),
+        num_calls,
+    )
+
+
+def engine_burst(model: str, num_prompts: int, lens: tuple[int, int], repeats: int) -> None:
+    from backend_engine import EngineConfig, SamplingParams
+    from backend_engine.llm_engine import LLMEngine
+    from backend_engine.model_config import ModelConfig
+    from kernels import cpu_attention
+
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            dtype="float32",
+            max_num_seqs=num_prompts,
+            enable_prefix_caching=False,  # fresh prompts every run anyway
+            show_progress=False,
+        )
+    )
+    vocab = ModelConfig.from_pretrained(model).vocab_size
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+
+    def burst(tag: str, count: int) -> float:
+        for i in range(count):
+            prompt = [rng.randrange(10, vocab - 16) for _ in range(rng.randint(*lens))]
+            engine.add_request(f"{tag}-{i}", prompt, params)
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - start
+
+    burst("warm-up", 4)
+    own_threshold = cpu_attention.MIN_OWN_PROMPT_TOKENS
+    arms = {"per-prompt": own_threshold, "reference": lens[1] + 1}
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    try:
+        for repeat in range(repeats):
+            for arm, threshold in arms.items():
+                cpu_attention.MIN_OWN_PROMPT_TOKENS = threshold
+                times[arm].append(burst(f"{arm}-{repeat}", num_prompts))
+    finally:
+        cpu_attention.MIN_OWN_PROMPT_TOKENS = own_threshold
+    ours, ref = (statistics.median(times[arm]) for arm in arms)
+    print(
+        f"\nengine burst: {num_prompts} prompts of {lens[0]}-{lens[1]} tokens, max_tokens=1, "
+        f"median of {repeats}"
+    )
+    for arm in arms:
+        print(
+            f"  {arm:10}  {statistics.median(times[arm]):7.3f} s  (runs: "
+            + ", ".join(f"{t:.3f}" for t in times[arm])
+            + ")"
+        )
+    print(f"  ratio (reference / per-prompt): {ref / ours:.2f}x")
+
+
+def engine_decode(model: str, num_seqs: int, context: int, repeats: int) -> None:
+    """Median decode step of ``num_seqs`` sequences at ``context`` tokens, with the native
+    decode kernel and with the reference's, alternating. Prefix caching keeps the prompts'
+    KV after the first run, so later runs go almost straight to decoding."""
+    from backend_engine import EngineConfig, SamplingParams
+    from backend_engine.llm_engine import LLMEngine
+    from backend_engine.model_config import ModelConfig
+    from kernels import cpu_attention, reference
+
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            dtype="float32",
+            max_num_seqs=num_seqs,
+            enable_prefix_caching=True,
+            show_progress=False,
+        )
+    )
+    vocab = ModelConfig.from_pretrained(model).vocab_size
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, vocab - 16) for _ in range(context)] for _ in range(num_seqs)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+    def decode_steps(tag: str) -> list[float]:
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"{tag}-{i}", prompt, params)
+        steps = []
+        while engine.has_unfinished():
+            start = time.perf_counter()
+            deltas = engine.step()
+            elapsed = time.perf_counter() - start
+            if len(deltas) == num_seqs:  # every sequence decoding, none finished yet
+                steps.append(elapsed)
+        return steps[2:]  # the first steps still carry the prompts' last partial blocks
+
+    decode_steps("warm-up")  # prefills (and caches) the prompts
+    native = cpu_attention.paged_decode_attention
+    arms = {"native": native, "reference": reference.paged_decode_attention}
+    steps: dict[str, list[float]] = {arm: [] for arm in arms}
+    try:
+        for repeat in range(repeats):
+            for arm, kernel in arms.items():
+                cpu_attention.paged_decode_attention = kernel
+                steps[arm].extend(decode_steps(f"{arm}-{repeat}"))
+    finally:
+        cpu_attention.paged_decode_attention = native
+    ours, ref = (statistics.median(steps[arm]) * 1e3 for arm in arms)
+    print(
+        f"\nengine decode: {num_seqs} sequences at {context}+ tokens of context, median step "
+        f"of {len(steps['native'])} per arm ({repeats} runs each, alternating)"
+    )
+    print(f"  native {ours:7.2f} ms  reference {ref:7.2f} ms  ratio {ref / ours:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=30, help="kernel calls per case")
+    parser.add_argument("--no-engine", action="store_true", help="kernel cases only")
+    parser.add_argument("--burst", type=int, default=64, help="prompts in the engine burst")
+    parser.add_argument("--burst-lens", type=int, nargs=2, default=(32, 512))
+    add_common_args(parser, repeats=5)
+    args = parser.parse_args()
+
+    import torch
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    print(f"command: {command_line()}")
+    print(
+        f"torch threads: {torch.get_num_threads()}; one layer, {NUM_HEADS} query and "
+        f"{NUM_KV_HEADS} KV heads, head_dim {HEAD_DIM}, float32"
+    )
+    print("decode (native kernel against the reference)")
+    for name, (num_seqs, context) in DECODE_CASES.items():
+        ours, ref = decode_case(num_seqs, context, args.calls)
+        print(
+            f"  {name:28}  native     {ours:7.2f} ms  reference {ref:7.2f} ms  "
+            f"ratio {ref / ours:5.2f}x"
+        )
+    print("prefill of whole prompts (per-prompt fused SDPA against the reference)")
+    for name, (count, low, high) in PREFILL_CASES.items():
+        ours, ref = prefill_case(count, low, high, args.calls)
+        print(
+            f"  {name:28}  per-prompt {ours:7.2f} ms  reference {ref:7.2f} ms  "
+            f"ratio {ref / ours:5.2f}x"
+        )
+    if not args.no_engine:
+        model = demo_model(args.size, args.model)
+        engine_decode(model, 16, 1500, args.repeats)
+        engine_burst(model, args.burst, tuple(args.burst_lens), args.repeats)
+
+
+if __name__ == "__main__":
+    main()
