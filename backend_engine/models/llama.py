@@ -23,6 +23,7 @@ from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.model_config import ModelConfig
 from backend_engine.rotary import RotaryEmbedding, apply_rotary
 from backend_engine.weights import check_weight_names
+from kernels import rms_norm
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # 2 x [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -45,11 +46,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        if x.dtype == torch.float32:  # one fused op, bit-identical to the steps below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (normed, residual + x), both [num_tokens, hidden]
+        """Add ``x`` to the residual stream and normalise the sum (one fused pass on CPU);
+        ``residual`` may be updated in place."""
+        return rms_norm.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -150,14 +154,22 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,  # [num_tokens, hidden]
+        h: torch.Tensor,  # [num_tokens, hidden]: the last layer's output, or the embeddings
+        residual: torch.Tensor | None,  # [num_tokens, hidden]; None before the first layer
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: KVCache,
         md: AttentionMetadata,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, md)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the residual stream)
+        """The residual stream is carried beside the layers' outputs, so each add fuses with
+        the RMSNorm after it: ``residual + h`` is what Hugging Face's layer returns."""
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm.add_and_norm(h, residual)
+        x = self.self_attn(x, cos, sin, kv_cache, md)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x), residual
 
 
 class Backbone(nn.Module):
@@ -199,9 +211,12 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
         cos, sin = self.rotary(positions, self.dtype)  # 2 x [num_tokens, 1, head_dim // 2]
         h = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, kv_cache, attn_metadata)
-        return self.model.norm(h)
+            h, residual = layer(h, residual, cos, sin, kv_cache, attn_metadata)
+        if residual is None:  # no layers
+            return self.model.norm(h)
+        return self.model.norm.add_and_norm(h, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, vocab] float32
