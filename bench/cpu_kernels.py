@@ -1,15 +1,18 @@
-"""CPU attention: ``kernels.cpu_attention`` (the native decode kernel, per-prompt fused
-prefill) against ``kernels.reference`` (plain PyTorch), side by side in one run.
+"""The CPU kernels against their plain-PyTorch references, side by side in one run:
+``kernels.cpu_attention`` (the native decode kernel, per-prompt fused prefill) against
+``kernels.reference``, and ``kernels.rms_norm`` (fused residual add + RMSNorm) against
+PyTorch's ``F.rms_norm`` and add.
 
-    python -m bench.cpu_attention                 # kernel cases, then the engine
-    python -m bench.cpu_attention --no-engine
+    python -m bench.cpu_kernels                 # kernel cases, then the engine
+    python -m bench.cpu_kernels --no-engine
 
 Kernel cases: one layer's attention (8 query and 2 KV heads, head_dim 64, float32, blocks
 of 16 in a shuffled cache) over contexts already stored in the paged cache; decode: one
 query token per sequence; prefill: whole prompts. Each case's time is the median of
 ``--calls`` calls, ours and the reference's alternating. Engine decode: the median decode
 step of 16 sequences at 1,500 tokens of context (large demo model), with the native decode
-kernel and with the reference's. Engine burst: the large demo model
+kernel and with the reference's. Engine decode, norm: the median decode step at 1, 16 and 64
+sequences with the fused norm and with PyTorch's. Engine burst: the large demo model
 prefills ``--burst`` prompts of random length (``--burst-lens``; ``max_tokens=1``, so the
 run is all prefill), once with the per-prompt path and once with every prompt sent to the
 reference (``cpu_attention.MIN_OWN_PROMPT_TOKENS`` raised past every prompt), alternating,
@@ -25,11 +28,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.workloads import add_common_args, command_line, demo_model
+
+if TYPE_CHECKING:
+    import torch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 64, 16
 DECODE_CASES = {  # name: (sequences, context tokens)
@@ -167,58 +174,110 @@ def engine_burst(model: str, num_prompts: int, lens: tuple[int, int], repeats: i
     print(f"  ratio (reference / per-prompt): {ref / ours:.2f}x")
 
 
-def engine_decode(model: str, num_seqs: int, context: int, repeats: int) -> None:
-    """Median decode step of ``num_seqs`` sequences at ``context`` tokens, with the native
-    decode kernel and with the reference's, alternating. Prefix caching keeps the prompts'
-    KV after the first run, so later runs go almost straight to decoding."""
-    from backend_engine import EngineConfig, SamplingParams
-    from backend_engine.llm_engine import LLMEngine
-    from backend_engine.model_config import ModelConfig
-    from kernels import cpu_attention, reference
+class DecodeRuns:
+    """An engine with prefix caching and ``num_seqs`` fixed prompts of ``context`` tokens:
+    after the first run the prompts' KV is cached, so each run goes almost straight to
+    decoding all of them at once."""
 
-    engine = LLMEngine(
-        EngineConfig(
-            model=model,
-            dtype="float32",
-            max_num_seqs=num_seqs,
-            enable_prefix_caching=True,
-            show_progress=False,
+    def __init__(self, model: str, num_seqs: int, context: int) -> None:
+        from backend_engine import EngineConfig, SamplingParams
+        from backend_engine.llm_engine import LLMEngine
+        from backend_engine.model_config import ModelConfig
+
+        self.engine = LLMEngine(
+            EngineConfig(
+                model=model,
+                dtype="float32",
+                max_num_seqs=num_seqs,
+                enable_prefix_caching=True,
+                show_progress=False,
+            )
         )
-    )
-    vocab = ModelConfig.from_pretrained(model).vocab_size
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, vocab - 16) for _ in range(context)] for _ in range(num_seqs)]
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        vocab = ModelConfig.from_pretrained(model).vocab_size
+        rng = random.Random(0)
+        self.prompts = [
+            [rng.randrange(10, vocab - 16) for _ in range(context)] for _ in range(num_seqs)
+        ]
+        self.params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        self.step_times("warm-up")  # prefills (and caches) the prompts
 
-    def decode_steps(tag: str) -> list[float]:
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"{tag}-{i}", prompt, params)
+    def step_times(self, tag: str) -> list[float]:
+        """Seconds per decode step while every sequence decodes."""
+        for i, prompt in enumerate(self.prompts):
+            self.engine.add_request(f"{tag}-{i}", prompt, self.params)
         steps = []
-        while engine.has_unfinished():
+        while self.engine.has_unfinished():
             start = time.perf_counter()
-            deltas = engine.step()
+            deltas = self.engine.step()
             elapsed = time.perf_counter() - start
-            if len(deltas) == num_seqs:  # every sequence decoding, none finished yet
+            if len(deltas) == len(self.prompts):  # none finished yet
                 steps.append(elapsed)
         return steps[2:]  # the first steps still carry the prompts' last partial blocks
 
-    decode_steps("warm-up")  # prefills (and caches) the prompts
-    native = cpu_attention.paged_decode_attention
-    arms = {"native": native, "reference": reference.paged_decode_attention}
-    steps: dict[str, list[float]] = {arm: [] for arm in arms}
-    try:
+    def alternate(self, arms: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+        """Median ms per decode step under each arm (a setup call), runs alternating."""
+        steps: dict[str, list[float]] = {arm: [] for arm in arms}
         for repeat in range(repeats):
-            for arm, kernel in arms.items():
-                cpu_attention.paged_decode_attention = kernel
-                steps[arm].extend(decode_steps(f"{arm}-{repeat}"))
+            for arm, setup in arms.items():
+                setup()
+                steps[arm].extend(self.step_times(f"{arm}-{repeat}"))
+        return {arm: statistics.median(times) * 1e3 for arm, times in steps.items()}
+
+
+def engine_decode(model: str, num_seqs: int, context: int, repeats: int) -> None:
+    """Median decode step with the native decode kernel and with the reference's."""
+    from kernels import cpu_attention, reference
+
+    runs = DecodeRuns(model, num_seqs, context)
+    native = cpu_attention.paged_decode_attention
+
+    def use(kernel: Callable[..., torch.Tensor]) -> Callable[[], None]:
+        def setup() -> None:
+            cpu_attention.paged_decode_attention = kernel
+
+        return setup
+
+    try:
+        ms = runs.alternate(
+            {"native": use(native), "reference": use(reference.paged_decode_attention)}, repeats
+        )
     finally:
         cpu_attention.paged_decode_attention = native
-    ours, ref = (statistics.median(steps[arm]) * 1e3 for arm in arms)
     print(
         f"\nengine decode: {num_seqs} sequences at {context}+ tokens of context, median step "
-        f"of {len(steps['native'])} per arm ({repeats} runs each, alternating)"
+        f"({repeats} runs per arm, alternating)"
     )
-    print(f"  native {ours:7.2f} ms  reference {ref:7.2f} ms  ratio {ref / ours:.2f}x")
+    print(
+        f"  native {ms['native']:7.2f} ms  reference {ms['reference']:7.2f} ms  "
+        f"ratio {ms['reference'] / ms['native']:.2f}x"
+    )
+
+
+def engine_norm(model: str, repeats: int) -> None:
+    """Median decode step with the fused add + RMSNorm and with PyTorch's."""
+    from kernels import rms_norm
+
+    native_library = rms_norm.native_library
+
+    def use(library: Callable[[], object]) -> Callable[[], None]:
+        def setup() -> None:
+            rms_norm.native_library = library  # type: ignore[assignment]
+
+        return setup
+
+    print(f"\nengine decode, norm: median step ({repeats} runs per arm, alternating)")
+    for num_seqs, context in ((1, 100), (16, 100), (64, 300)):
+        runs = DecodeRuns(model, num_seqs, context)
+        try:
+            ms = runs.alternate(
+                {"fused": use(native_library), "pytorch": use(lambda: None)}, repeats
+            )
+        finally:
+            rms_norm.native_library = native_library
+        print(
+            f"  {num_seqs:2} sequences at {context}+ tokens: fused {ms['fused']:6.2f} ms  "
+            f"pytorch {ms['pytorch']:6.2f} ms  ratio {ms['pytorch'] / ms['fused']:.3f}x"
+        )
 
 
 def main() -> None:
@@ -256,6 +315,7 @@ def main() -> None:
     if not args.no_engine:
         model = demo_model(args.size, args.model)
         engine_decode(model, 16, 1500, args.repeats)
+        engine_norm(model, args.repeats)
         engine_burst(model, args.burst, tuple(args.burst_lens), args.repeats)
 
 
