@@ -1,9 +1,9 @@
-"""Rotary position embeddings (Hugging Face ``rotate_half`` convention).
+"""Rotary position embeddings (Hugging Face ``rotate_half`` convention): the angles.
 
 Head dimensions are rotated in two halves: pair ``(x[i], x[i + d/2])`` turns by angle
-``position * inv_freq[i]``. The cache holds cos/sin for the half dimension only; applying it
-as ``x1*cos - x2*sin, x2*cos + x1*sin`` is bit-identical to HF's
-``x*cat(cos, cos) + rotate_half(x)*cat(sin, sin)``.
+``position * inv_freq[i]``. The cache holds cos/sin for the half dimension only;
+:func:`kernels.rotary.apply_rotary` applies them as ``x1*cos - x2*sin, x2*cos + x1*sin``,
+bit-identical to HF's ``x*cat(cos, cos) + rotate_half(x)*cat(sin, sin)``.
 """
 
 from __future__ import annotations
@@ -74,12 +74,3 @@ class RotaryEmbedding(torch.nn.Module):
         cos_sin = self.cos_sin.index_select(0, positions).to(dtype)  # [num_tokens, head_dim]
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)
         return cos, sin
-
-
-def apply_rotary(
-    x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-    sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -1,7 +1,7 @@
 """The CPU kernels against their plain-PyTorch references, side by side in one run:
 ``kernels.cpu_attention`` (the native decode kernel, per-prompt fused prefill) against
-``kernels.reference``, and ``kernels.rms_norm`` (fused residual add + RMSNorm) against
-PyTorch's ``F.rms_norm`` and add.
+``kernels.reference``; ``kernels.rms_norm`` (fused residual add + RMSNorm) and
+``kernels.rotary`` (rotary embedding in place) against the PyTorch ops they replace.
 
     python -m bench.cpu_kernels                 # kernel cases, then the engine
     python -m bench.cpu_kernels --no-engine
@@ -9,14 +9,17 @@ PyTorch's ``F.rms_norm`` and add.
 Kernel cases: one layer's attention (8 query and 2 KV heads, head_dim 64, float32, blocks
 of 16 in a shuffled cache) over contexts already stored in the paged cache; decode: one
 query token per sequence; prefill: whole prompts. Each case's time is the median of
-``--calls`` calls, ours and the reference's alternating. Engine decode: the median decode
-step of 16 sequences at 1,500 tokens of context (large demo model), with the native decode
-kernel and with the reference's. Engine decode, norm: the median decode step at 1, 16 and 64
-sequences with the fused norm and with PyTorch's. Engine burst: the large demo model
-prefills ``--burst`` prompts of random length (``--burst-lens``; ``max_tokens=1``, so the
-run is all prefill), once with the per-prompt path and once with every prompt sent to the
-reference (``cpu_attention.MIN_OWN_PROMPT_TOKENS`` raised past every prompt), alternating,
-``--repeats`` times each.
+``--calls`` calls, ours and the reference's alternating.
+
+Engine cases, the large demo model, each arm's runs alternating with the other's:
+- decode attention: the median decode step of 16 sequences at 1,500 tokens of context,
+  with the native decode kernel and with the reference's;
+- elementwise kernels: the median decode step at 1, 16 and 64 sequences with each of them
+  and with PyTorch's ops instead;
+- burst: ``--burst`` prompts of random length (``--burst-lens``; ``max_tokens=1``, so the
+  run is all prefill), with the per-prompt prefill path and with every prompt sent to the
+  reference (``cpu_attention.MIN_OWN_PROMPT_TOKENS`` raised past every prompt).
+Runs repeat ``--repeats`` times per arm.
 """
 
 from __future__ import annotations
@@ -253,31 +256,40 @@ def engine_decode(model: str, num_seqs: int, context: int, repeats: int) -> None
     )
 
 
-def engine_norm(model: str, repeats: int) -> None:
-    """Median decode step with the fused add + RMSNorm and with PyTorch's."""
-    from kernels import rms_norm
+def engine_elementwise(model: str, repeats: int) -> None:
+    """Median decode step with each fused elementwise kernel and with PyTorch's ops."""
+    from types import ModuleType
 
-    native_library = rms_norm.native_library
+    from kernels import rms_norm, rotary
 
-    def use(library: Callable[[], object]) -> Callable[[], None]:
-        def setup() -> None:
-            rms_norm.native_library = library  # type: ignore[assignment]
-
-        return setup
-
-    print(f"\nengine decode, norm: median step ({repeats} runs per arm, alternating)")
+    print(
+        f"\nengine decode, elementwise kernels: median step ({repeats} runs per arm, alternating)"
+    )
     for num_seqs, context in ((1, 100), (16, 100), (64, 300)):
         runs = DecodeRuns(model, num_seqs, context)
-        try:
-            ms = runs.alternate(
-                {"fused": use(native_library), "pytorch": use(lambda: None)}, repeats
+        module: ModuleType
+        for name, module in (("add + RMSNorm", rms_norm), ("rotary", rotary)):
+            native_library = getattr(module, "native_library")  # noqa: B009
+
+            def use(
+                library: Callable[[], object], module: ModuleType = module
+            ) -> Callable[[], None]:
+                def setup() -> None:
+                    setattr(module, "native_library", library)  # noqa: B010
+
+                return setup
+
+            try:
+                ms = runs.alternate(
+                    {"native": use(native_library), "pytorch": use(lambda: None)}, repeats
+                )
+            finally:
+                setattr(module, "native_library", native_library)  # noqa: B010
+            print(
+                f"  {num_seqs:2} sequences at {context}+ tokens, {name:13}: native "
+                f"{ms['native']:6.2f} ms  pytorch {ms['pytorch']:6.2f} ms  "
+                f"ratio {ms['pytorch'] / ms['native']:.3f}x"
             )
-        finally:
-            rms_norm.native_library = native_library
-        print(
-            f"  {num_seqs:2} sequences at {context}+ tokens: fused {ms['fused']:6.2f} ms  "
-            f"pytorch {ms['pytorch']:6.2f} ms  ratio {ms['pytorch'] / ms['fused']:.3f}x"
-        )
 
 
 def main() -> None:
@@ -315,7 +327,7 @@ def main() -> None:
     if not args.no_engine:
         model = demo_model(args.size, args.model)
         engine_decode(model, 16, 1500, args.repeats)
-        engine_norm(model, args.repeats)
+        engine_elementwise(model, args.repeats)
         engine_burst(model, args.burst, tuple(args.burst_lens), args.repeats)
 
 

@@ -21,9 +21,10 @@ from torch import nn
 import kernels
 from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.model_config import ModelConfig
-from backend_engine.rotary import RotaryEmbedding, apply_rotary
+from backend_engine.rotary import RotaryEmbedding
 from backend_engine.weights import check_weight_names
 from kernels import rms_norm
+from kernels.rotary import apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # 2 x [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -83,7 +84,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [tokens, q+k+v heads, d]
-        # Queries and keys rotate together (one pass); q and k are views of the result.
+        # Queries and keys rotate together (in place on CPU); q and k are views of the result.
         qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.num_heads + self.num_kv_heads :]

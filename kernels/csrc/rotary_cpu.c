@@ -1,0 +1,48 @@
+/*
+ * Rotary position embedding, applied in place (float32), Hugging Face's rotate_half
+ * convention: in each head, pair (x[i], x[i + d/2]) turns by its angle,
+ *
+ *   x[i]       <- x[i] * cos[i] - x[i + d/2] * sin[i]
+ *   x[i + d/2] <- x[i + d/2] * cos[i] + x[i] * sin[i]        for i < d/2
+ *
+ * with cos/sin looked up per token. The PyTorch path (chunk, four products, two sums, a
+ * concatenation into a new tensor) is eight passes and allocations per layer; this is one
+ * pass over the query and key heads, where the q/k/v projection left them.
+ *
+ *   x:        [tokens, heads, head_dim]; heads and head_dim contiguous, tokens x_stride apart
+ *   cos, sin: [tokens, head_dim / 2]; contiguous rows, cs_stride apart
+ *
+ * Built without contracting a*b - c*d into a fused multiply-add, so the result is the same
+ * float32 arithmetic as the PyTorch path, bit for bit.
+ */
+#include <stdint.h>
+
+#define TOLLWAY_ROTARY_ABI_VERSION 1
+#define TOKENS_PER_THREAD 32 /* fewer tokens than this per thread: one thread does them all */
+
+int tollway_rotary_abi_version(void) { return TOLLWAY_ROTARY_ABI_VERSION; }
+
+__attribute__((optimize("fp-contract=off", "no-fast-math"))) static void rotate_token(
+    float *restrict x, const float *restrict cos, const float *restrict sin, int64_t heads,
+    int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        float *restrict first = x + h * head_dim;
+        float *restrict second = first + half;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+            const float a = first[i], b = second[i];
+            first[i] = a * cos[i] - b * sin[i];
+            second[i] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+void tollway_rotary_in_place(float *x, const float *cos, const float *sin, int64_t tokens,
+                             int64_t heads, int64_t head_dim, int64_t x_stride, int64_t cs_stride,
+                             int num_threads) {
+    const int threads = tokens >= 2 * TOKENS_PER_THREAD ? num_threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t t = 0; t < tokens; ++t)
+        rotate_token(x + t * x_stride, cos + t * cs_stride, sin + t * cs_stride, heads, head_dim);
+}
