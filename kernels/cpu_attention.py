@@ -5,7 +5,8 @@ per machine by :mod:`kernels.cpu_build`), which reads each sequence's KV blocks 
 instead of gathering them first: one pass over the context's bytes instead of three. It
 takes float32 or bfloat16 tensors in the reference layout (computing in float32, as the
 reference does); anything else (float16, no C compiler, ``TOLLWAY_CPU_KERNELS=reference``)
-runs :mod:`kernels.reference`, which is also the referee in the tests.
+runs :mod:`kernels.reference`, which is also the referee in the tests. ``store_kv`` is a
+row copy per token in the same library.
 
 Prefill attention runs each whole prompt (a chunk with no cached prefix) of at least
 ``MIN_OWN_PROMPT_TOKENS`` tokens on its own through PyTorch's fused causal attention, its
@@ -15,7 +16,7 @@ each bucket of mixed lengths up to 2x and takes SDPA's slower grouped-query path
 ``python -m bench.cpu_kernels`` on the 2-core development machine gave 1.3-1.7x
 faster prefill attention per layer for 1-16 prompts of 32-512 tokens, and a burst of 64
 such prompts prefilled 1.16x faster in the engine. ``TOLLWAY_CPU_KERNELS=reference`` sends
-all of prefill to the reference too. ``store_kv`` is the reference's.
+all of prefill to the reference too.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kernels.cpu_build import load_library, native_kernels_enabled
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 _BAD_BLOCK_TABLE = -2
 # Shorter whole prompts share the reference's padded batches: an SDPA call costs ~0.1-0.2 ms
 # whatever its size, more than a short prompt's attention. Measured per layer (interleaved,
@@ -44,8 +45,6 @@ _BAD_BLOCK_TABLE = -2
 # 3.0-4.4 ms).
 MIN_OWN_PROMPT_TOKENS = 64
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's DTYPE_* values
-
-store_kv = reference.store_kv
 
 
 @cache
@@ -65,7 +64,66 @@ def native_library() -> ctypes.CDLL | None:
         + [ctypes.c_float, ctypes.c_int]
     )
     decode.restype = ctypes.c_int
+    store = library.tollway_store_kv
+    store.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_int64] * 4
+    store.restype = ctypes.c_int
     return library
+
+
+def store_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    """As :func:`kernels.reference.store_kv`: a row copy per token in C (the reference's
+    check for skipped slots and two ``index_copy_`` calls cost ~40 us a layer)."""
+    library = native_library()
+    if library is None or not _native_can_store(key, value, key_cache, value_cache, slot_mapping):
+        reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
+        return
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    status = library.tollway_store_kv(
+        key.data_ptr(),
+        value.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        slot_mapping.data_ptr(),
+        _DTYPE_CODES[key.dtype],
+        key.shape[0],
+        key.stride(0),
+        num_kv_heads * head_dim,
+        num_blocks * block_size,
+    )
+    if status == _BAD_BLOCK_TABLE:
+        raise IndexError(f"a slot lies outside the cache's {num_blocks * block_size} slots")
+
+
+def _native_can_store(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> bool:
+    rows = (key, value)
+    return (
+        key.dtype in _DTYPE_CODES
+        and all(
+            t.dtype == key.dtype and t.device.type == "cpu" for t in (value, key_cache, value_cache)
+        )
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+        and slot_mapping.shape == (key.shape[0],)
+        and key.shape == value.shape
+        and key.stride(0) == value.stride(0)
+        and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in rows)
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and key_cache.shape == value_cache.shape
+        and key.shape[1:] == key_cache.shape[2:]
+    )
 
 
 def paged_decode_attention(

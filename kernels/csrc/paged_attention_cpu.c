@@ -38,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TOLLWAY_ABI_VERSION 4
+#define TOLLWAY_ABI_VERSION 5
 
 int tollway_abi_version(void) { return TOLLWAY_ABI_VERSION; }
 
@@ -341,4 +341,30 @@ int tollway_paged_decode_attention(const void *q, const void *key_cache, const v
         free(scores);
     }
     return failed ? -1 : 0;
+}
+
+/*
+ * store_kv: copy each new token's key and value rows into their cache slots.
+ *
+ *   key, value:             [tokens, num_kv_heads * head_dim] rows, row_stride elements apart
+ *                           (views into the q/k/v projection), the caches' dtype
+ *   key_cache, value_cache: [num_slots, num_kv_heads * head_dim] (blocks x block_size slots)
+ *   slots:                  [tokens] int64; negative (-1) = do not store
+ *
+ * Returns 0, or -2 (nothing written) if a slot lies outside the cache.
+ */
+int tollway_store_kv(const void *key, const void *value, void *key_cache, void *value_cache,
+                     const int64_t *slots, int dtype, int64_t tokens, int64_t row_stride,
+                     int64_t width, int64_t num_slots) {
+    for (int64_t t = 0; t < tokens; ++t)
+        if (slots[t] >= num_slots) return -2;
+    const size_t size = element_size(dtype);
+    const size_t row_bytes = (size_t)width * size;
+    for (int64_t t = 0; t < tokens; ++t) {
+        if (slots[t] < 0) continue;
+        const size_t from = (size_t)(t * row_stride) * size, to = (size_t)slots[t] * row_bytes;
+        memcpy((char *)key_cache + to, (const char *)key + from, row_bytes);
+        memcpy((char *)value_cache + to, (const char *)value + from, row_bytes);
+    }
+    return 0;
 }

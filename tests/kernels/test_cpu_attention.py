@@ -245,3 +245,32 @@ def test_prefill_handles_an_empty_batch() -> None:
         q[:0], key_cache, value_cache, tables[:0], cu[:1], lens[:0], 0.125
     )
     assert empty.shape == (0, 4, 64)
+
+
+# ---------------------------------------------------------------- store_kv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_store_kv_matches_the_reference(dtype: torch.dtype) -> None:
+    """Keys and values as views into a q/k/v projection (rows further apart), some slots
+    skipped (-1), written into shuffled slots."""
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(9, 12, 64, generator=gen).to(dtype)
+    key, value = qkv[:, 8:10], qkv[:, 10:]
+    slots = torch.randperm(40 * 16, generator=gen)[:9]
+    slots[[2, 7]] = -1
+    got = tuple(torch.randn(40, 16, 2, 64, generator=gen).to(dtype) for _ in range(2))
+    want = tuple(cache.clone() for cache in got)
+    cpu_attention.store_kv(key, value, *got, slots)
+    reference.store_kv(key, value, *want, slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@needs_compiler
+@pytest.mark.parametrize("slot", [16 * 40, 10**6])
+def test_native_store_kv_refuses_a_slot_outside_the_cache(slot: int) -> None:
+    caches = (torch.zeros(40, 16, 2, 64), torch.zeros(40, 16, 2, 64))
+    kv = torch.randn(3, 2, 64)
+    with pytest.raises((IndexError, RuntimeError)):
+        cpu_attention.store_kv(kv, kv, *caches, torch.tensor([0, slot, 5]))
+    assert not caches[0].any()  # nothing written
