@@ -5,11 +5,11 @@
 
 Each "+residual" is computed together with the RMSNorm after it (:mod:`kernels.rms_norm`,
 one fused pass on CPU), so a layer returns its MLP output and the residual stream side by
-side, and the next layer (or the final norm) adds them. The three architectures differ only in config values (Qwen2 has q/k/v biases). The batch
-is packed and flat (see :class:`AttentionMetadata`): every tensor below is per token, and
-the paged-attention kernels handle the per-sequence structure. Module names follow the
-Hugging Face checkpoints, except that q/k/v and gate/up are fused into one matmul each at
-load time.
+side, and the next layer (or the final norm) adds them. The three architectures differ only
+in config values (Qwen2 has q/k/v biases). The batch is packed and flat (see
+:class:`AttentionMetadata`): every tensor below is per token, and the paged-attention
+kernels handle the per-sequence structure. Module names follow the Hugging Face
+checkpoints, except that q/k/v and gate/up are fused into one matmul each at load time.
 """
 
 from __future__ import annotations
