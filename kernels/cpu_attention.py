@@ -22,7 +22,6 @@ all of prefill to the reference too.
 from __future__ import annotations
 
 import ctypes
-import logging
 from functools import cache
 from pathlib import Path
 
@@ -30,9 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import reference
-from kernels.cpu_build import load_library, native_kernels_enabled
-
-logger = logging.getLogger(__name__)
+from kernels.cpu_build import load_kernels, native_kernels_enabled
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
 _ABI_VERSION = 5
@@ -50,24 +47,20 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's DTYPE_* val
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernels, or ``None`` when they are disabled or cannot be built."""
-    library = load_library(SOURCE, "CPU kernels fall back to PyTorch")
-    if library is None:
-        return None
-    if library.tollway_abi_version() != _ABI_VERSION:
-        logger.warning("%s has an unexpected ABI version; using PyTorch", SOURCE.name)
-        return None
-    decode = library.tollway_paged_decode_attention
-    decode.argtypes = (
-        [ctypes.c_void_p] * 6
-        + [ctypes.c_int]
-        + [ctypes.c_int64] * 8
-        + [ctypes.c_float, ctypes.c_int]
+    pointers_and_sizes = [ctypes.c_void_p] * 6 + [ctypes.c_int] + [ctypes.c_int64] * 8
+    store = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_int64] * 4
+    return load_kernels(
+        SOURCE,
+        "CPU attention falls back to PyTorch",
+        ("tollway_abi_version", _ABI_VERSION),
+        {
+            "tollway_paged_decode_attention": (
+                [*pointers_and_sizes, ctypes.c_float, ctypes.c_int],
+                ctypes.c_int,
+            ),
+            "tollway_store_kv": (store, ctypes.c_int),
+        },
     )
-    decode.restype = ctypes.c_int
-    store = library.tollway_store_kv
-    store.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_int64] * 4
-    store.restype = ctypes.c_int
-    return library
 
 
 def store_kv(

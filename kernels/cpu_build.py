@@ -20,7 +20,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -115,3 +117,26 @@ def load_library(source: Path, fallback: str) -> ctypes.CDLL | None:
     except OSError as error:
         logger.warning("loading %s failed (%s); %s", path, error, fallback)
         return None
+
+
+def load_kernels(
+    source: Path,
+    fallback: str,
+    abi: tuple[str, int],
+    functions: Mapping[str, tuple[Sequence[Any], Any]],
+) -> ctypes.CDLL | None:
+    """``source``'s library (see :func:`load_library`) once its ABI function (``abi``: name,
+    expected value) agrees, with each of ``functions`` (name: argtypes, restype) declared;
+    ``None`` otherwise."""
+    library = load_library(source, fallback)
+    if library is None:
+        return None
+    abi_function, version = abi
+    if getattr(library, abi_function)() != version:
+        logger.warning("%s has an unexpected ABI version; %s", source.name, fallback)
+        return None
+    for name, (argtypes, restype) in functions.items():
+        function = getattr(library, name)
+        function.argtypes = list(argtypes)
+        function.restype = restype
+    return library

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_build import load_library
+from kernels.cpu_build import load_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -62,19 +62,22 @@ class BlockedWeight:
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernel, or ``None`` when native kernels are off or cannot be built."""
-    library = load_library(SOURCE, "linears stay on oneDNN")
+    library = load_kernels(
+        SOURCE,
+        "linears stay on oneDNN",
+        ("tollway_linear_abi_version", _ABI_VERSION),
+        {
+            "tollway_small_batch_linear": (
+                [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int],
+                ctypes.c_int,
+            )
+        },
+    )
     if library is None:
         return None
-    if (
-        library.tollway_linear_abi_version() != _ABI_VERSION
-        or library.tollway_linear_max_rows() != MAX_ROWS
-        or library.tollway_linear_block() != _BLOCK
-    ):
+    if library.tollway_linear_max_rows() != MAX_ROWS or library.tollway_linear_block() != _BLOCK:
         logger.warning("%s does not match this module; linears stay on oneDNN", SOURCE.name)
         return None
-    linear = library.tollway_small_batch_linear
-    linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-    linear.restype = ctypes.c_int
     return library
 
 

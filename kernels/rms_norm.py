@@ -16,16 +16,13 @@ rounded before the weight).
 from __future__ import annotations
 
 import ctypes
-import logging
 from functools import cache
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_build import load_library
-
-logger = logging.getLogger(__name__)
+from kernels.cpu_build import load_kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "rms_norm_cpu.c"
 _ABI_VERSION = 1
@@ -34,16 +31,13 @@ _ABI_VERSION = 1
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernel, or ``None`` when native kernels are off or cannot be built."""
-    library = load_library(SOURCE, "RMSNorm stays on PyTorch")
-    if library is None:
-        return None
-    if library.tollway_norm_abi_version() != _ABI_VERSION:
-        logger.warning("%s has an unexpected ABI version; RMSNorm stays on PyTorch", SOURCE.name)
-        return None
-    norm = library.tollway_add_rms_norm
-    norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
-    norm.restype = None
-    return library
+    arguments = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+    return load_kernels(
+        SOURCE,
+        "RMSNorm stays on PyTorch",
+        ("tollway_norm_abi_version", _ABI_VERSION),
+        {"tollway_add_rms_norm": (arguments, None)},
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -11,15 +11,12 @@ take, no C compiler and ``TOLLWAY_CPU_KERNELS=reference`` run the PyTorch path.
 from __future__ import annotations
 
 import ctypes
-import logging
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from kernels.cpu_build import load_library
-
-logger = logging.getLogger(__name__)
+from kernels.cpu_build import load_kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "rotary_cpu.c"
 _ABI_VERSION = 1
@@ -28,16 +25,13 @@ _ABI_VERSION = 1
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernel, or ``None`` when native kernels are off or cannot be built."""
-    library = load_library(SOURCE, "rotary embedding stays on PyTorch")
-    if library is None:
-        return None
-    if library.tollway_rotary_abi_version() != _ABI_VERSION:
-        logger.warning("%s has an unexpected ABI version; rotary stays on PyTorch", SOURCE.name)
-        return None
-    rotate = library.tollway_rotary_in_place
-    rotate.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int]
-    rotate.restype = None
-    return library
+    arguments = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+    return load_kernels(
+        SOURCE,
+        "rotary embedding stays on PyTorch",
+        ("tollway_rotary_abi_version", _ABI_VERSION),
+        {"tollway_rotary_in_place": (arguments, None)},
+    )
 
 
 def apply_rotary(

@@ -86,3 +86,21 @@ def test_load_library_loads_the_built_library_unless_disabled(
     monkeypatch.delenv(cpu_build.DISABLE_ENV)
     (tmp_path / "broken.c").write_text("this is not C\n")
     assert cpu_build.load_library(tmp_path / "broken.c", "the reference runs") is None
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+def test_load_kernels_checks_the_abi_and_declares_the_functions(
+    tmp_path: Path, cache_home: Path
+) -> None:
+    import ctypes
+
+    source = tmp_path / "kernel.c"
+    source.write_text(
+        SOURCE + "int tollway_abi(void) { return 3; }\n"
+        "double tollway_half(double x) { return x / 2; }\n"
+    )
+    functions = {"tollway_half": ([ctypes.c_double], ctypes.c_double)}
+    library = cpu_build.load_kernels(source, "the test falls back", ("tollway_abi", 3), functions)
+    assert library is not None
+    assert library.tollway_half(5) == 2.5  # declared: a double in, a double out
+    assert cpu_build.load_kernels(source, "the test falls back", ("tollway_abi", 4), {}) is None
