@@ -13,9 +13,10 @@ Prefill attention runs each whole prompt (a chunk with no cached prefix) of at l
 grouped KV heads broadcast rather than copied. Shorter prompts, and chunks that continue a
 cached prefix (they need a shifted causal mask), go to the reference. The reference pads
 each bucket of mixed lengths up to 2x and takes SDPA's slower grouped-query path:
-``python -m bench.cpu_kernels`` on the 2-core development machine gave 1.3-1.7x
-faster prefill attention per layer for 1-16 prompts of 32-512 tokens, and a burst of 64
-such prompts prefilled 1.16x faster in the engine. ``TOLLWAY_CPU_KERNELS=reference`` sends
+``python -m bench.cpu_kernels`` on the 2-core development machine gives 1.1-1.4x faster
+prefill attention per layer for 1-16 prompts of mixed lengths between 32 and 512 tokens
+(and 0.7-0.8x for 16 prompts of exactly 64: nothing to pad there), and a burst of 64 such
+prompts prefilled 1.13-1.24x faster in the engine. ``TOLLWAY_CPU_KERNELS=reference`` sends
 all of prefill to the reference too.
 """
 
