@@ -28,10 +28,13 @@
  * floats a register: AVX-512, or two AVX2 / four NEON registers); others a plain loop.
  * The block two ahead is prefetched in slices between query rows: blocks lie anywhere in
  * the cache, so the hardware prefetcher loses the stream at each block boundary. The
- * scores buffer is rows * max_len floats, small enough to stay in L2. Arithmetic is float32 whatever the
- * dtype, as in the reference: a bfloat16 block is widened (exactly) into a per-thread
- * buffer as it is read, so bfloat16 caches cost half the memory traffic, and the output
- * is rounded to nearest even once at the end.
+ * scores buffer is rows * max_len floats, small enough to stay in L2. Arithmetic is
+ * float32 whatever the dtype, as in the reference: a bfloat16 block is widened (exactly)
+ * into a per-thread buffer as it is read, so bfloat16 caches cost half the memory traffic,
+ * and the output is rounded to nearest even once at the end.
+ *
+ * The same library holds store_kv (at the end): the new tokens' key and value rows copied
+ * into their slots.
  */
 #include <math.h>
 #include <stdint.h>
