@@ -1,9 +1,11 @@
 """Paged-attention kernels: ``store_kv``, ``paged_decode_attention``, ``paged_prefill_attention``.
 
 Each call dispatches on the query's device (see :mod:`kernels.dispatch`): CUDA goes to the
-Triton kernels, CPU to :mod:`kernels.cpu_attention` (a native C decode kernel, built once per
-machine, with the PyTorch reference behind it). :mod:`kernels.reference` documents the
-cache layout and is the referee for both.
+Triton kernels, CPU to :mod:`kernels.cpu_attention` (native C decode attention and KV stores,
+built once per machine, per-prompt fused prefill, and the PyTorch reference behind them).
+:mod:`kernels.reference` documents the cache layout and is the referee for both. The
+model's other CPU kernels live beside them: :mod:`kernels.cpu_linear`,
+:mod:`kernels.rms_norm` and :mod:`kernels.rotary`.
 """
 
 from __future__ import annotations
