@@ -29,17 +29,16 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import Any
 
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.workloads import add_common_args, command_line, demo_model
-
-if TYPE_CHECKING:
-    import torch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 64, 16
 DECODE_CASES = {  # name: (sequences, context tokens)
@@ -71,6 +70,21 @@ def paired_medians_ms(
             call()
             sink.append(time.perf_counter() - start)
     return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+@contextmanager
+def restored(module: ModuleType, name: str) -> Iterator[Any]:
+    """``module.name`` as it is now; put back on exit, whatever the arms set it to."""
+    saved = getattr(module, name)
+    try:
+        yield saved
+    finally:
+        setattr(module, name, saved)
+
+
+def setter(module: ModuleType, name: str, value: object) -> Callable[[], None]:
+    """An arm's setup step: set ``module.name`` to ``value``."""
+    return lambda: setattr(module, name, value)
 
 
 def decode_case(num_seqs: int, context: int, num_calls: int) -> tuple[float, float]:
@@ -153,16 +167,14 @@ def engine_burst(model: str, num_prompts: int, lens: tuple[int, int], repeats: i
         return time.perf_counter() - start
 
     burst("warm-up", 4)
-    own_threshold = cpu_attention.MIN_OWN_PROMPT_TOKENS
-    arms = {"per-prompt": own_threshold, "reference": lens[1] + 1}
-    times: dict[str, list[float]] = {arm: [] for arm in arms}
-    try:
+    times: dict[str, list[float]] = {"per-prompt": [], "reference": []}
+    with restored(cpu_attention, "MIN_OWN_PROMPT_TOKENS") as own_threshold:
+        thresholds = {"per-prompt": own_threshold, "reference": lens[1] + 1}
         for repeat in range(repeats):
-            for arm, threshold in arms.items():
+            for arm, threshold in thresholds.items():
                 cpu_attention.MIN_OWN_PROMPT_TOKENS = threshold
                 times[arm].append(burst(f"{arm}-{repeat}", num_prompts))
-    finally:
-        cpu_attention.MIN_OWN_PROMPT_TOKENS = own_threshold
+    arms = list(times)
     ours, ref = (statistics.median(times[arm]) for arm in arms)
     print(
         f"\nengine burst: {num_prompts} prompts of {lens[0]}-{lens[1]} tokens, max_tokens=1, "
@@ -232,20 +244,13 @@ def engine_decode(model: str, num_seqs: int, context: int, repeats: int) -> None
     from kernels import cpu_attention, reference
 
     runs = DecodeRuns(model, num_seqs, context)
-    native = cpu_attention.paged_decode_attention
-
-    def use(kernel: Callable[..., torch.Tensor]) -> Callable[[], None]:
-        def setup() -> None:
-            cpu_attention.paged_decode_attention = kernel
-
-        return setup
-
-    try:
-        ms = runs.alternate(
-            {"native": use(native), "reference": use(reference.paged_decode_attention)}, repeats
-        )
-    finally:
-        cpu_attention.paged_decode_attention = native
+    name = "paged_decode_attention"
+    with restored(cpu_attention, name) as native:
+        arms = {
+            "native": setter(cpu_attention, name, native),
+            "reference": setter(cpu_attention, name, reference.paged_decode_attention),
+        }
+        ms = runs.alternate(arms, repeats)
     print(
         f"\nengine decode: {num_seqs} sequences at {context}+ tokens of context, median step "
         f"({repeats} runs per arm, alternating)"
@@ -258,8 +263,6 @@ def engine_decode(model: str, num_seqs: int, context: int, repeats: int) -> None
 
 def engine_elementwise(model: str, repeats: int) -> None:
     """Median decode step with each fused elementwise kernel and with PyTorch's ops."""
-    from types import ModuleType
-
     from kernels import rms_norm, rotary
 
     print(
@@ -269,22 +272,12 @@ def engine_elementwise(model: str, repeats: int) -> None:
         runs = DecodeRuns(model, num_seqs, context)
         module: ModuleType
         for name, module in (("add + RMSNorm", rms_norm), ("rotary", rotary)):
-            native_library = getattr(module, "native_library")  # noqa: B009
-
-            def use(
-                library: Callable[[], object], module: ModuleType = module
-            ) -> Callable[[], None]:
-                def setup() -> None:
-                    setattr(module, "native_library", library)  # noqa: B010
-
-                return setup
-
-            try:
-                ms = runs.alternate(
-                    {"native": use(native_library), "pytorch": use(lambda: None)}, repeats
-                )
-            finally:
-                setattr(module, "native_library", native_library)  # noqa: B010
+            with restored(module, "native_library") as native_library:
+                arms = {
+                    "native": setter(module, "native_library", native_library),
+                    "pytorch": setter(module, "native_library", lambda: None),
+                }
+                ms = runs.alternate(arms, repeats)
             print(
                 f"  {num_seqs:2} sequences at {context}+ tokens, {name:13}: native "
                 f"{ms['native']:6.2f} ms  pytorch {ms['pytorch']:6.2f} ms  "

@@ -64,13 +64,21 @@ def add_rms_norm(
     return out, residual
 
 
-def _library_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
-    shape = tensors[0].shape
-    usable = len(shape) == 2 and all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+def _library_for(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
+) -> ctypes.CDLL | None:
+    """The kernel, if it takes these: float32 CPU tensors, contiguous, ``x`` (and the
+    residual) ``[rows, hidden]``, the weight ``[hidden]``."""
+    tensors = (x, weight) if residual is None else (x, weight, residual)
+    usable = (
+        x.dim() == 2
+        and weight.shape == (x.shape[1],)
+        and (residual is None or residual.shape == x.shape)
+        and all(
+            t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+            for t in tensors
+        )
     )
-    usable = usable and tensors[1].shape == (shape[1],)  # the weight
-    usable = usable and all(t.shape == shape for t in tensors[2:])  # the residual
     return native_library() if usable else None
 
 
