@@ -13,18 +13,17 @@ relay (stream or JSON) ────┴─► Accountant.finish   (settled; one r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
+from backend_engine.server.disconnect import until_client_leaves
 from backend_engine.server.sse import EventStreamResponse
 from gateway.accounting import RequestInfo
 from gateway.admission import Admission, Refusal
@@ -38,7 +37,6 @@ from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
-T = TypeVar("T")
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
 
@@ -100,32 +98,6 @@ async def _complete(request: Request, endpoint: Endpoint) -> Response:
     return await _forward(request, ctx, info, body, decision, _PATHS[endpoint])
 
 
-class _ClientGone(Exception):
-    """The client disconnected before a non-streamed answer was ready."""
-
-
-async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``, cancelling it (and so closing the upstream request, which aborts the
-    engine's generation) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise _ClientGone
-    return task.result()
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    # The body has been read, so the next ASGI message is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _forward(
     request: Request,
     ctx: GatewayContext,
@@ -155,15 +127,16 @@ async def _forward(
         on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
     )
     try:
-        call = await (opening if body.is_stream else _unless_client_leaves(request, opening))
-    except _ClientGone:
-        # Cancelled before the answer: the engine took the prompt, nothing was relayed.
-        await ctx.accountant.finish(info, admission, meter, was_answered=True)
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        call = await (opening if body.is_stream else until_client_leaves(request.receive, opening))
     except BaseException:
         meter.finish(UsageStatus.UPSTREAM_ERROR)
         await ctx.accountant.finish(info, admission, meter, was_answered=False)
         raise
+    if call is None:
+        # The client left before a non-streamed answer was ready; the upstream call was
+        # cancelled (the engine aborts). The engine took the prompt, nothing was relayed.
+        await ctx.accountant.finish(info, admission, meter, was_answered=True)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     response_headers = dict(admission.headers)
     if admission.route is not None:
         response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"

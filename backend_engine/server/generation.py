@@ -22,6 +22,7 @@ from starlette.types import Receive
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.outputs import RequestOutputDelta
 from backend_engine.sampling_params import SamplingParams
+from backend_engine.server.disconnect import until_client_leaves
 from backend_engine.server.errors import invalid_request
 from backend_engine.server.request_reader import RequestMeta
 
@@ -112,24 +113,16 @@ class GenerationStream:
         non-streamed request does not keep generating.
         """
         deltas: list[RequestOutputDelta] = []
-        is_disconnected = False
+
+        async def gather() -> list[RequestOutputDelta]:
+            async for delta in self:
+                deltas.append(delta)
+            return deltas
+
         try:
-            async with anyio.create_task_group() as task_group:
-
-                async def watch_disconnect() -> None:
-                    nonlocal is_disconnected
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    is_disconnected = True
-                    task_group.cancel_scope.cancel()
-
-                task_group.start_soon(watch_disconnect)
-                async for delta in self:
-                    deltas.append(delta)
-                task_group.cancel_scope.cancel()
+            return await until_client_leaves(receive, gather())
         finally:
             await self.close()
-        return None if is_disconnected else deltas
 
 
 async def _aclose(iterator: AsyncIterator[RequestOutputDelta]) -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from backend_engine.server.disconnect import until_client_leaves
 
 DONE = "data: [DONE]\n\n"
 
@@ -22,8 +24,12 @@ class EventStreamResponse(Response):
     """Sends ``events`` as they come and listens for the client leaving meanwhile.
 
     Unlike a bare ``StreamingResponse`` it does not rely on the server's ASGI spec
-    version to notice a disconnect, and it closes ``events`` and awaits
-    ``on_close`` (shielded from cancellation) on every exit path.
+    version to notice a disconnect, and it closes ``events`` and awaits ``on_close`` on
+    every exit path: the stream's end, the client leaving (which stops the stream where it
+    is, not an error), an error, and the task being cancelled (the clean-up then runs to
+    its end before the cancellation goes on).
+
+    The events are sent from the request's own task (see :mod:`.disconnect`).
     """
 
     media_type = "text/event-stream"
@@ -45,30 +51,40 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with anyio.create_task_group() as task_group:
+            await until_client_leaves(receive, self._send_events(send))
+        except BaseException:
+            await _run_to_end(self._close())
+            raise
+        await self._close()
 
-                async def stream() -> None:
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": self.status_code,
-                            "headers": self.raw_headers,
-                        }
-                    )
-                    async for chunk in self.events:
-                        body = chunk.encode("utf-8")
-                        await send({"type": "http.response.body", "body": body, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    task_group.cancel_scope.cancel()
+    async def _send_events(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.events:
+            await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-                task_group.start_soon(stream)
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                task_group.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                aclose = getattr(self.events, "aclose", None)
-                if aclose is not None:
-                    with contextlib.suppress(Exception):
-                        await aclose()
-                await self.on_close()
+    async def _close(self) -> None:
+        aclose = getattr(self.events, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        await self.on_close()
+
+
+async def _run_to_end(work: Awaitable[None]) -> None:
+    """Await ``work`` to its end even if this task is cancelled meanwhile; a cancellation
+    that arrived is raised afterwards."""
+    task = asyncio.ensure_future(work)
+    was_cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and task.cancelled():
+                raise
+            was_cancelled = True
+    if was_cancelled:
+        raise asyncio.CancelledError
+    task.result()

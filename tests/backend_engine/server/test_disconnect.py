@@ -1,0 +1,83 @@
+"""until_client_leaves: the work's result, or None and the work cancelled when the client
+goes first; other cancellations and errors pass through."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.types import Message
+
+from backend_engine.server.disconnect import until_client_leaves
+
+
+class Connection:
+    def __init__(self) -> None:
+        self.leave = asyncio.Event()
+        self.num_receives = 0
+
+    async def receive(self) -> Message:
+        self.num_receives += 1
+        if self.num_receives == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}  # ignored
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+
+async def test_returns_the_result_when_the_work_ends_first() -> None:
+    connection = Connection()
+
+    async def work() -> str:
+        await asyncio.sleep(0)
+        return "answer"
+
+    assert await until_client_leaves(connection.receive, work()) == "answer"
+    connection.leave.set()  # the disconnect after the response: nothing left to cancel
+    await asyncio.sleep(0.01)
+
+
+async def test_returns_none_and_cancels_the_work_when_the_client_leaves() -> None:
+    connection = Connection()
+    was_cancelled = asyncio.Event()
+
+    async def work() -> str:
+        try:
+            await asyncio.Event().wait()  # forever
+        except asyncio.CancelledError:
+            was_cancelled.set()
+            raise
+        return "never"
+
+    async def handler() -> str | None:
+        return await until_client_leaves(connection.receive, work())
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.01)
+    connection.leave.set()
+    assert await asyncio.wait_for(task, timeout=5) is None
+    assert was_cancelled.is_set()
+    if hasattr(task, "cancelling"):  # Python 3.11+: the helper undid its own cancel
+        assert task.cancelling() == 0
+
+
+async def test_a_cancellation_from_outside_is_not_taken_for_the_client_leaving() -> None:
+    connection = Connection()
+
+    async def handler() -> bool | None:
+        return await until_client_leaves(connection.receive, asyncio.Event().wait())
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_error_in_the_work_propagates() -> None:
+    connection = Connection()
+
+    async def work() -> str:
+        raise ValueError("engine refused")
+
+    with pytest.raises(ValueError, match="engine refused"):
+        await until_client_leaves(connection.receive, work())
