@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -97,3 +98,33 @@ async def test_duplicate_request_id_is_refused(engine):
     with pytest.raises(ValueError, match="already in use"):
         await collect(engine, "dup", "two", params)
     await first.aclose()
+
+
+async def test_the_engine_is_built_and_stepped_on_one_thread_not_the_callers(
+    demo_checkpoint, monkeypatch
+):
+    """A second thread running tensor work would slow every step (module docstring)."""
+    from backend_engine import async_engine
+
+    threads: dict[str, set[int]] = {"built": set(), "stepped": set()}
+
+    class RecordingEngine(async_engine.LLMEngine):
+        def __init__(self, config: EngineConfig) -> None:
+            threads["built"].add(threading.get_ident())
+            super().__init__(config)
+
+        def step(self):  # type: ignore[no-untyped-def]
+            threads["stepped"].add(threading.get_ident())
+            return super().step()
+
+    monkeypatch.setattr(async_engine, "LLMEngine", RecordingEngine)
+    eng = AsyncEngine(EngineConfig(model=str(demo_checkpoint(size="tiny")), dtype="float32"))
+    await eng.start()
+    try:
+        await collect(eng, "r", "Hello", SamplingParams(max_tokens=3, ignore_eos=True))
+    finally:
+        await eng.shutdown()
+    assert len(threads["built"]) == 1 and threads["built"] == threads["stepped"]
+    assert threading.get_ident() not in threads["built"]
+    with pytest.raises(RuntimeError, match="shut down"):
+        await eng.start()
