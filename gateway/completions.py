@@ -9,10 +9,15 @@ UpstreamPool.open ─503─────┼─► Accountant.finish   (released; 
      │                     │
 relay (stream or JSON) ────┴─► Accountant.finish   (settled; one record) once the response
                                                    has been sent, so it adds no latency
+
+A client that leaves is charged what the engine generated for it: a stream up to the last
+token relayed; a non-streamed request up to where the engine stopped (asked to by
+``UpstreamPool.stop``, it answers with its usage), or its prompt alone if that fails.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
@@ -33,10 +38,12 @@ from gateway.context import GatewayContext
 from gateway.request_body import CompletionBody, Endpoint, parse_body, read_json
 from gateway.storage.models import UsageStatus
 from gateway.stream_relay import UsageMeter, measure_body, relay_events
+from gateway.upstreams import UpstreamCall
 from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
 
@@ -126,17 +133,23 @@ async def _forward(
         is_stream=body.is_stream,
         on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
     )
+    # Non-streamed, the call goes on if the client leaves (see _finish_after_departure).
+    answering = None if body.is_stream else asyncio.ensure_future(opening)
     try:
-        call = await (opening if body.is_stream else until_client_leaves(request.receive, opening))
+        answered = await (
+            opening
+            if answering is None
+            else until_client_leaves(request.receive, asyncio.shield(answering))
+        )
     except BaseException:
+        if answering is not None:
+            answering.cancel()
         meter.finish(UsageStatus.UPSTREAM_ERROR)
         await ctx.accountant.finish(info, admission, meter, was_answered=False)
         raise
-    if call is None:
-        # The client left before a non-streamed answer was ready; the upstream call was
-        # cancelled (the engine aborts). The engine took the prompt, nothing was relayed.
-        await ctx.accountant.finish(info, admission, meter, was_answered=True)
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if answered is None:  # the client left before a non-streamed answer was ready
+        return await _finish_after_departure(ctx, info, admission, meter, answering)
+    call = answered
     response_headers = dict(admission.headers)
     if admission.route is not None:
         response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
@@ -147,11 +160,8 @@ async def _forward(
             call.body, call.status_code, response_headers, media_type="application/json"
         )
     if not body.is_stream:
-        try:
-            answer = json.loads(call.body)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
+        answer = _json_object(call.body)
+        if answer is None:
             meter.finish(UsageStatus.UPSTREAM_ERROR)
             await ctx.accountant.finish(info, admission, meter, was_answered=False)
             raise ApiError(Rejection(502, "upstream_error", "server_error", "Bad engine answer."))
@@ -169,6 +179,42 @@ async def _forward(
 
     events = relay_events(call, meter, include_usage=body.include_usage)
     return EventStreamResponse(events, on_close=on_close, headers=response_headers)
+
+
+async def _finish_after_departure(
+    ctx: GatewayContext,
+    info: RequestInfo,
+    admission: Admission,
+    meter: UsageMeter,
+    answering: asyncio.Future[UpstreamCall] | None,
+) -> Response:
+    """Charge a non-streamed request whose client has left for what the engine generated:
+    the engine is asked to stop the request and then answers at once, with its usage. If
+    it cannot (an engine without the stop endpoint, a failure) or does not answer within
+    ``STOP_GRACE_S``, the upstream call is cancelled (the engine aborts) and the prompt
+    alone is charged. Recorded as cancelled either way."""
+    stopped = None
+    if answering is not None:
+        try:
+            if await ctx.upstreams.stop(admission.served_model, info.request_id):
+                stopped = await asyncio.wait_for(answering, STOP_GRACE_S)  # cancels on timeout
+        except Exception:  # the call's own failure, or the wait's timeout
+            pass
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+    answer = _json_object(stopped.body) if stopped and stopped.status_code < 400 else None
+    if answer is not None:
+        measure_body(answer, meter)
+    await ctx.accountant.finish(info, admission, meter, was_answered=True)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 def upstream_body(body: CompletionBody, admission: Admission) -> dict[str, Any]:

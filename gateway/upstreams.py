@@ -34,6 +34,7 @@ from gateway.settings import ModelSettings
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+STOP_TIMEOUT = httpx.Timeout(2.0)  # asking an engine to stop a request
 
 
 @dataclass
@@ -99,6 +100,7 @@ class UpstreamPool:
             transport=tcp, mounts=mounts, timeout=timeout, trust_env=False
         )
         self._extensions = {"timeout": timeout.as_dict()}
+        self._stop_extensions = {"timeout": STOP_TIMEOUT.as_dict()}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._turns = {name: itertools.count() for name in models}
 
@@ -154,6 +156,36 @@ class UpstreamPool:
                 if response is not None:
                     await response.aclose()
         raise upstream_unavailable(model)
+
+    async def stop(self, model: str, request_id: str) -> bool:
+        """Ask every replica of ``model`` to stop the generation sent with ``request_id``
+        (a Tollway engine's ``POST /abort_request``; its answer to that request then comes
+        at once, with the usage of what it generated). True if a replica had it in flight;
+        False for engines without the endpoint and for any failure."""
+        payload = json.dumps({"request_id": request_id}).encode()
+        was_stopped = False
+        for base in self._bases[model]:
+            request = httpx.Request(
+                "POST",
+                self._url(base, "/abort_request"),
+                content=payload,
+                headers={"content-type": "application/json"},
+                extensions=self._stop_extensions,
+            )
+            try:
+                response = await self._transports[base].handle_async_request(request)
+                try:
+                    answer = (
+                        json.loads(await response.aread()) if response.status_code == 200 else {}
+                    )
+                finally:
+                    await response.aclose()
+            except (httpx.HTTPError, ValueError):
+                continue
+            was_stopped = was_stopped or (
+                isinstance(answer, dict) and answer.get("aborted") is True
+            )
+        return was_stopped
 
     async def aclose(self) -> None:
         await self.client.aclose()  # closes every transport, mounted ones included

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
@@ -18,6 +18,9 @@ class ServerContext:
     token_text: TokenText
     max_body_bytes: int
     created: int  # unix time the app was built, reported as the model's ``created``
+    # In-flight generations by the caller's ``x-request-id`` -> the engine's request id,
+    # so a caller can stop one (``POST /abort_request``) and still receive its answer.
+    in_flight: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def of(request: Request) -> ServerContext:

@@ -150,3 +150,11 @@ class ChatCompletionRequest(GenerationRequest):
     def chat_messages(self) -> list[dict[str, str]]:
         """The conversation as the tokenizer's chat template takes it."""
         return [{"role": m.role, "content": m.text} for m in self.messages]
+
+
+class AbortRequest(BaseModel):
+    """``POST /abort_request``: the ``x-request-id`` a generation was sent with."""
+
+    model_config = _STRICT
+
+    request_id: Annotated[str, Field(min_length=1, max_length=128)]

@@ -24,6 +24,7 @@ from backend_engine.server.openai_format import (
     ResponseIdentity,
 )
 from backend_engine.server.protocol import (
+    AbortRequest,
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
@@ -128,13 +129,40 @@ async def _generate(
     stream = await GenerationStream.start(
         engine, ident.id, prompt_ids, params, meta, on_first_token
     )
+    caller_id: str = request.state.request_id
+    ctx.in_flight[caller_id] = ident.id
+
+    def forget() -> None:
+        if ctx.in_flight.get(caller_id) == ident.id:  # not a later request's reuse of the id
+            del ctx.in_flight[caller_id]
+
     if body.stream:
+
+        async def on_close() -> None:
+            forget()
+            await stream.close()
+
         events = _events(stream, formatter, include_usage=body.include_usage)
-        return EventStreamResponse(events, on_close=stream.close)
-    deltas = await stream.collect(request.receive)
+        return EventStreamResponse(events, on_close=on_close)
+    try:
+        deltas = await stream.collect(request.receive)
+    finally:
+        forget()
     if deltas is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(formatter.whole(deltas))
+
+
+async def abort_request(request: Request) -> Response:
+    """Stop an in-flight generation by the ``x-request-id`` it was sent with. Its own
+    response still arrives, with ``finish_reason: "abort"`` and the usage of what was
+    generated: how the gateway bills a non-streamed request whose client has left."""
+    ctx = ServerContext.of(request)
+    body = await read_model(request, AbortRequest, ctx.max_body_bytes)
+    engine_request_id = ctx.in_flight.get(body.request_id)
+    if engine_request_id is not None:
+        await ctx.engine.abort(engine_request_id)
+    return JSONResponse({"aborted": engine_request_id is not None})
 
 
 async def _events(
@@ -188,6 +216,7 @@ ROUTES = [
     Route("/v1/chat/completions", _counted("chat", chat_completions), methods=["POST"]),
     Route("/v1/completions", _counted("completions", completions), methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/abort_request", abort_request, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
 ]

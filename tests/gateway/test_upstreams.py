@@ -1,13 +1,16 @@
-"""Reading an engine's server-sent events from raw bytes, however the network cuts them."""
+"""Reading an engine's server-sent events from raw bytes, however the network cuts them;
+asking engines to stop a request."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 
-from gateway.upstreams import sse_batches
+from gateway.settings import ModelSettings
+from gateway.upstreams import UpstreamPool, sse_batches
 
 STREAM = (
     b'data: {"a": 1}\n\n'
@@ -56,3 +59,50 @@ async def test_events_that_arrive_together_stay_together() -> None:
         ["a"],
         ["b", "c"],
     ]  # a read that completes no event (half of one, or a comment) yields nothing
+
+
+def pool_of(answers: dict[str, Callable[[httpx.Request], httpx.Response]]) -> UpstreamPool:
+    """A pool whose model ``m`` has one replica per entry of ``answers`` (by host)."""
+    models = {"m": ModelSettings("m", tuple(f"http://{host}" for host in answers), 4096)}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers[request.url.host](request)
+
+    return UpstreamPool(models, transport_factory=lambda _uds: httpx.MockTransport(handler))
+
+
+def aborted(value: object) -> Callable[[httpx.Request], httpx.Response]:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.method == "POST" and request.url.path == "/abort_request"
+        assert json.loads(request.content) == {"request_id": "req_1"}
+        return httpx.Response(200, json={"aborted": value})
+
+    return answer
+
+
+def refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+async def test_stop_asks_every_replica_and_reports_whether_one_had_the_request() -> None:
+    pool = pool_of({"a": aborted(False), "b": aborted(True)})
+    assert await pool.stop("m", "req_1") is True
+    pool = pool_of({"a": aborted(False), "b": aborted(False)})
+    assert await pool.stop("m", "req_1") is False
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        refused,
+        lambda request: httpx.Response(404, json={"detail": "Not Found"}),  # not our engine
+        lambda request: httpx.Response(200, content=b"not json"),
+        lambda request: httpx.Response(200, json=["aborted"]),
+        aborted("yes"),
+    ],
+)
+async def test_stop_is_false_for_engines_that_cannot_stop_and_for_failures(
+    answer: Callable[[httpx.Request], httpx.Response],
+) -> None:
+    assert await pool_of({"a": answer}).stop("m", "req_1") is False
+    assert await pool_of({"a": answer, "b": aborted(True)}).stop("m", "req_1") is True

@@ -469,3 +469,42 @@ def test_server_still_serves_after_disconnects(live_server: LiveServer) -> None:
     with live_server.client() as client:
         response = client.post(COMPLETIONS, json=greedy(prompt="Still there?", max_tokens=2))
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_abort_request_stops_a_generation_which_still_answers_with_its_usage(
+    live_server: LiveServer, path: str
+) -> None:
+    engine = live_server.engine
+    idle = wait_idle(live_server)
+    body = _long_request() if path == COMPLETIONS else greedy(messages=MESSAGES, max_tokens=1900)
+    answer: dict[str, httpx.Response] = {}
+
+    def send() -> None:
+        with live_server.client() as client:
+            answer["response"] = client.post(path, json=body, headers={"x-request-id": "caller-7"})
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert wait_until(lambda: engine.stats().num_generation_tokens > idle.num_generation_tokens)
+    with live_server.client() as client:
+        aborted = client.post("/abort_request", json={"request_id": "caller-7"})
+    sender.join(timeout=30)
+    assert aborted.status_code == 200 and aborted.json() == {"aborted": True}
+    response = answer["response"]
+    assert response.status_code == 200 and response.headers["x-request-id"] == "caller-7"
+    result = response.json()
+    assert result["choices"][0]["finish_reason"] == "abort"
+    assert 0 < result["usage"]["completion_tokens"] < body["max_tokens"]
+    assert wait_idle(live_server).num_kv_blocks_used == idle.num_kv_blocks_used
+
+
+def test_abort_request_for_nothing_in_flight_and_bad_bodies(live_server: LiveServer) -> None:
+    with live_server.client() as client:
+        done = client.post(COMPLETIONS, json=greedy(prompt="Hi"), headers={"x-request-id": "x1"})
+        assert done.status_code == 200
+        gone = client.post("/abort_request", json={"request_id": "x1"})
+        assert gone.status_code == 200 and gone.json() == {"aborted": False}
+        assert_openai_error(client.post("/abort_request", json={}), 400)
+        assert_openai_error(client.post("/abort_request", json={"request_id": 7}), 400)
+        assert_openai_error(client.post("/abort_request", content=b"{"), 400)

@@ -103,10 +103,10 @@ def test_usage_record_written_after_a_database_outage(
     assert record.completion_tokens == response.json()["usage"]["completion_tokens"]
 
 
-async def test_disconnect_before_a_non_streamed_answer_cancels_and_records(
-    engines: Engines, gateway: Callable[..., str], db_url: str, tmp_path: Path
+async def test_disconnect_before_a_non_streamed_answer_charges_what_the_engine_generated(
+    engines: Engines, gateway: Callable[..., str], db_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    base = gateway(settings_for(engines, tmp_path / "gw", db_url))
+    base = gateway(settings_for(engines, tmp_path / "gw", db_url, redis_url=redis_url))
     tenant_id, key = tenant_key(db_url, budget_tokens=100_000, budget_period="total")
     body = {
         "model": SMALL,
@@ -114,6 +114,9 @@ async def test_disconnect_before_a_non_streamed_answer_cancels_and_records(
         "max_tokens": 1500,
         "ignore_eos": True,
     }
+    generated_before = engine_gauge(
+        engines.sockets[SMALL], "tollway_engine_generation_tokens_total"
+    )
     async with httpx.AsyncClient(base_url=base, timeout=0.5) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post(
@@ -121,7 +124,20 @@ async def test_disconnect_before_a_non_streamed_answer_cancels_and_records(
             )
     (record,) = usage_records(db_url, tenant_id, 1)
     assert record.status.value == "cancelled"
-    assert record.completion_tokens == 0
+    # The engine was asked to stop and answered with its usage: every token it generated
+    # for the request is charged, and it stopped well before max_tokens.
+    generated = (
+        engine_gauge(engines.sockets[SMALL], "tollway_engine_generation_tokens_total")
+        - generated_before
+    )
+    assert 0 < record.completion_tokens == generated < 1500
+    redis = Redis.from_url(redis_url)
+    try:
+        balance = await RedisBudgetLedger(redis).balance(tenant_id, "total")
+    finally:
+        await redis.aclose()
+    assert balance.reserved == 0
+    assert balance.used == record.prompt_tokens + record.completion_tokens
     deadline = time.monotonic() + 10
     while engine_gauge(engines.sockets[SMALL], "tollway_engine_requests_running") > 0:
         assert time.monotonic() < deadline, "the engine kept generating"
