@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.ledger_redis import RedisBudgetLedger
 from gateway.storage.database import Database
-from gateway.storage.usage_store import list_usage
+from gateway.storage.usage_store import UsageEntry, list_usage
 
 from .conftest import SMALL, Engines, settings_for, tenant_key
 from .test_openai_sdk import usage_records
@@ -28,6 +28,17 @@ def engine_gauge(socket_path: str, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[1])
     raise AssertionError(f"{name} not in the engine's metrics")
+
+
+async def assert_settled_to(record: UsageEntry, redis_url: str, tenant_id: str) -> None:
+    """The tenant's budget holds nothing in reserve and charges exactly ``record``."""
+    redis = Redis.from_url(redis_url)
+    try:
+        balance = await RedisBudgetLedger(redis).balance(tenant_id, "total")
+    finally:
+        await redis.aclose()
+    assert balance.reserved == 0
+    assert balance.used == record.prompt_tokens + record.completion_tokens
 
 
 async def test_disconnect_mid_stream_settles_to_the_tokens_relayed(
@@ -61,13 +72,7 @@ async def test_disconnect_mid_stream_settles_to_the_tokens_relayed(
     (record,) = usage_records(db_url, tenant_id, 1)
     assert record.status.value == "cancelled"
     assert num_read <= record.completion_tokens < 1500
-    redis = Redis.from_url(redis_url)
-    try:
-        balance = await RedisBudgetLedger(redis).balance(tenant_id, "total")
-    finally:
-        await redis.aclose()
-    assert balance.reserved == 0
-    assert balance.used == record.prompt_tokens + record.completion_tokens
+    await assert_settled_to(record, redis_url, tenant_id)
     # The engine was told: its request is aborted, not generated to the end.
     deadline = time.monotonic() + 10
     while engine_gauge(engines.sockets[SMALL], "tollway_engine_requests_running") > 0:
@@ -131,13 +136,7 @@ async def test_disconnect_before_a_non_streamed_answer_charges_what_the_engine_g
         - generated_before
     )
     assert 0 < record.completion_tokens == generated < 1500
-    redis = Redis.from_url(redis_url)
-    try:
-        balance = await RedisBudgetLedger(redis).balance(tenant_id, "total")
-    finally:
-        await redis.aclose()
-    assert balance.reserved == 0
-    assert balance.used == record.prompt_tokens + record.completion_tokens
+    await assert_settled_to(record, redis_url, tenant_id)
     deadline = time.monotonic() + 10
     while engine_gauge(engines.sockets[SMALL], "tollway_engine_requests_running") > 0:
         assert time.monotonic() < deadline, "the engine kept generating"
