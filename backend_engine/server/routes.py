@@ -126,16 +126,20 @@ async def _generate(
     def on_first_token() -> None:
         ctx.metrics.observe_time_to_first_token(endpoint, time.monotonic() - started)
 
-    stream = await GenerationStream.start(
-        engine, ident.id, prompt_ids, params, meta, on_first_token
-    )
     caller_id: str = request.state.request_id
-    ctx.in_flight[caller_id] = ident.id
+    ctx.in_flight[caller_id] = ident.id  # from now on POST /abort_request can stop it
 
     def forget() -> None:
         if ctx.in_flight.get(caller_id) == ident.id:  # not a later request's reuse of the id
             del ctx.in_flight[caller_id]
 
+    try:
+        stream = await GenerationStream.start(
+            engine, ident.id, prompt_ids, params, meta, on_first_token
+        )
+    except BaseException:
+        forget()
+        raise
     if body.stream:
 
         async def on_close() -> None:
