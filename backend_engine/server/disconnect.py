@@ -47,7 +47,9 @@ async def until_client_leaves(receive: Receive, work: Awaitable[T]) -> T | None:
     result: T | None = None
     try:
         result = await work
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, Exception):
+        # Once the client has left, however the cancelled work ended (some libraries turn a
+        # cancellation into an error of their own), the caller only learns that it left.
         if not client_left:
             raise
     finally:

@@ -81,3 +81,22 @@ async def test_an_error_in_the_work_propagates() -> None:
 
     with pytest.raises(ValueError, match="engine refused"):
         await until_client_leaves(connection.receive, work())
+
+
+async def test_work_that_turns_the_cancellation_into_an_error_still_reads_as_leaving() -> None:
+    connection = Connection()
+
+    async def work() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ConnectionResetError("the library's own error") from None
+        return "never"
+
+    async def handler() -> str | None:
+        return await until_client_leaves(connection.receive, work())
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.01)
+    connection.leave.set()
+    assert await asyncio.wait_for(task, timeout=5) is None
