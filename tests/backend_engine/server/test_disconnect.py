@@ -4,6 +4,8 @@ goes first; other cancellations and errors pass through."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 from starlette.types import Message
@@ -22,6 +24,18 @@ class Connection:
             return {"type": "http.request", "body": b"", "more_body": False}  # ignored
         await self.leave.wait()
         return {"type": "http.disconnect"}
+
+
+async def leave_during(
+    connection: Connection, work: Coroutine[Any, Any, str]
+) -> asyncio.Task[str | None]:
+    """Run ``until_client_leaves`` over ``work`` in a task, let the client leave while the
+    work waits, and return the finished task."""
+    task = asyncio.create_task(until_client_leaves(connection.receive, work))
+    await asyncio.sleep(0.01)
+    connection.leave.set()
+    await asyncio.wait_for(asyncio.shield(task), timeout=5)
+    return task
 
 
 async def test_returns_the_result_when_the_work_ends_first() -> None:
@@ -48,13 +62,8 @@ async def test_returns_none_and_cancels_the_work_when_the_client_leaves() -> Non
             raise
         return "never"
 
-    async def handler() -> str | None:
-        return await until_client_leaves(connection.receive, work())
-
-    task = asyncio.create_task(handler())
-    await asyncio.sleep(0.01)
-    connection.leave.set()
-    assert await asyncio.wait_for(task, timeout=5) is None
+    task = await leave_during(connection, work())
+    assert task.result() is None
     assert was_cancelled.is_set()
     if hasattr(task, "cancelling"):  # Python 3.11+: the helper undid its own cancel
         assert task.cancelling() == 0
@@ -93,10 +102,4 @@ async def test_work_that_turns_the_cancellation_into_an_error_still_reads_as_lea
             raise ConnectionResetError("the library's own error") from None
         return "never"
 
-    async def handler() -> str | None:
-        return await until_client_leaves(connection.receive, work())
-
-    task = asyncio.create_task(handler())
-    await asyncio.sleep(0.01)
-    connection.leave.set()
-    assert await asyncio.wait_for(task, timeout=5) is None
+    assert (await leave_during(connection, work())).result() is None
