@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,39 +65,38 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig, model_name: str | None = None) -> None:
         self.config = config
-        # One thread builds the engine and runs its loop (see the module docstring).
-        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollway-engine")
-        try:
-            self.engine = self._engine_thread.submit(LLMEngine, config).result()
-        except BaseException:
-            self._engine_thread.shutdown(wait=False)
-            raise
-        self.tokenizer = self.engine.tokenizer
-        self.model_name = model_name or Path(config.model).resolve().name
-        self.max_model_len = self.engine.max_model_len
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue[RequestOutputDelta | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._running: Future[None] | None = None  # the engine loop, while it runs
+        self._may_run = threading.Event()  # start() or shutdown() was called
         self._stopping = threading.Event()
+        # One thread builds the engine and then runs its loop (see the module docstring); a
+        # daemon, so a process that never calls shutdown() can still exit.
+        built: Future[LLMEngine] = Future()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(config, built), name="tollway-engine", daemon=True
+        )
+        self._thread.start()
+        self.engine = built.result()  # re-raises what building raised
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = model_name or Path(config.model).resolve().name
+        self.max_model_len = self.engine.max_model_len
 
     async def start(self) -> None:
-        if self._running is not None:
-            return
         if self._stopping.is_set():
             raise RuntimeError("this AsyncEngine has been shut down")
-        self._loop = asyncio.get_running_loop()
-        self._running = self._engine_thread.submit(self._run)
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._may_run.set()
 
     async def shutdown(self) -> None:
         """Stop the loop (requests in flight fail) and the engine's thread; final."""
         self._stopping.set()
         self._wakeup.set()
-        running, self._running = self._running, None
-        if running is not None:
-            await asyncio.wrap_future(running)
-        self._engine_thread.shutdown(wait=False)
+        self._may_run.set()
+        if self._thread.is_alive():
+            await asyncio.to_thread(self._thread.join)
 
     async def generate(
         self,
@@ -114,7 +113,7 @@ class AsyncEngine:
         prompt + max_tokens exceeds ``max_model_len``; the message is fit for a user.
         Closing the iterator early aborts the request and frees its KV blocks.
         """
-        if self._running is None:
+        if self._loop is None:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -147,6 +146,17 @@ class AsyncEngine:
     def _send(self, command: _Add | _Abort) -> None:
         self._commands.put(command)
         self._wakeup.set()
+
+    def _thread_main(self, config: EngineConfig, built: Future[LLMEngine]) -> None:
+        try:
+            engine = LLMEngine(config)
+        except BaseException as exc:
+            built.set_exception(exc)
+            return
+        built.set_result(engine)
+        self._may_run.wait()
+        if not self._stopping.is_set():
+            self._run()
 
     def _run(self) -> None:
         engine = self.engine

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -128,3 +130,20 @@ async def test_the_engine_is_built_and_stepped_on_one_thread_not_the_callers(
     assert threading.get_ident() not in threads["built"]
     with pytest.raises(RuntimeError, match="shut down"):
         await eng.start()
+
+
+def test_a_process_that_never_shuts_the_engine_down_still_exits(demo_checkpoint, tmp_path):
+    script = tmp_path / "forgets_shutdown.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from backend_engine import AsyncEngine, EngineConfig, SamplingParams\n"
+        "async def main():\n"
+        "    engine = AsyncEngine(EngineConfig(model=sys.argv[1], show_progress=False))\n"
+        "    await engine.start()\n"
+        "    async for _ in engine.generate('r', 'Hi', SamplingParams(max_tokens=2)):\n"
+        "        pass\n"
+        "asyncio.run(main())\n"
+    )
+    model = str(demo_checkpoint(size="tiny"))
+    done = subprocess.run([sys.executable, str(script), model], timeout=120, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
