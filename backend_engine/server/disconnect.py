@@ -1,4 +1,5 @@
-"""Work that stops when the HTTP client leaves: the engine server's and the gateway's.
+"""Work that stops when the HTTP client leaves, and clean-up that does not: the engine
+server's and the gateway's.
 
 A request whose client has gone should stop generating at once (the engine frees its KV
 blocks; the gateway closes its upstream call, which aborts the engine's request). ASGI
@@ -61,3 +62,22 @@ async def until_client_leaves(receive: Receive, work: Awaitable[T]) -> T | None:
     if uncancel is not None:
         uncancel()
     return None
+
+
+async def run_to_end(work: Awaitable[None]) -> None:
+    """Await ``work`` (a clean-up) to its end even if this task is cancelled meanwhile; a
+    cancellation that arrived is raised afterwards. anyio's ``CancelScope(shield=True)``
+    does not do this: it shields from anyio's cancel scopes, not from ``Task.cancel``,
+    which is how requests are cancelled here."""
+    task = asyncio.ensure_future(work)
+    was_cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and task.cancelled():
+                raise
+            was_cancelled = True
+    if was_cancelled:
+        raise asyncio.CancelledError
+    task.result()

@@ -16,13 +16,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-import anyio
 from starlette.types import Receive
 
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.outputs import RequestOutputDelta
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.server.disconnect import until_client_leaves
+from backend_engine.server.disconnect import run_to_end, until_client_leaves
 from backend_engine.server.errors import invalid_request
 from backend_engine.server.request_reader import RequestMeta
 
@@ -68,10 +67,7 @@ class GenerationStream:
         except ValueError as exc:
             raise invalid_request(str(exc)) from None
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                if deltas is not None:
-                    await _aclose(deltas)
-                await engine.abort(request_id)
+            await run_to_end(_abandon(engine, request_id, deltas))
             raise
         return cls(engine, request_id, deltas, first, on_first_token)
 
@@ -101,10 +97,7 @@ class GenerationStream:
         if self._is_closed:
             return
         self._is_closed = True
-        with anyio.CancelScope(shield=True):
-            await _aclose(self._deltas)
-            if not self.is_finished:
-                await self.engine.abort(self.request_id)
+        await run_to_end(_abandon(self.engine, self.request_id, self._deltas, self.is_finished))
 
     async def collect(self, receive: Receive) -> list[RequestOutputDelta] | None:
         """All deltas until the request finishes, or None if the client disconnects first.
@@ -123,6 +116,19 @@ class GenerationStream:
             return await until_client_leaves(receive, gather())
         finally:
             await self.close()
+
+
+async def _abandon(
+    engine: AsyncEngine,
+    request_id: str,
+    deltas: AsyncIterator[RequestOutputDelta] | None,
+    is_finished: bool = False,
+) -> None:
+    """Close the engine's stream and abort the request unless it finished."""
+    if deltas is not None:
+        await _aclose(deltas)
+    if not is_finished:
+        await engine.abort(request_id)
 
 
 async def _aclose(iterator: AsyncIterator[RequestOutputDelta]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -11,7 +10,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from backend_engine.server.disconnect import until_client_leaves
+from backend_engine.server.disconnect import run_to_end, until_client_leaves
 
 DONE = "data: [DONE]\n\n"
 
@@ -53,7 +52,7 @@ class EventStreamResponse(Response):
         try:
             await until_client_leaves(receive, self._send_events(send))
         except BaseException:
-            await _run_to_end(self._close())
+            await run_to_end(self._close())
             raise
         await self._close()
 
@@ -71,20 +70,3 @@ class EventStreamResponse(Response):
             with contextlib.suppress(Exception):
                 await aclose()
         await self.on_close()
-
-
-async def _run_to_end(work: Awaitable[None]) -> None:
-    """Await ``work`` to its end even if this task is cancelled meanwhile; a cancellation
-    that arrived is raised afterwards."""
-    task = asyncio.ensure_future(work)
-    was_cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done() and task.cancelled():
-                raise
-            was_cancelled = True
-    if was_cancelled:
-        raise asyncio.CancelledError
-    task.result()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from backend_engine.server.disconnect import until_client_leaves
+from backend_engine.server.disconnect import run_to_end, until_client_leaves
 
 
 class Connection:
@@ -103,3 +103,21 @@ async def test_work_that_turns_the_cancellation_into_an_error_still_reads_as_lea
         return "never"
 
     assert (await leave_during(connection, work())).result() is None
+
+
+async def test_run_to_end_finishes_a_clean_up_through_cancellations_then_raises() -> None:
+    steps: list[int] = []
+
+    async def clean_up() -> None:
+        for i in range(3):
+            await asyncio.sleep(0.01)
+            steps.append(i)
+
+    task = asyncio.create_task(run_to_end(clean_up()))
+    for _ in range(2):  # two cancellations land while it runs
+        await asyncio.sleep(0.005)
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == [0, 1, 2]
+    assert await asyncio.create_task(run_to_end(clean_up())) is None  # uncancelled: no raise
