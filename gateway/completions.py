@@ -18,12 +18,12 @@ token relayed; a non-streamed request up to where the engine stopped (asked to b
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+import orjson
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
@@ -211,8 +211,8 @@ async def _finish_after_departure(
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
-        answer = json.loads(body)
-    except ValueError:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
         return None
     return answer if isinstance(answer, dict) else None
 

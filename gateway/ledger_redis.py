@@ -5,7 +5,7 @@ the hash tag ``{tenant}`` (one cluster slot), so the admission script
 (``admission_store_redis``) can check rate limits and reserve budget in one call; tenant and
 period are percent-encoded so ``("a:b", "c")`` and ``("a", "b:c")`` cannot collide::
 
-    tollway:budget:{acme}:day%3A2025-06-01                    HASH  used, known
+    tollway:budget:{acme}:day%3A2025-06-01                    HASH  used, known, reserved
     tollway:budget:{acme}:day%3A2025-06-01:reservations       ZSET  id -> expires_at (ms)
     tollway:budget:{acme}:day%3A2025-06-01:reservation_tokens HASH  id -> tokens
     tollway:budget:{acme}:day%3A2025-06-01:finished           ZSET  id -> forget_at (ms)
@@ -15,9 +15,13 @@ when a reservation expires (this needs script effects replication: the default s
 5, the only mode since Redis 7). ``Reservation.expires_at`` is therefore Redis time.
 
 Expired reservations are purged lazily, inside every script, before anything is counted.
-``reserved`` is summed from the live reservations rather than kept as a counter, so it
-cannot drift. Run Redis with ``maxmemory-policy noeviction``: an evicted key loses budget
-state. Semantics are those of ``budget_ledger``.
+``reserved`` is the sum of ``reservation_tokens``, kept as a field beside ``used`` so that
+admitting a request costs the same with ten or ten thousand requests in flight: every script
+that adds or drops an entry of ``reservation_tokens`` changes ``reserved`` by as much, in the
+same atomic step. A balance written before the field existed has it summed once, from
+``reservation_tokens``, by the first script that needs it. Run Redis with
+``maxmemory-policy noeviction``: an evicted key loses budget state. Semantics are those of
+``budget_ledger``.
 """
 
 from __future__ import annotations
@@ -41,25 +45,46 @@ LEDGER_FUNCTIONS = """
 local account, reservations, reservation_tokens, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local function purge()
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', reservations, '-inf', now)) do
-    redis.call('HDEL', reservation_tokens, id)
-  end
-  redis.call('ZREMRANGEBYSCORE', reservations, '-inf', now)
-  redis.call('ZREMRANGEBYSCORE', finished, '-inf', now)
-end
+-- The `reserved` field, summed from reservation_tokens where a balance predates it.
 local function reserved()
-  local total = 0
+  local total = redis.call('HGET', account, 'reserved')
+  if total then
+    return tonumber(total)
+  end
+  total = 0
   for _, tokens in ipairs(redis.call('HVALS', reservation_tokens)) do
     total = total + tonumber(tokens)
   end
+  redis.call('HSET', account, 'reserved', total)
   return total
+end
+-- Drops reservations' entries from reservation_tokens and their tokens from `reserved`.
+local function unreserve(ids)
+  local total = reserved()
+  for first = 1, #ids, 1000 do  -- unpack() takes a few thousand values at most
+    local part = {unpack(ids, first, math.min(first + 999, #ids))}
+    for _, tokens in ipairs(redis.call('HMGET', reservation_tokens, unpack(part))) do
+      if tokens then
+        total = total - tonumber(tokens)
+      end
+    end
+    redis.call('HDEL', reservation_tokens, unpack(part))
+  end
+  redis.call('HSET', account, 'reserved', math.max(0, total))
+end
+local function purge()
+  local expired = redis.call('ZRANGEBYSCORE', reservations, '-inf', now)
+  if #expired > 0 then
+    unreserve(expired)
+    redis.call('ZREMRANGEBYSCORE', reservations, '-inf', now)
+  end
 end
 local function used()
   return tonumber(redis.call('HGET', account, 'used') or '0')
 end
 -- Marks the reservation finished; false if it already was (settle/release are idempotent).
 local function finish(id, expires_at, retention)
+  redis.call('ZREMRANGEBYSCORE', finished, '-inf', now)
   if redis.call('ZSCORE', finished, id) then
     return false
   end
@@ -68,18 +93,21 @@ local function finish(id, expires_at, retention)
   if redis.call('PTTL', finished) < forget_at - now then
     redis.call('PEXPIRE', finished, forget_at - now)
   end
-  redis.call('ZREM', reservations, id)
-  redis.call('HDEL', reservation_tokens, id)
+  if redis.call('ZREM', reservations, id) == 1 then
+    unreserve({id})
+  end
   return true
 end
 -- Holds `tokens` until now + ttl_ms if they fit under `limit`: expires_at (ms), else false.
 local function reserve(limit, tokens, ttl_ms, id)
-  if used() + reserved() + tokens > limit then
+  local total = reserved()
+  if used() + total + tokens > limit then
     return false
   end
   local expires_at = now + ttl_ms
   redis.call('ZADD', reservations, expires_at, id)
   redis.call('HSET', reservation_tokens, id, tokens)
+  redis.call('HSET', account, 'reserved', total + tokens)
   return expires_at
 end
 """

@@ -7,10 +7,12 @@ call. Every label value here comes from a bounded set (models, endpoints, outcom
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+
+from gateway.loop_histogram import HistogramSeries, LoopHistogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -46,14 +48,14 @@ class GatewayMetrics:
             ("model",),
             registry=self.registry,
         )
-        self.time_to_first_token = Histogram(
+        self.time_to_first_token = LoopHistogram(
             "tollway_gateway_time_to_first_token_seconds",
             "Seconds from accepting a request to relaying its first token.",
             ("model",),
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = LoopHistogram(
             "tollway_gateway_inter_token_latency_seconds",
             "Seconds between consecutive relayed chunks of a stream.",
             ("model",),
@@ -68,7 +70,13 @@ class GatewayMetrics:
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
-    def child(self, metric: M, *label_values: str) -> M:
+    @overload
+    def child(self, metric: LoopHistogram, *label_values: str) -> HistogramSeries: ...
+
+    @overload
+    def child(self, metric: M, *label_values: str) -> M: ...
+
+    def child(self, metric: Any, *label_values: str) -> Any:
         """``metric.labels(*label_values)`` (values in the order the labels were declared)."""
         key = (id(metric), label_values)
         found = self._children.get(key)

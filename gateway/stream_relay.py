@@ -15,13 +15,13 @@ back (a partial UTF-8 character, a possible stop string) was not relayed and is 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 
 from backend_engine.server.sse import DONE, event
 from gateway.storage.models import UsageStatus
@@ -62,7 +62,9 @@ class UsageMeter:
             self.usage = usage
 
     def observe_chunk(self, chunk: dict[str, Any]) -> None:
-        num_tokens = sum(_tokens_in(choice) for choice in chunk.get("choices") or [])
+        num_tokens = 0
+        for choice in chunk.get("choices") or ():
+            num_tokens += _tokens_in(choice)
         if num_tokens == 0:
             return
         now = self.clock()
@@ -156,8 +158,8 @@ def measure_body(body: dict[str, Any], meter: UsageMeter) -> None:
 
 def _parse(payload: str) -> dict[str, Any] | None:
     try:
-        chunk = json.loads(payload)
-    except json.JSONDecodeError:
+        chunk = orjson.loads(payload)  # 3-4x the standard library's speed: once per event
+    except orjson.JSONDecodeError:
         return None
     return chunk if isinstance(chunk, dict) else None
 

@@ -1,8 +1,9 @@
 """The engines behind each model, reached through one pooled ``httpx.AsyncClient``.
 
-The client's transport is httpx-aiohttp's. A ``unix:/path.sock`` upstream gets a private
-host name (``http://uds-N.tollway.invalid``) mounted on an aiohttp transport bound to that
-socket, so TCP and Unix-socket engines share one client and one set of timeouts.
+The client's transport is aiohttp's (`gateway.aiohttp_transport`). A ``unix:/path.sock``
+upstream gets a private host name (``http://uds-N.tollway.invalid``) mounted on an aiohttp
+transport bound to that socket, so TCP and Unix-socket engines share one client and one set
+of timeouts.
 
 `UpstreamPool.open` picks replicas round-robin and moves on to the next one when an engine
 fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
@@ -26,8 +27,9 @@ from typing import Any
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
+import orjson
 
+from gateway.aiohttp_transport import READ_BODY, AiohttpTransport
 from gateway.api_errors import upstream_unavailable
 from gateway.settings import ModelSettings
 
@@ -99,8 +101,9 @@ class UpstreamPool:
         self.client = httpx.AsyncClient(
             transport=tcp, mounts=mounts, timeout=timeout, trust_env=False
         )
-        self._extensions = {"timeout": timeout.as_dict()}
-        self._stop_extensions = {"timeout": STOP_TIMEOUT.as_dict()}
+        self._stream_extensions = {"timeout": timeout.as_dict()}
+        self._extensions = {**self._stream_extensions, READ_BODY: True}
+        self._stop_extensions = {"timeout": STOP_TIMEOUT.as_dict(), READ_BODY: True}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._turns = {name: itertools.count() for name in models}
 
@@ -133,7 +136,7 @@ class UpstreamPool:
                 self._url(base, path),
                 content=payload,
                 headers=request_headers,
-                extensions=self._extensions,
+                extensions=self._stream_extensions if is_stream else self._extensions,
             )
             response: httpx.Response | None = None
             try:
@@ -144,7 +147,7 @@ class UpstreamPool:
                 if is_stream and response.status_code < 400:
                     call.events = await _read_ahead(sse_batches(response))
                 else:
-                    call.body = await response.aread()
+                    call.body = await read_body(response)
                     await response.aclose()
                 return call
             except (httpx.HTTPError, _ReplicaFailed) as exc:
@@ -201,19 +204,19 @@ class _ReplicaFailed(Exception):
     pass
 
 
+MAX_CONNECTIONS = 1000  # per transport (each Unix socket, and all TCP engines together)
+KEEPALIVE_S = 5.0  # an idle connection to an engine is closed after this
+
+
 def _aiohttp_transport(uds: str | None) -> httpx.AsyncBaseTransport:
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    def connector() -> aiohttp.BaseConnector:  # called on first use, inside the event loop
+        if uds is not None:
+            return aiohttp.UnixConnector(
+                path=uds, limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S
+            )
+        return aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
 
-    def session() -> aiohttp.ClientSession:  # called on first use, inside the event loop
-        keepalive_s = limits.keepalive_expiry
-        connector: aiohttp.BaseConnector = (
-            aiohttp.UnixConnector(path=uds, limit=1000, keepalive_timeout=keepalive_s)
-            if uds is not None
-            else aiohttp.TCPConnector(limit=1000, keepalive_timeout=keepalive_s)
-        )
-        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
-
-    return AiohttpTransport(uds=uds, limits=limits, trust_env=False, client=session)
+    return AiohttpTransport(connector)
 
 
 async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
@@ -223,7 +226,7 @@ async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
     Events are cut from the raw bytes (any of the three SSE line endings), which costs a few
     ``find`` calls per event instead of a text decoder and a line splitter per line."""
     pending = b""
-    async for chunk in response.aiter_bytes():
+    async for chunk in _raw_chunks(response):
         pending += chunk
         if b"\r" in pending:
             pending = _to_lf(pending)
@@ -239,6 +242,22 @@ async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
     data = _event_data(_to_lf(pending, is_final=True))
     if data is not None:
         yield [data]
+
+
+async def read_body(response: httpx.Response) -> bytes:
+    """The whole body, as ``response.aread()`` gives it."""
+    if "content-encoding" in response.headers:
+        return await response.aread()
+    return b"".join([chunk async for chunk in _raw_chunks(response)])
+
+
+def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as the transport delivers it, skipping httpx's decoder and re-chunking when
+    there is no encoding to undo (they cost more than the rest of reading a short answer)."""
+    stream = response.stream
+    if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
+        return response.aiter_bytes()
+    return aiter(stream)
 
 
 def _to_lf(text: bytes, *, is_final: bool = False) -> bytes:
@@ -291,8 +310,8 @@ def _has_substance(payload: str) -> bool:
     if payload == "[DONE]":
         return True
     try:
-        chunk = json.loads(payload)
-    except json.JSONDecodeError:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
         return True
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta")

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -16,7 +17,13 @@ DONE = "data: [DONE]\n\n"
 
 
 def event(payload: Mapping[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One SSE event of compact JSON (orjson, several times the standard library's speed:
+    the engine sends one per token; the standard library for what orjson refuses)."""
+    try:
+        text = orjson.dumps(payload).decode()
+    except TypeError:  # e.g. an integer past 64 bits
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n"
 
 
 class EventStreamResponse(Response):

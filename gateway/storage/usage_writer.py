@@ -41,6 +41,7 @@ from itertools import islice
 from pathlib import Path
 from typing import IO
 
+import orjson
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from gateway.storage.database import Database
@@ -109,7 +110,7 @@ class UsageWriter:
 
     def submit(self, entry: UsageEntry) -> None:
         """Accept a record: durable in the spill file on return, written to the database later."""
-        line = json.dumps(entry.to_json_dict(), separators=(",", ":")) + "\n"
+        line = orjson.dumps(entry.to_json_dict()).decode() + "\n"
         with self._cond:
             if self._spill.closed:
                 raise RuntimeError("the usage writer is closed: close it after the server drains")
