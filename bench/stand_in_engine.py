@@ -5,7 +5,9 @@ finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) o
 body, echoing the requested model. By default it answers at once; with pacing it takes as
 long as a generating engine would: ``ttft_ms`` before the first content and ``itl_ms``
 between content chunks, so a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) *
-itl_ms``. ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader scrapes)
+itl_ms``. Chunks keep that schedule, counted from the request, however long each write
+takes (an engine's tokens come from its steps, not from its writes): pausing ``itl_ms``
+after each write instead let a slower reader push a stream's end later, write by write. ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader scrapes)
 and ``/health`` answer at once; anything else is a 404.
 
     python -m bench.stand_in_engine --uds /tmp/engine.sock     # or --port 8100
@@ -95,11 +97,14 @@ class StandInEngine:
             chunks.append({**head, "choices": [], "usage": usage})
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         # Chunk 0 is the role, 1..num_chunks the content: the role goes with the first content.
+        # Content chunk k is due ttft + (k - 1) * itl after the request, as an engine's steps
+        # come on their own clock: how long a write takes does not push the next token later.
+        start = time.monotonic()
         for i, chunk in enumerate(chunks):
             if i == 0:
                 await _pause(self.ttft_s)
             elif 2 <= i <= self.num_chunks:
-                await _pause(self.itl_s)
+                await _pause(start + self.ttft_s + (i - 1) * self.itl_s - time.monotonic())
             event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
