@@ -7,8 +7,9 @@ long as a generating engine would: ``ttft_ms`` before the first content and ``it
 between content chunks, so a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) *
 itl_ms``. Chunks keep that schedule, counted from the request, however long each write
 takes (an engine's tokens come from its steps, not from its writes): pausing ``itl_ms``
-after each write instead let a slower reader push a stream's end later, write by write. ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader scrapes)
-and ``/health`` answer at once; anything else is a 404.
+after each write instead let a slower reader push a stream's end later, write by write.
+``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader scrapes) and
+``/health`` answer at once; anything else is a 404.
 
     python -m bench.stand_in_engine --uds /tmp/engine.sock     # or --port 8100
     python -m bench.stand_in_engine --ttft-ms 50 --itl-ms 20   # ~50 tokens/s per stream
