@@ -91,7 +91,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def _timeout(self, timeout: Mapping[str, float | None] | None) -> aiohttp.ClientTimeout:
         """httpx's ``{connect, read, write, pool}`` as aiohttp's timeouts (write: no such)."""
         timeout = timeout or {}
-        key = tuple(sorted(timeout.items()))
+        key = tuple(timeout.items())  # the pool passes the same dict every time
         found = self._timeouts.get(key)
         if found is None:
             found = self._timeouts[key] = aiohttp.ClientTimeout(

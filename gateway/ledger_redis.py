@@ -45,7 +45,8 @@ LEDGER_FUNCTIONS = """
 local account, reservations, reservation_tokens, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- The `reserved` field, summed from reservation_tokens where a balance predates it.
+-- The `reserved` field; summed from reservation_tokens (and stored) where a balance
+-- predates it. A balance that holds nothing is not written: reading it creates no key.
 local function reserved()
   local total = redis.call('HGET', account, 'reserved')
   if total then
@@ -55,7 +56,9 @@ local function reserved()
   for _, tokens in ipairs(redis.call('HVALS', reservation_tokens)) do
     total = total + tonumber(tokens)
   end
-  redis.call('HSET', account, 'reserved', total)
+  if total > 0 then
+    redis.call('HSET', account, 'reserved', total)
+  end
   return total
 end
 -- Drops reservations' entries from reservation_tokens and their tokens from `reserved`.

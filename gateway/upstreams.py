@@ -245,9 +245,7 @@ async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
 
 
 async def read_body(response: httpx.Response) -> bytes:
-    """The whole body, as ``response.aread()`` gives it."""
-    if "content-encoding" in response.headers:
-        return await response.aread()
+    """The whole body, decoded, as ``response.aread()`` gives it."""
     return b"".join([chunk async for chunk in _raw_chunks(response)])
 
 

@@ -66,6 +66,16 @@ async def test_a_balance_from_before_the_reserved_field_is_summed_once(redis_url
         await client.aclose()
 
 
+async def test_reading_a_balance_that_holds_nothing_writes_nothing(redis_url: str) -> None:
+    client = LeanRedis(redis_url)
+    ledger = RedisBudgetLedger(client)
+    try:
+        assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
+        assert await client.execute_command("EXISTS", *BudgetKeys.of(TENANT, DAY).as_list()) == 0
+    finally:
+        await client.aclose()
+
+
 async def test_many_expired_reservations_are_purged_at_once(redis_url: str) -> None:
     """More expired reservations than one Lua ``unpack`` takes (a gateway that died busy)."""
     client = LeanRedis(redis_url)
