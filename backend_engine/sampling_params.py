@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# What the sampler can run: torch.Generator.manual_seed takes -2**63 .. 2**64 - 1 (a
+# negative seed is its two's complement), and top_k becomes an int64 tensor.
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+MAX_TOP_K = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,8 +37,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be non-negative (0 disables it), got {self.top_k}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be in [0, 2**63 - 1] (0 disables it), got {self.top_k}")
+        if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -23,6 +23,7 @@ _HTTP_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
 }
 
 
@@ -66,6 +67,17 @@ def body_too_large(limit: int) -> ApiError:
     )
 
 
+def unsupported_encoding(encoding: str) -> ApiError:
+    return ApiError(
+        Rejection(
+            415,
+            "unsupported_content_encoding",
+            "invalid_request_error",
+            f"Content-Encoding {encoding[:40]!r} is not supported: send the body uncompressed.",
+        )
+    )
+
+
 def upstream_unavailable(model: str) -> ApiError:
     return ApiError(
         Rejection(
@@ -94,6 +106,7 @@ def to_rejection(exc: BaseException) -> Rejection:
             f"http_{exc.status_code}",
             _HTTP_TYPES.get(exc.status_code, "invalid_request_error"),
             str(exc.detail),
+            headers=exc.headers or {},  # a 405's Allow
         )
     return Rejection(500, "internal_error", "server_error", "The gateway failed unexpectedly.")
 

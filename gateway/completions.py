@@ -35,7 +35,13 @@ from gateway.admission import Admission, Refusal
 from gateway.api_errors import ApiError, invalid_api_key, to_rejection
 from gateway.auth import bearer_token
 from gateway.context import GatewayContext
-from gateway.request_body import CompletionBody, Endpoint, parse_body, read_json
+from gateway.request_body import (
+    CompletionBody,
+    Endpoint,
+    parse_body,
+    read_json,
+    requested_model,
+)
 from gateway.storage.models import UsageStatus
 from gateway.stream_relay import UsageMeter, measure_body, relay_events
 from gateway.upstreams import UpstreamCall
@@ -83,7 +89,7 @@ async def _complete(request: Request, endpoint: Endpoint) -> Response:
     )
     try:
         data = await read_json(request, ctx.settings.max_body_bytes)
-        info = replace(info, requested_model=str(data.get("model") or ""))
+        info = replace(info, requested_model=requested_model(data))
         body = parse_body(data, endpoint)
         info = replace(info, requested_model=body.model, is_stream=body.is_stream)
         span.set_attribute("gen_ai.request.model", body.model)

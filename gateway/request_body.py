@@ -1,26 +1,39 @@
-"""Reading and validating a completion request body: bounded, JSON, the fields the gateway uses.
+"""Reading and validating a completion request body: bounded, JSON, every field OpenAI defines.
 
-The gateway checks only what it acts on (model, prompt or messages, max_tokens, stream,
-stream_options); every other field is passed to the engine untouched, which validates it.
+The body is read up to ``max_body_bytes`` (413 beyond), uncompressed only (415 for any
+``Content-Encoding``), and parsed with a nesting cap (``backend_engine.server.json_body``).
+The sampling fields are checked against the table the engine server checks too
+(``backend_engine.server.field_rules``): ranges, integer widths, counts and lengths, so a
+value the engine could not run is a 400 here. ``null`` is "not given" for every optional
+field and is not forwarded. Fields outside the table are passed to the engine untouched.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.api_errors import ApiError, body_too_large, invalid_request
+from backend_engine.server.field_rules import (
+    RULES,
+    Endpoint,
+    FieldError,
+    check_fields,
+    drop_nulls,
+)
+from backend_engine.server.json_body import parse_json_object
+from gateway.api_errors import ApiError, body_too_large, invalid_request, unsupported_encoding
 
-Endpoint = Literal["chat", "completions"]
+__all__ = ["CompletionBody", "Endpoint", "parse_body", "read_json", "requested_model"]
+
 Messages = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class CompletionBody:
-    """One validated request. ``raw`` is the client's JSON object, forwarded nearly as is."""
+    """One validated request. ``raw`` is the client's JSON object (less its nulls),
+    forwarded nearly as is."""
 
     endpoint: Endpoint
     raw: dict[str, Any]
@@ -44,6 +57,9 @@ class CompletionBody:
 
 
 async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
+    encoding = request.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise unsupported_encoding(encoding)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise body_too_large(max_body_bytes)
@@ -58,61 +74,58 @@ async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
     except ClientDisconnect:
         raise invalid_request("The client closed the connection while sending.") from None
     try:
-        data = json.loads(b"".join(chunks))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(
-            f"We could not parse the JSON body of your request: {exc}.", code="invalid_json"
-        ) from None
-    if not isinstance(data, dict):
-        raise invalid_request("The request body must be a JSON object.", code="invalid_json")
-    return data
+        return parse_json_object(b"".join(chunks))
+    except FieldError as exc:
+        raise _refusal(exc) from None
+
+
+def requested_model(data: dict[str, Any]) -> str:
+    """The model a body asks for, for its usage record: ``""`` unless it is a valid name
+    (a refused body still gets a record, and the database must be able to store it)."""
+    model = data.get("model")
+    try:
+        RULES["chat"]["model"].check("model", model)
+    except FieldError:
+        return ""
+    return str(model)
 
 
 def parse_body(data: dict[str, Any], endpoint: Endpoint) -> CompletionBody:
+    data = drop_nulls(data)
+    try:
+        check_fields(data, endpoint)
+    except FieldError as exc:
+        raise _refusal(exc) from None
     model = data.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None:
         raise _type_error("model", "a non-empty string")
     messages: Messages | None = None
     prompt: str | list[int] | None = None
     if endpoint == "chat":
         messages = _messages(data.get("messages"))
+        max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     else:
         prompt = _prompt(data.get("prompt"))
-    max_tokens = _optional_int(data, "max_completion_tokens") if endpoint == "chat" else None
-    if max_tokens is None:
-        max_tokens = _optional_int(data, "max_tokens")
-    stream = data.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _type_error("stream", "a boolean")
-    options = data.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict):
-            raise _type_error("stream_options", "an object")
-        flag = options.get("include_usage", False)
-        if not isinstance(flag, bool):
-            raise _type_error("stream_options.include_usage", "a boolean")
-        include_usage = flag
+        max_tokens = data.get("max_tokens")
+    options = data.get("stream_options") or {}
     return CompletionBody(
-        endpoint, data, model, messages, prompt, max_tokens, stream, include_usage
+        endpoint,
+        data,
+        model,
+        messages,
+        prompt,
+        max_tokens,
+        data.get("stream", False),
+        options.get("include_usage", False),
     )
+
+
+def _refusal(exc: FieldError) -> ApiError:
+    return invalid_request(exc.message, exc.param, code=exc.code)
 
 
 def _type_error(param: str, expected: str) -> ApiError:
     return invalid_request(f"Invalid type for '{param}': expected {expected}.", param=param)
-
-
-def _optional_int(data: dict[str, Any], name: str) -> int | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _type_error(name, "an integer")
-    if value < 1:
-        raise invalid_request(f"{name} must be at least 1, got {value}.", param=name)
-    return value
 
 
 def _messages(value: Any) -> Messages:
@@ -124,6 +137,13 @@ def _messages(value: Any) -> Messages:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise _type_error(f"messages[{n}].content", "a string or an array of parts")
+        if content == []:
+            raise invalid_request(
+                f"Invalid 'messages[{n}].content': array too short. Expected an array with "
+                "minimum length 1, but got an empty array instead.",
+                f"messages[{n}].content",
+                code="empty_array",
+            )
     return value
 
 

@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backend_engine.server.field_rules import FieldError
+
 logger = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
@@ -24,6 +26,7 @@ _TYPE_BY_STATUS = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "internal_error",
     503: "service_unavailable_error",
 }
@@ -82,6 +85,18 @@ def body_too_large(limit_bytes: int) -> APIError:
         status_code=413,
         code="request_too_large",
     )
+
+
+def unsupported_encoding(encoding: str) -> APIError:
+    return APIError(
+        f"Content-Encoding {encoding[:40]!r} is not supported: send the body uncompressed.",
+        status_code=415,
+        code="unsupported_content_encoding",
+    )
+
+
+def from_field_error(exc: FieldError) -> APIError:
+    return APIError(exc.message, param=exc.param, code=exc.code)
 
 
 def from_validation_error(exc: ValidationError) -> APIError:

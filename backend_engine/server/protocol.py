@@ -1,7 +1,10 @@
 """Request bodies of the OpenAI-compatible API, as strict pydantic models.
 
 Types are checked strictly (``"ten"`` is not a number, ``"true"`` is not a bool);
-fields this server does not know are ignored, as OpenAI's own API does.
+fields this server does not know are ignored, as OpenAI's own API does. The sampling
+fields' ranges, widths and lengths are not repeated here: ``request_reader.read_model``
+checks them first against the table the gateway uses too (``field_rules``), and drops
+``null`` fields so they take their defaults.
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
-
-MAX_LOGPROBS = 20
 
 
 class StreamOptions(BaseModel):
@@ -27,10 +28,10 @@ class GenerationRequest(BaseModel):
     model_config = _STRICT
 
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = 0  # extension; -1 and 0 both disable it
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # extension; -1 and 0 both disable it
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
@@ -38,23 +39,6 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension
     user: str | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"only n=1 is supported, got n={n}")
-        return n
-
-    @field_validator("stop")
-    @classmethod
-    def _non_empty_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        stops = [stop] if isinstance(stop, str) else stop or []
-        if any(not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
-        if len(stops) > 4:
-            raise ValueError(f"at most 4 stop strings are supported, got {len(stops)}")
-        return stop
 
     @property
     def stop_strings(self) -> list[str]:
@@ -76,8 +60,7 @@ class GenerationRequest(BaseModel):
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[int] | list[str]
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    echo: bool = False
+    logprobs: int | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -87,13 +70,6 @@ class CompletionRequest(GenerationRequest):
         if not prompt:
             raise ValueError("prompt must not be empty")
         return prompt
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("echo is not supported")
-        return echo
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
@@ -110,7 +86,7 @@ class ChatMessage(BaseModel):
     model_config = _STRICT
 
     role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
@@ -129,15 +105,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-
-    @model_validator(mode="after")
-    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+    top_logprobs: int | None = None
 
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from backend_engine.request_priority import Priority
-from backend_engine.server.errors import body_too_large, from_validation_error, invalid_request
+from backend_engine.server.errors import (
+    body_too_large,
+    from_field_error,
+    from_validation_error,
+    invalid_request,
+    unsupported_encoding,
+)
+from backend_engine.server.field_rules import Endpoint, FieldError, check_fields, drop_nulls
+from backend_engine.server.json_body import parse_json_object
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_TENANT = "default"
@@ -27,7 +35,11 @@ class RequestMeta:
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, refusing (413) as soon as it is known to exceed ``max_bytes``."""
+    """The request body, refusing (413) as soon as it is known to exceed ``max_bytes``, and
+    (415) any ``Content-Encoding``: bodies are read uncompressed only."""
+    encoding = request.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise unsupported_encoding(encoding)
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
         raise body_too_large(max_bytes)
@@ -39,12 +51,28 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return bytes(body)
 
 
-async def read_model(request: Request, model_type: type[ModelT], max_bytes: int) -> ModelT:
+async def read_model(
+    request: Request,
+    model_type: type[ModelT],
+    max_bytes: int,
+    *,
+    endpoint: Endpoint | None = None,
+) -> ModelT:
+    """The body as ``model_type``. For a generation ``endpoint``, null fields are dropped
+    (they take their defaults) and the sampling fields are checked against ``field_rules``
+    first, as the gateway checks them."""
     body = await read_body(request, max_bytes)
     if not body.strip():
         raise invalid_request("Request body is empty; expected a JSON object")
     try:
-        return model_type.model_validate_json(body)
+        data: dict[str, Any] = parse_json_object(body)
+        if endpoint is not None:
+            data = drop_nulls(data)
+            check_fields(data, endpoint)
+    except FieldError as exc:
+        raise from_field_error(exc) from None
+    try:
+        return model_type.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
 

@@ -62,7 +62,7 @@ def _check_model(ctx: ServerContext, model: str) -> None:
 async def chat_completions(request: Request) -> Response:
     ctx = ServerContext.of(request)
     meta = read_meta(request)  # bad headers are refused before the body is read
-    body = await read_model(request, ChatCompletionRequest, ctx.max_body_bytes)
+    body = await read_model(request, ChatCompletionRequest, ctx.max_body_bytes, endpoint="chat")
     _check_model(ctx, body.model)
     prompt_ids = await anyio.to_thread.run_sync(
         ctx.engine.tokenizer.encode_chat, body.chat_messages()
@@ -75,7 +75,7 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     ctx = ServerContext.of(request)
     meta = read_meta(request)
-    body = await read_model(request, CompletionRequest, ctx.max_body_bytes)
+    body = await read_model(request, CompletionRequest, ctx.max_body_bytes, endpoint="completions")
     _check_model(ctx, body.model)
     prompt = body.prompt
     if isinstance(prompt, list) and isinstance(prompt[0], str):

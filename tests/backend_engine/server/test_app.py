@@ -328,7 +328,7 @@ BAD_REQUESTS = [
     bad(CHAT, greedy(messages=[IMAGE_MESSAGE]), "messages", "image-part"),
     bad(CHAT, chat(n=2), "n", "n-2"),
     bad(CHAT, chat(top_p=0), "top_p", "top-p-0"),
-    bad(CHAT, chat(stop=[""]), "stop", "empty-stop"),
+    bad(CHAT, chat(stop=[""]), "stop[0]", "empty-stop"),
     bad(CHAT, chat(top_logprobs=50, logprobs=True), "top_logprobs", "too-many-logprobs"),
     bad(COMPLETIONS, greedy(prompt=""), "prompt", "empty-prompt"),
     bad(COMPLETIONS, greedy(prompt=["a", "b"]), "prompt", "two-prompts"),

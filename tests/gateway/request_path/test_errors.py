@@ -74,12 +74,12 @@ def test_400_malformed_and_mistyped_bodies_and_413(client: httpx.Client, db_url:
     assert_openai_error(
         post(client, key, {"model": SMALL, "messages": MESSAGES, "max_tokens": "5"}),
         400,
-        "invalid_request",
+        "invalid_type",
     )
     assert_openai_error(
         post(client, key, {"model": SMALL, "messages": MESSAGES, "stream": "yes"}),
         400,
-        "invalid_request",
+        "invalid_type",
     )
     big = {"model": SMALL, "messages": [{"role": "user", "content": "x" * 10_000}]}
     assert_openai_error(post(client, key, big), 413, "request_too_large")

@@ -1,0 +1,323 @@
+"""What a completion request's fields may hold: one table, checked by the gateway and the engine.
+
+Both sides call :func:`check_fields` on the parsed JSON object before anything else reads it,
+so a value the engine could not execute (``seed=2**64``, ``top_k=10**20``) is a 400 at the
+door, never a failed engine step. The module is plain Python (no torch, no pydantic): the
+gateway imports it.
+
+- ``null`` means "not given" for every optional field (as OpenAI treats it): the field is
+  skipped here and :func:`drop_nulls` removes it before the body goes further.
+- Fields the engine does not implement are accepted only with their no-op value
+  (``n: 1``, ``presence_penalty: 0``, ``tools: []``, ``response_format: {"type": "text"}``...);
+  any other value is refused rather than silently ignored.
+- Fields not in the table are ignored, as OpenAI's own API ignores them.
+
+Errors are raised as :class:`FieldError` (message, param, code in OpenAI's words); the gateway
+and the engine server each turn it into their own 400.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Endpoint = Literal["chat", "completions"]
+
+MAX_INT32 = 2**31 - 1
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # OpenAI's: a signed 64-bit integer
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 1024  # each stop string is held back from a stream until decided
+MAX_MODEL_CHARS = 200  # the usage record's requested_model column
+MAX_USER_CHARS = 256
+MAX_JSON_DEPTH = 64
+
+_CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+class FieldError(ValueError):
+    """A client input that is refused with a 400, in OpenAI's words."""
+
+    def __init__(self, message: str, param: str | None, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _invalid_type(param: str, expected: str, value: Any) -> FieldError:
+    return FieldError(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        param,
+        "invalid_type",
+    )
+
+
+def _unsupported_value(param: str, value: Any, default: str) -> FieldError:
+    return FieldError(
+        f"Unsupported value: '{param}' does not support {value!r} on this server. "
+        f"Only the default ({default}) value is supported.",
+        param,
+        "unsupported_value",
+    )
+
+
+def _out_of_range(param: str, what: str, value: float, low: str | None, high: str | None) -> None:
+    if low is not None:
+        raise FieldError(
+            f"Invalid '{param}': {what} below minimum value. Expected a value {low}, "
+            f"but got {value} instead.",
+            param,
+            f"{what}_below_min_value",
+        )
+    raise FieldError(
+        f"Invalid '{param}': {what} above maximum value. Expected a value {high}, "
+        f"but got {value} instead.",
+        param,
+        f"{what}_above_max_value",
+    )
+
+
+@dataclass(frozen=True)
+class Decimal:
+    """A JSON number in ``[low, high]`` (``(low, high]`` when ``is_low_open``)."""
+
+    low: float
+    high: float
+    is_low_open: bool = False
+    only: float | None = None  # the one value this server supports, when it does not implement it
+
+    def check(self, param: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _invalid_type(param, "a decimal", value)
+        if value < self.low or (self.is_low_open and value == self.low):
+            sign = ">" if self.is_low_open else ">="
+            _out_of_range(param, "decimal", value, f"{sign} {self.low:g}", None)
+        if value > self.high:
+            _out_of_range(param, "decimal", value, None, f"<= {self.high:g}")
+        if self.only is not None and value != self.only:
+            raise _unsupported_value(param, value, f"{self.only:g}")
+
+
+@dataclass(frozen=True)
+class Integer:
+    """A JSON integer in ``[low, high]``."""
+
+    low: int
+    high: int
+    only: int | None = None
+
+    def check(self, param: str, value: Any) -> None:
+        # orjson gives integers past 64 bits as floats: report those as out of range.
+        is_huge = isinstance(value, float) and not self.low <= value <= self.high
+        if is_huge and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid_type(param, "an integer", value)
+        if value < self.low:
+            _out_of_range(param, "integer", value, f">= {self.low}", None)
+        if value > self.high:
+            _out_of_range(param, "integer", value, None, f"<= {self.high}")
+        if self.only is not None and value != self.only:
+            raise _unsupported_value(param, value, str(self.only))
+
+
+@dataclass(frozen=True)
+class Boolean:
+    only: bool | None = None
+
+    def check(self, param: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise _invalid_type(param, "a boolean", value)
+        if self.only is not None and value != self.only:
+            raise _unsupported_value(param, value, str(self.only).lower())
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string of ``min_chars`` to ``max_chars`` characters; ``is_printable``: no control
+    characters (it is stored in a usage record, and PostgreSQL refuses NUL)."""
+
+    max_chars: int
+    min_chars: int = 0
+    is_printable: bool = False
+
+    def check(self, param: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise _invalid_type(param, "a string", value)
+        _check_length(param, value, self.min_chars, self.max_chars)
+        if self.is_printable and _CONTROL_CHARACTERS.search(value):
+            raise FieldError(
+                f"Invalid '{param}': control characters (such as NUL) are not allowed.",
+                param,
+                "invalid_value",
+            )
+
+
+def _check_length(param: str, value: str, min_chars: int, max_chars: int) -> None:
+    if len(value) < min_chars:
+        raise FieldError(
+            f"Invalid '{param}': empty string. Expected a string with minimum length "
+            f"{min_chars}, but got an empty string instead.",
+            param,
+            "empty_string",
+        )
+    if len(value) > max_chars:
+        raise FieldError(
+            f"Invalid '{param}': string too long. Expected a string with maximum length "
+            f"{max_chars}, but got a string with length {len(value)} instead.",
+            param,
+            "string_above_max_length",
+        )
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A string or an array of up to ``MAX_STOP_STRINGS`` non-empty, bounded strings."""
+
+    def check(self, param: str, value: Any) -> None:
+        if isinstance(value, str):
+            _check_length(param, value, 1, MAX_STOP_CHARS)
+            return
+        if not isinstance(value, list):
+            raise _invalid_type(param, "a string or an array of strings", value)
+        if len(value) > MAX_STOP_STRINGS:
+            raise FieldError(
+                f"Invalid '{param}': array too long. Expected an array with maximum length "
+                f"{MAX_STOP_STRINGS}, but got an array with length {len(value)} instead.",
+                param,
+                "array_above_max_length",
+            )
+        for n, item in enumerate(value):
+            if not isinstance(item, str):
+                raise _invalid_type(f"{param}[{n}]", "a string", item)
+            _check_length(f"{param}[{n}]", item, 1, MAX_STOP_CHARS)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    def check(self, param: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise _invalid_type(param, "an object", value)
+        flag = value.get("include_usage")
+        if flag is not None and not isinstance(flag, bool):
+            raise _invalid_type(f"{param}.include_usage", "a boolean", flag)
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A feature this server does not implement: only its no-op values are accepted."""
+
+    accepted: tuple[Any, ...]
+    expected: str  # the accepted JSON type, for a wrong type
+    is_type: Callable[[Any], bool]
+
+    def check(self, param: str, value: Any) -> None:
+        if not self.is_type(value):
+            raise _invalid_type(param, self.expected, value)
+        if value not in self.accepted:
+            raise FieldError(
+                f"Unsupported parameter: '{param}' is not supported on this server.",
+                param,
+                "unsupported_parameter",
+            )
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+def _is_string_or_object(value: Any) -> bool:
+    return isinstance(value, str | dict)
+
+
+Rule = Decimal | Integer | Boolean | Text | Stop | StreamOptions | Unsupported
+
+_MAX_TOKENS = Integer(1, MAX_INT32)
+_COMMON: dict[str, Rule] = {
+    "model": Text(MAX_MODEL_CHARS, min_chars=1, is_printable=True),
+    "max_tokens": _MAX_TOKENS,
+    "temperature": Decimal(0.0, 2.0),
+    "top_p": Decimal(0.0, 1.0, is_low_open=True),
+    "top_k": Integer(-1, MAX_INT32),  # an extension (as vLLM's): -1 and 0 both disable it
+    "seed": Integer(MIN_SEED, MAX_SEED),
+    "stop": Stop(),
+    "n": Integer(1, 128, only=1),
+    "stream": Boolean(),
+    "stream_options": StreamOptions(),
+    "ignore_eos": Boolean(),  # an extension
+    "user": Text(MAX_USER_CHARS),
+    "presence_penalty": Decimal(-2.0, 2.0, only=0.0),
+    "frequency_penalty": Decimal(-2.0, 2.0, only=0.0),
+    "logit_bias": Unsupported(({},), "an object", _is_object),
+}
+RULES: dict[Endpoint, dict[str, Rule]] = {
+    "chat": {
+        **_COMMON,
+        "max_completion_tokens": _MAX_TOKENS,
+        "logprobs": Boolean(),
+        "top_logprobs": Integer(0, MAX_LOGPROBS),
+        "response_format": Unsupported(({"type": "text"},), "an object", _is_object),
+        "tools": Unsupported(([],), "an array", _is_array),
+        "tool_choice": Unsupported(("none",), "a string or an object", _is_string_or_object),
+        "functions": Unsupported(([],), "an array", _is_array),
+        "function_call": Unsupported(("none",), "a string or an object", _is_string_or_object),
+    },
+    "completions": {
+        **_COMMON,
+        "logprobs": Integer(0, MAX_LOGPROBS),
+        "echo": Boolean(only=False),
+        "best_of": Integer(1, 20, only=1),
+        "suffix": Unsupported(("",), "a string", lambda v: isinstance(v, str)),
+    },
+}
+
+
+def check_fields(data: Mapping[str, Any], endpoint: Endpoint) -> None:
+    """Raise :class:`FieldError` for the first field in ``data`` that breaks its rule."""
+    rules = RULES[endpoint]
+    for name, value in data.items():
+        rule = rules.get(name)
+        if rule is not None and value is not None:
+            rule.check(name, value)
+    if endpoint == "chat" and data.get("top_logprobs") and data.get("logprobs") is not True:
+        raise FieldError(
+            "Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.",
+            "top_logprobs",
+            "invalid_value",
+        )
+
+
+def drop_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without its ``null`` fields (in ``stream_options`` too): null is "not given"."""
+    options = data.get("stream_options")
+    has_null_option = isinstance(options, dict) and None in options.values()
+    if None not in data.values() and not has_null_option:
+        return data
+    out = {k: v for k, v in data.items() if v is not None}
+    options = out.get("stream_options")
+    if isinstance(options, dict):
+        out["stream_options"] = {k: v for k, v in options.items() if v is not None}
+    return out
