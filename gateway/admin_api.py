@@ -33,6 +33,9 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.admin_schemas import (
     DEFAULTS,
+    NON_BLANK_PATTERN,
+    TENANT_ID_PATTERN,
+    TEXT_PATTERN,
     ApiKey,
     ApiKeyCreate,
     ApiKeyList,
@@ -47,8 +50,9 @@ from gateway.admin_schemas import (
 )
 from gateway.api_errors import ApiError, invalid_request
 from gateway.auth import bearer_token
-from gateway.auth_epochs import AuthEpochs
+from gateway.auth_epochs import AuthEpochs, MemoryAuthEpochs
 from gateway.budget_ledger import BudgetLedger
+from gateway.key_cache import KeyCache
 from gateway.request_body import read_json
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database
@@ -72,6 +76,12 @@ _HINTS = {
     "tier": " Set a tenant's tier with PATCH /admin/tenants/{tenant_id}.",
     "quota": " Replace a quota with PUT /admin/tenants/{tenant_id}/quota.",
 }
+_PATTERN_RULES = {
+    TEXT_PATTERN: "text without NUL characters",
+    NON_BLANK_PATTERN: "a name that is not blank and has no NUL characters",
+    TENANT_ID_PATTERN: "1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit",
+}
+_KEY_LENGTH = len(api_keys.generate_key())
 Model = TypeVar("Model", bound=BaseModel)
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -84,9 +94,12 @@ def admin_routes(
     now: Callable[[], datetime] = utc_now,
     *,
     auth_epochs: AuthEpochs | None = None,
+    keys: KeyCache | None = None,
 ) -> list[BaseRoute]:
     """The ``/admin`` routes; ``admin_key_hash`` is the SHA-256 hex of the admin key.
-    ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache)."""
+    ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache).
+    ``keys``: the gateway's key cache, which tells a tenant's API key (403) from an unknown
+    key (401); none: a database read per refused request."""
     key_hash = admin_key_hash.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", key_hash):
         raise ValueError(
@@ -94,20 +107,16 @@ def admin_routes(
         )
     api = _AdminApi(db, ledger, now, auth_epochs)
 
+    tenant_keys = keys or KeyCache(db, auth_epochs or MemoryAuthEpochs(), ttl_s=0)
+
     def guard(endpoint: Endpoint) -> Endpoint:
         @functools.wraps(endpoint)
         async def guarded(request: Request) -> Response:
             token = bearer_token(request)
             if token is None or not api_keys.verify_key(token, key_hash):
-                raise ApiError(
-                    Rejection(
-                        401,
-                        "invalid_api_key",
-                        "invalid_request_error",
-                        "Missing or incorrect admin key: pass `Authorization: Bearer <admin key>`.",
-                        headers={"WWW-Authenticate": "Bearer"},
-                    )
-                )
+                if token is not None and await _is_tenant_key(tenant_keys, token):
+                    raise _not_an_admin_key()
+                raise _invalid_admin_key()
             return await endpoint(request)
 
         return guarded
@@ -196,7 +205,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: Tenant, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
         return _json(_tenant_view(await self._transaction(lambda s: _live_tenant(s, tenant_id))))
 
     async def update_tenant(self, request: Request) -> Response:
@@ -204,7 +213,7 @@ class _AdminApi:
         ---
         {params: [TenantId], body: TenantUpdate, 200: Tenant, errors: [400, 404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
         body = await _read_model(request, TenantUpdate)
         now = self._now()
 
@@ -229,7 +238,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: Deleted, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
         now = self._now()
         if not await self._transaction(lambda s: tenants.delete_tenant(s, tenant_id, now=now)):
             raise _not_found("tenant", tenant_id)
@@ -242,7 +251,7 @@ class _AdminApi:
         ---
         {params: [TenantId], body: Quota, 200: QuotaSettings, errors: [400, 404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
         body = await _read_model(request, Quota)
         quota = _validated_quota(body, DEFAULTS.tier, param_prefix="")
         now = self._now()
@@ -262,7 +271,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: Budget, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
         info = await self._transaction(lambda s: _live_tenant(s, tenant_id))
         status = await budget_status(
             self._db, self._ledger, info.id, tenant_quota(info), self._now()
@@ -275,15 +284,15 @@ class _AdminApi:
         {params: [TenantId], body: ApiKeyCreate, body_optional: true, 201: CreatedApiKey,
          errors: [400, 404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
         is_empty = request.headers.get("content-length") == "0"
         body = ApiKeyCreate() if is_empty else await _read_model(request, ApiKeyCreate)
         now = self._now()
         expires_at = body.expires_at
-        if expires_at is not None and (expires_at.tzinfo is None or expires_at <= now):
+        if expires_at is not None and expires_at <= now:
             raise invalid_request(
-                "expires_at must be a future date-time with a time zone "
-                "(e.g. 2030-01-01T00:00:00Z).",
+                "expires_at must be in the future (a key that never worked is a mistake; "
+                "to stop a key, revoke it).",
                 param="expires_at",
             )
 
@@ -310,7 +319,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: ApiKeyList, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = _path_id(request, "tenant_id", "tenant")
 
         def list_(session: Session) -> list[api_keys.ApiKeyInfo]:
             _live_tenant(session, tenant_id)
@@ -324,7 +333,7 @@ class _AdminApi:
         ---
         {params: [KeyId], 200: ApiKey, errors: [404]}
         """
-        key_id = request.path_params["key_id"]
+        key_id = _path_id(request, "key_id", "API key")
         now = self._now()
 
         def revoke(session: Session) -> api_keys.ApiKeyInfo:
@@ -361,6 +370,8 @@ class _AdminApi:
     async def _known_tenant_filter(self, params: Mapping[str, str]) -> str | None:
         tenant_id = params.get("tenant_id") or None
         if tenant_id is not None:
+            if not _is_storable(tenant_id):
+                raise _not_found("tenant", tenant_id, param="tenant_id")
             found = await self._transaction(
                 lambda s: tenants.get_tenant(s, tenant_id, include_deleted=True)
             )
@@ -404,6 +415,9 @@ async def _read_model(request: Request, model: type[Model]) -> Model:
         param = ".".join(str(part) for part in error["loc"]) or None
         if error["type"] == "extra_forbidden":
             message = f"Unknown field '{param}'.{_HINTS.get(param or '', '')}"
+        elif error["type"] == "string_pattern_mismatch":
+            rule = _PATTERN_RULES.get(str((error.get("ctx") or {}).get("pattern")), error["msg"])
+            message = f"Invalid '{param}': {rule}."
         else:
             message = f"Invalid '{param}': {error['msg']}."
         raise invalid_request(message, param=param) from None
@@ -414,6 +428,26 @@ def _parse_bool(params: Mapping[str, str], name: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise invalid_request(f"Invalid '{name}': use true or false.", param=name)
     return value in ("true", "1")
+
+
+def _path_id(request: Request, name: str, what: str) -> str:
+    """A path parameter naming a stored row; one the database could not hold is a 404."""
+    value = str(request.path_params[name])
+    if not _is_storable(value):
+        raise _not_found(what, value)
+    return value
+
+
+def _is_storable(text: str) -> bool:
+    """Whether ``text`` can be a database value (PostgreSQL's ``text`` refuses NUL; lone
+    surrogates cannot be encoded as UTF-8): a lookup of anything else finds nothing."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _live_tenant(session: Session, tenant_id: str) -> tenants.TenantInfo:
@@ -455,6 +489,47 @@ def _not_found(what: str, name: str, param: str | None = None) -> ApiError:
             "not_found_error",
             f"No {what} {name!r}.",
             param,
+        )
+    )
+
+
+async def _is_tenant_key(keys: KeyCache, token: str) -> bool:
+    """Whether a token that is not the admin key is a live tenant key: one key-cache lookup
+    (a database read for an unknown key, as on every other route). Only tokens shaped like
+    our keys are looked up, so garbage costs no read; if the lookup fails, the answer is the
+    plain 401."""
+    if not (token.startswith(api_keys.KEY_PREFIX) and len(token) == _KEY_LENGTH):
+        return False
+    try:
+        await keys.key(token)
+    except ApiError:
+        return False
+    return True
+
+
+def _invalid_admin_key() -> ApiError:
+    return ApiError(
+        Rejection(
+            401,
+            "invalid_api_key",
+            "invalid_request_error",
+            "Missing or incorrect admin key: pass `Authorization: Bearer <admin key>`.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    )
+
+
+def _not_an_admin_key() -> ApiError:
+    """A valid tenant key on the admin API: known, but not allowed here. The words follow
+    OpenAI's for a key that lacks a scope ("You have insufficient permissions for this
+    operation"), with the status a client library maps to ``PermissionDeniedError``."""
+    return ApiError(
+        Rejection(
+            403,
+            "insufficient_permissions",
+            "permission_error",
+            "You have insufficient permissions for this operation: this is a tenant API key, "
+            "and the admin API needs the admin key (`Authorization: Bearer <admin key>`).",
         )
     )
 

@@ -9,6 +9,10 @@ The usage-report machinery here is shared with the admin API: query parsing
 (``start``/``end``/``cursor``/``limit``/``format``), the JSON, JSONL and CSV bodies, totals per
 tenant and model, and budget status.
 
+Query parameters: a parameter given with an empty value (``?start=``) is refused with 400,
+like any other value that is not of its type; leave it out to take its default.
+``start == end`` is a valid, empty window.
+
 Formats::
 
     format=json   (default) one page: {"object": "list", "data": [...], "next_cursor": n | null}
@@ -124,7 +128,7 @@ class UsageQuery:
 def parse_time(params: Mapping[str, str], name: str) -> datetime | None:
     """An ISO 8601 date or date-time query parameter; naive values are UTC."""
     value = params.get(name)
-    if value is None or value == "":
+    if value is None:
         return None
     try:
         parsed = datetime.fromisoformat(value)
@@ -141,7 +145,7 @@ def parse_time(params: Mapping[str, str], name: str) -> datetime | None:
 
 def parse_int(params: Mapping[str, str], name: str, low: int, high: int) -> int | None:
     value = params.get(name)
-    if value is None or value == "":
+    if value is None:
         return None
     if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
         raise invalid_request(
@@ -152,8 +156,9 @@ def parse_int(params: Mapping[str, str], name: str, low: int, high: int) -> int 
 
 
 def check_window(start: datetime | None, end: datetime | None) -> None:
-    if start is not None and end is not None and start >= end:
-        raise invalid_request("'start' must be before 'end'.", param="start")
+    """``[start, end)``; ``start == end`` is a valid, empty window."""
+    if start is not None and end is not None and start > end:
+        raise invalid_request("'start' must not be after 'end'.", param="start")
 
 
 def parse_usage_query(params: Mapping[str, str]) -> UsageQuery:
@@ -219,7 +224,7 @@ def parse_summary_window(
     start, end = parse_time(params, "start"), parse_time(params, "end")
     check_window(start, end)
     if start is not None or end is not None:
-        if params.get("period"):
+        if "period" in params:
             raise invalid_request("Pass either 'period' or 'start'/'end', not both.", "period")
         return None, start, end
     period = _choice(params, "period", {name: name for name in BUDGET_PERIODS}, "month")
@@ -228,7 +233,7 @@ def parse_summary_window(
 
 
 def _choice(params: Mapping[str, str], name: str, choices: Mapping[str, T], default: T) -> T:
-    value = params.get(name) or None
+    value = params.get(name)
     if value is None:
         return default
     if value not in choices:
