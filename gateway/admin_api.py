@@ -62,6 +62,7 @@ from gateway.tenant_api import (
     budget_status,
     parse_summary_window,
     parse_usage_query,
+    refuse_unknown_params,
     usage_response,
     usage_summary,
 )
@@ -194,6 +195,7 @@ class _AdminApi:
         ---
         {params: [IncludeDeleted], 200: TenantList, errors: [400]}
         """
+        refuse_unknown_params(request.query_params, frozenset({"include_deleted"}))
         include_deleted = _parse_bool(request.query_params, "include_deleted")
         infos = await self._transaction(
             lambda session: tenants.list_tenants(session, include_deleted=include_deleted)

@@ -46,6 +46,17 @@ def _in_utc(value: datetime) -> datetime:
 
 
 UtcDateTime = Annotated[datetime, BeforeValidator(_rfc3339_text), AfterValidator(_in_utc)]
+MAX_COUNT = 2**53 - 1  # exact as a JSON number everywhere, Redis' Lua included
+
+
+def _integral(value: object) -> object:
+    """JSON Schema's ``integer`` takes 5.0 as 5: so do we (but not 5.5, "5" or true)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT), BeforeValidator(_integral)]
 ModelName = Annotated[str, Field(min_length=1, pattern=NON_BLANK_PATTERN)]
 
 
@@ -53,14 +64,17 @@ class Quota(BaseModel):
     """A tenant's limits (null: unlimited). The tier is the tenant's, set with PATCH."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    budget_tokens: int | None = DEFAULTS.budget_tokens
+    budget_tokens: Count | None = DEFAULTS.budget_tokens
     budget_period: BudgetPeriod = DEFAULTS.budget_period
-    max_output_tokens: int | None = DEFAULTS.max_output_tokens
-    default_max_output_tokens: int | None = DEFAULTS.default_max_output_tokens
+    max_output_tokens: Count | None = DEFAULTS.max_output_tokens
+    default_max_output_tokens: Count | None = Field(
+        default=DEFAULTS.default_max_output_tokens,
+        description="At most max_output_tokens when both are set.",
+    )
     clamp_max_output: bool = DEFAULTS.clamp_max_output
-    max_prompt_tokens: int | None = DEFAULTS.max_prompt_tokens
-    rpm: int | None = DEFAULTS.rpm
-    tpm: int | None = DEFAULTS.tpm
+    max_prompt_tokens: Count | None = DEFAULTS.max_prompt_tokens
+    rpm: Count | None = DEFAULTS.rpm
+    tpm: Count | None = DEFAULTS.tpm
     allowed_models: list[ModelName] | None = None  # null: every model; []: none
     priority: PriorityClass = DEFAULTS.priority
     allow_fallback_to_small: bool = DEFAULTS.allow_fallback_to_small

@@ -9,7 +9,7 @@ tracer provider, in that order.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -124,13 +124,18 @@ def build_gateway(
             if provider is not None:
                 provider.shutdown()
 
-    routes: list[BaseRoute] = [
+    completion_routes: list[BaseRoute] = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    routes: list[BaseRoute] = [
+        *completion_routes,
         Route("/v1/models", list_models, methods=["GET"]),
         metrics_route(settings),
         Route("/health", health, methods=["GET"]),
-        *management_routes(settings, database, ledger, epochs, keys),
+        *management_routes(
+            settings, database, ledger, epochs, keys, also_described=completion_routes
+        ),
         *(extra_routes or []),
     ]
     app = Starlette(
@@ -149,11 +154,14 @@ def management_routes(
     ledger: BudgetLedger,
     epochs: AuthEpochs,
     keys: KeyCache | None = None,
+    *,
+    also_described: Sequence[BaseRoute] = (),
 ) -> list[BaseRoute]:
     """The tenant API (``/v1/usage``, ``/v1/budget``), the admin API when an admin key is
     configured, and ``/openapi.json`` describing them; all share this app's database, budget
     ledger and auth epochs (bumped by every change to keys and quotas). ``keys`` tells the
-    admin API a tenant's key (403) from an unknown one (401)."""
+    admin API a tenant's key (403) from an unknown one (401). ``also_described``: more routes
+    for ``/openapi.json`` (the completion endpoints)."""
     routes = tenant_routes(database, ledger)
     if settings.admin_key_hash is not None:
         routes += admin_routes(
@@ -161,7 +169,8 @@ def management_routes(
         )
     else:
         logger.warning("admin_key_hash is not set: the admin API is off")
-    return [*routes, openapi_route(routes)]
+    described = [*also_described, *routes]
+    return [*routes, openapi_route(described, models=sorted(settings.known_models))]
 
 
 def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounter]:

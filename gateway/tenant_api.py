@@ -10,7 +10,8 @@ The usage-report machinery here is shared with the admin API: query parsing
 tenant and model, and budget status.
 
 Query parameters: a parameter given with an empty value (``?start=``) is refused with 400,
-like any other value that is not of its type; leave it out to take its default.
+like any other value that is not of its type; leave it out to take its default. A parameter
+the route does not know is a 400 too (a misspelt filter must not widen the answer).
 ``start == end`` is a valid, empty window.
 
 Formats::
@@ -161,7 +162,24 @@ def check_window(start: datetime | None, end: datetime | None) -> None:
         raise invalid_request("'start' must not be after 'end'.", param="start")
 
 
+USAGE_PARAMS = frozenset({"tenant_id", "start", "end", "cursor", "limit", "format"})
+SUMMARY_PARAMS = frozenset({"tenant_id", "period", "start", "end"})
+
+
+def refuse_unknown_params(params: Mapping[str, str], known: frozenset[str]) -> None:
+    """A query parameter the route does not know is a 400, not ignored: a misspelt filter
+    (``?tenant=acme``) would otherwise answer for every tenant."""
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise invalid_request(
+            f"Unknown query parameter {unknown[0]!r}; this route takes "
+            f"{', '.join(sorted(known)) or 'none'}.",
+            param=unknown[0],
+        )
+
+
 def parse_usage_query(params: Mapping[str, str]) -> UsageQuery:
+    refuse_unknown_params(params, USAGE_PARAMS)
     start, end = parse_time(params, "start"), parse_time(params, "end")
     check_window(start, end)
     format_ = _choice(params, "format", {name: name for name in USAGE_FORMATS}, "json")
@@ -221,6 +239,7 @@ def parse_summary_window(
     params: Mapping[str, str], now: datetime
 ) -> tuple[BudgetPeriod | None, datetime | None, datetime | None]:
     """``period`` (day, month or total; month by default) or an explicit ``start``/``end``."""
+    refuse_unknown_params(params, SUMMARY_PARAMS)
     start, end = parse_time(params, "start"), parse_time(params, "end")
     check_window(start, end)
     if start is not None or end is not None:
@@ -365,9 +384,10 @@ def tenant_routes(
     async def budget(request: Request) -> Response:
         """The caller's token budget, used, reserved and remaining in the current window.
         ---
-        {params: [OwnTenant], 200: Budget, errors: [403]}
+        {params: [OwnTenant], 200: Budget, errors: [400, 403]}
         """
         caller = await authenticate_request(db, request)
+        refuse_unknown_params(request.query_params, frozenset({"tenant_id"}))
         _refuse_other_tenant(request.query_params, caller.tenant_id)
         status = await budget_status(db, ledger, caller.tenant_id, caller.quota, now())
         return JSONResponse(status.model_dump(mode="json"))

@@ -196,6 +196,7 @@ async def test_tenant_create_read_update_delete(client: httpx.AsyncClient) -> No
         ("b-corp", iso(NOW)),
     ]
     assert_error(await client.get("/admin/tenants?include_deleted=maybe"), 400, "include_deleted")
+    assert_error(await client.get("/admin/tenants?deleted=true"), 400, "deleted")
 
 
 @pytest.mark.parametrize(
@@ -283,6 +284,9 @@ async def test_put_quota_replaces_the_whole_quota(client: httpx.AsyncClient) -> 
         ({"allowed_models": ["sm\u0000all"]}, "allowed_models.0"),
         ({"allowed_models": [1]}, "allowed_models.0"),
         ({"clamp_max_output": "yes"}, "clamp_max_output"),
+        ({"rpm": 2**53}, "rpm"),  # beyond what a JSON number (or Redis' Lua) holds exactly
+        ({"budget_tokens": 2**64}, "budget_tokens"),
+        ({"tpm": 5.5}, "tpm"),
         ({"tier": "pro"}, "tier"),
         ({"burst": 5}, "burst"),
     ],
@@ -293,6 +297,14 @@ async def test_invalid_quotas_are_400s_naming_the_field(
     await create(client, "acme", quota={"rpm": 7})
     assert_error(await client.put("/admin/tenants/acme/quota", json=quota), 400, param)
     assert (await client.get("/admin/tenants/acme")).json()["quota"]["rpm"] == 7
+
+
+async def test_an_integral_number_is_an_integer(client: httpx.AsyncClient) -> None:
+    """JSON Schema's ``integer`` includes 5.0, and the document is the contract."""
+    await create(client, "acme")
+    response = await client.put("/admin/tenants/acme/quota", json={"rpm": 60.0, "tpm": 2**53 - 1})
+    assert response.status_code == 200, response.text
+    assert (response.json()["rpm"], response.json()["tpm"]) == (60, 2**53 - 1)
 
 
 def test_the_quota_body_has_every_tenant_quota_field_but_the_tier() -> None:
@@ -524,6 +536,8 @@ async def test_exports_without_a_limit_stream_everything(
         ("limit=ten", "limit", 400),
         ("format=xml", "format", 400),
         ("tenant_id=nobody", "tenant_id", 404),
+        ("tenant=acme", "tenant", 400),  # a misspelt filter must not answer for everyone
+        ("=1", "", 400),
     ],
 )
 async def test_bad_usage_queries_are_4xx(
@@ -589,6 +603,8 @@ async def test_usage_summary_totals_per_tenant_and_model(
     bad = [("period=week", "period", 400), ("period=day&start=2025-03-01", "period", 400)]
     bad += [("start=03/01/2025", "start", 400), ("tenant_id=nobody", "tenant_id", 404)]
     bad += [
+        ("tenant=acme", "tenant", 400),
+        ("limit=5", "limit", 400),
         ("period=", "period", 400),
         ("start=", "start", 400),
         ("period=&end=2025-03-02", "period", 400),

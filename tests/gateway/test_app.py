@@ -78,3 +78,30 @@ async def test_metrics_without_any_token_configured_refuse_every_scrape(
     app = metrics_app(sqlite_db_url, tmp_path)
     for token in (None, "", ADMIN_KEY, METRICS_TOKEN):
         assert (await scrape(app, token)).status_code == 401
+
+
+async def test_the_openapi_document_describes_the_completion_endpoints(
+    sqlite_db_url: str, tmp_path: Path
+) -> None:
+    app = metrics_app(sqlite_db_url, tmp_path, admin_key_hash=hash_key(ADMIN_KEY))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        document = (await client.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    for path, body, answer, event in [
+        ("/v1/chat/completions", "ChatCompletionBody", "ChatCompletion", "ChatCompletionChunk"),
+        ("/v1/completions", "CompletionBody", "Completion", "Completion"),
+    ]:
+        operation = document["paths"][path]["post"]
+        assert operation["security"] == [{"tenantKey": []}]
+        assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": f"#/components/schemas/{body}"
+        }
+        content = operation["responses"]["200"]["content"]
+        assert content["application/json"]["schema"]["$ref"].endswith(f"/{answer}")
+        assert content["text/event-stream"]["x-event-schema"]["$ref"].endswith(f"/{event}")
+        assert {"400", "401", "429", "503"} <= set(operation["responses"])
+        assert schemas[body]["properties"]["model"]["enum"] == ["m"]  # the served models
+        assert schemas[body]["properties"]["temperature"]["maximum"] == 2
+    assert "messages" in schemas["ChatCompletionBody"]["required"]
+    assert "prompt" in schemas["CompletionBody"]["required"]
