@@ -127,10 +127,10 @@ def build_gateway(
     completion_routes: list[BaseRoute] = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
     ]
     routes: list[BaseRoute] = [
         *completion_routes,
-        Route("/v1/models", list_models, methods=["GET"]),
         metrics_route(settings),
         Route("/health", health, methods=["GET"]),
         *management_routes(
@@ -188,6 +188,10 @@ def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounte
 
 
 async def list_models(request: Request) -> Response:
+    """List the models and routing aliases this key may use.
+    ---
+    {200: ModelList}
+    """
     ctx = GatewayContext.of(request)
     caller = await authenticate_request(ctx.database, request)
     allowed = caller.quota.allowed_models

@@ -122,5 +122,24 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """The models (and routing aliases) the caller's key may use."""
+
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
 REQUEST_MODELS: list[type[BaseModel]] = [ChatCompletionBody, CompletionBody]
-RESPONSE_MODELS: list[type[BaseModel]] = [ChatCompletion, ChatCompletionChunk, Completion]
+RESPONSE_MODELS: list[type[BaseModel]] = [
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ModelList,
+]
