@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.core.failures import FailureGroup
 from schemathesis.generation.modes import GenerationMode
+from schemathesis.python.asgi import shutdown_lifespans
 from schemathesis.schemas import APIOperation
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
@@ -57,8 +58,6 @@ def fuzzed_api(
     data_dir = tmp_path_factory.mktemp("fuzz-gw")
     app = build_gateway(settings_for(engines, data_dir, db_url, admin_key_hash=hash_key(ADMIN_KEY)))
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
-    from schemathesis.python.asgi import shutdown_lifespans
-
     shutdown_lifespans()  # the gateway's lifespan: flush usage, close clients
 
 
