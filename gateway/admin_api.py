@@ -1,8 +1,10 @@
 """The admin API: tenants, quotas, API keys and usage reports, behind one admin key.
 
 Every route needs ``Authorization: Bearer <admin key>``; the gateway keeps only the key's
-SHA-256 (``admin_key_hash``) and compares hashes in constant time. Handlers raise `ApiError`
-and the app's ``EXCEPTION_HANDLERS`` turn it into OpenAI's error JSON.
+SHA-256 (``admin_key_hash``) and compares hashes in constant time (`admin_auth`: a tenant's
+API key gets 403, anything else 401). Bodies, flags and path ids are read by `admin_inputs`.
+Handlers raise `ApiError` and the app's ``EXCEPTION_HANDLERS`` turn it into OpenAI's error
+JSON.
 
 A tenant's tier lives on the tenant (set on create or with PATCH) and is mirrored into its
 stored quota, so the request path reads one consistent `TenantQuota`; the quota body of
@@ -16,14 +18,13 @@ committed, so the gateways' key caches (``key_cache``) see it on their next requ
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.admin_auth import Endpoint, admin_guard
+from gateway.admin_inputs import is_storable, not_found, parse_bool, path_id, read_model
 from gateway.admin_schemas import (
     DEFAULTS,
     ApiKey,
@@ -46,10 +49,9 @@ from gateway.admin_schemas import (
     TenantUpdate,
 )
 from gateway.api_errors import ApiError, invalid_request
-from gateway.auth import bearer_token
-from gateway.auth_epochs import AuthEpochs
+from gateway.auth_epochs import AuthEpochs, MemoryAuthEpochs
 from gateway.budget_ledger import BudgetLedger
-from gateway.request_body import read_json
+from gateway.key_cache import KeyCache
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database
 from gateway.storage.models import ApiKey as ApiKeyRow
@@ -58,6 +60,7 @@ from gateway.tenant_api import (
     budget_status,
     parse_summary_window,
     parse_usage_query,
+    refuse_unknown_params,
     usage_response,
     usage_summary,
 )
@@ -66,15 +69,8 @@ from policies.quota import TenantQuota
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024
 _QUOTA_FIELDS = frozenset(f.name for f in dataclasses.fields(TenantQuota))
-_HINTS = {
-    "tier": " Set a tenant's tier with PATCH /admin/tenants/{tenant_id}.",
-    "quota": " Replace a quota with PUT /admin/tenants/{tenant_id}/quota.",
-}
-Model = TypeVar("Model", bound=BaseModel)
 T = TypeVar("T")
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def admin_routes(
@@ -84,33 +80,19 @@ def admin_routes(
     now: Callable[[], datetime] = utc_now,
     *,
     auth_epochs: AuthEpochs | None = None,
+    keys: KeyCache | None = None,
 ) -> list[BaseRoute]:
     """The ``/admin`` routes; ``admin_key_hash`` is the SHA-256 hex of the admin key.
-    ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache)."""
+    ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache).
+    ``keys``: the gateway's key cache, which tells a tenant's API key (403) from an unknown
+    key (401); none: a database read per refused request."""
     key_hash = admin_key_hash.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", key_hash):
         raise ValueError(
             "admin_key_hash must be the SHA-256 hex digest (64 characters) of the admin key"
         )
     api = _AdminApi(db, ledger, now, auth_epochs)
-
-    def guard(endpoint: Endpoint) -> Endpoint:
-        @functools.wraps(endpoint)
-        async def guarded(request: Request) -> Response:
-            token = bearer_token(request)
-            if token is None or not api_keys.verify_key(token, key_hash):
-                raise ApiError(
-                    Rejection(
-                        401,
-                        "invalid_api_key",
-                        "invalid_request_error",
-                        "Missing or incorrect admin key: pass `Authorization: Bearer <admin key>`.",
-                        headers={"WWW-Authenticate": "Bearer"},
-                    )
-                )
-            return await endpoint(request)
-
-        return guarded
+    guard = admin_guard(key_hash, keys or KeyCache(db, auth_epochs or MemoryAuthEpochs(), ttl_s=0))
 
     table: list[tuple[str, str, Endpoint]] = [
         ("/admin/tenants", "POST", api.create_tenant),
@@ -161,7 +143,7 @@ class _AdminApi:
         ---
         {body: TenantCreate, 201: Tenant, errors: [400, 409]}
         """
-        body = await _read_model(request, TenantCreate)
+        body = await read_model(request, TenantCreate)
         quota = _validated_quota(body.quota, body.tier, param_prefix="quota.")
         now = self._now()
 
@@ -185,7 +167,8 @@ class _AdminApi:
         ---
         {params: [IncludeDeleted], 200: TenantList, errors: [400]}
         """
-        include_deleted = _parse_bool(request.query_params, "include_deleted")
+        refuse_unknown_params(request.query_params, frozenset({"include_deleted"}))
+        include_deleted = parse_bool(request.query_params, "include_deleted")
         infos = await self._transaction(
             lambda session: tenants.list_tenants(session, include_deleted=include_deleted)
         )
@@ -196,7 +179,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: Tenant, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = path_id(request, "tenant_id", "tenant")
         return _json(_tenant_view(await self._transaction(lambda s: _live_tenant(s, tenant_id))))
 
     async def update_tenant(self, request: Request) -> Response:
@@ -204,8 +187,8 @@ class _AdminApi:
         ---
         {params: [TenantId], body: TenantUpdate, 200: Tenant, errors: [400, 404]}
         """
-        tenant_id = request.path_params["tenant_id"]
-        body = await _read_model(request, TenantUpdate)
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        body = await read_model(request, TenantUpdate)
         now = self._now()
 
         def update(session: Session) -> tenants.TenantInfo | None:
@@ -220,7 +203,7 @@ class _AdminApi:
 
         info = await self._transaction(update)
         if info is None:
-            raise _not_found("tenant", tenant_id)
+            raise not_found("tenant", tenant_id)
         await self._changed(tenant_id)
         return _json(_tenant_view(info))
 
@@ -229,10 +212,10 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: Deleted, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = path_id(request, "tenant_id", "tenant")
         now = self._now()
         if not await self._transaction(lambda s: tenants.delete_tenant(s, tenant_id, now=now)):
-            raise _not_found("tenant", tenant_id)
+            raise not_found("tenant", tenant_id)
         await self._changed(tenant_id)
         logger.info("deleted tenant %s", tenant_id)
         return _json(Deleted(id=tenant_id, object="tenant", deleted=True))
@@ -242,8 +225,8 @@ class _AdminApi:
         ---
         {params: [TenantId], body: Quota, 200: QuotaSettings, errors: [400, 404]}
         """
-        tenant_id = request.path_params["tenant_id"]
-        body = await _read_model(request, Quota)
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        body = await read_model(request, Quota)
         quota = _validated_quota(body, DEFAULTS.tier, param_prefix="")
         now = self._now()
 
@@ -253,7 +236,7 @@ class _AdminApi:
 
         info = await self._transaction(put)
         if info is None:
-            raise _not_found("tenant", tenant_id)
+            raise not_found("tenant", tenant_id)
         await self._changed(tenant_id)
         return _json(_tenant_view(info).quota)
 
@@ -262,7 +245,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: Budget, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = path_id(request, "tenant_id", "tenant")
         info = await self._transaction(lambda s: _live_tenant(s, tenant_id))
         status = await budget_status(
             self._db, self._ledger, info.id, tenant_quota(info), self._now()
@@ -275,15 +258,15 @@ class _AdminApi:
         {params: [TenantId], body: ApiKeyCreate, body_optional: true, 201: CreatedApiKey,
          errors: [400, 404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = path_id(request, "tenant_id", "tenant")
         is_empty = request.headers.get("content-length") == "0"
-        body = ApiKeyCreate() if is_empty else await _read_model(request, ApiKeyCreate)
+        body = ApiKeyCreate() if is_empty else await read_model(request, ApiKeyCreate)
         now = self._now()
         expires_at = body.expires_at
-        if expires_at is not None and (expires_at.tzinfo is None or expires_at <= now):
+        if expires_at is not None and expires_at <= now:
             raise invalid_request(
-                "expires_at must be a future date-time with a time zone "
-                "(e.g. 2030-01-01T00:00:00Z).",
+                "expires_at must be in the future (a key that never worked is a mistake; "
+                "to stop a key, revoke it).",
                 param="expires_at",
             )
 
@@ -298,7 +281,7 @@ class _AdminApi:
                     now=now,
                 )
             except LookupError:
-                raise _not_found("tenant", tenant_id) from None
+                raise not_found("tenant", tenant_id) from None
 
         created = await self._transaction(create)
         logger.info("created API key %s for tenant %s", created.info.id, tenant_id)
@@ -310,7 +293,7 @@ class _AdminApi:
         ---
         {params: [TenantId], 200: ApiKeyList, errors: [404]}
         """
-        tenant_id = request.path_params["tenant_id"]
+        tenant_id = path_id(request, "tenant_id", "tenant")
 
         def list_(session: Session) -> list[api_keys.ApiKeyInfo]:
             _live_tenant(session, tenant_id)
@@ -324,14 +307,14 @@ class _AdminApi:
         ---
         {params: [KeyId], 200: ApiKey, errors: [404]}
         """
-        key_id = request.path_params["key_id"]
+        key_id = path_id(request, "key_id", "API key")
         now = self._now()
 
         def revoke(session: Session) -> api_keys.ApiKeyInfo:
             api_keys.revoke_key(session, key_id, now=now)
             row = session.get(ApiKeyRow, key_id)
             if row is None:
-                raise _not_found("API key", key_id)
+                raise not_found("API key", key_id)
             return api_keys.ApiKeyInfo.from_row(row)
 
         info = await self._transaction(revoke)
@@ -361,11 +344,13 @@ class _AdminApi:
     async def _known_tenant_filter(self, params: Mapping[str, str]) -> str | None:
         tenant_id = params.get("tenant_id") or None
         if tenant_id is not None:
+            if not is_storable(tenant_id):
+                raise not_found("tenant", tenant_id, param="tenant_id")
             found = await self._transaction(
                 lambda s: tenants.get_tenant(s, tenant_id, include_deleted=True)
             )
             if found is None:
-                raise _not_found("tenant", tenant_id, param="tenant_id")
+                raise not_found("tenant", tenant_id, param="tenant_id")
         return tenant_id
 
 
@@ -395,31 +380,10 @@ def _quota_dict(
         raise invalid_request(f"Invalid quota: {message}.", param=param) from None
 
 
-async def _read_model(request: Request, model: type[Model]) -> Model:
-    data = await read_json(request, MAX_BODY_BYTES)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        param = ".".join(str(part) for part in error["loc"]) or None
-        if error["type"] == "extra_forbidden":
-            message = f"Unknown field '{param}'.{_HINTS.get(param or '', '')}"
-        else:
-            message = f"Invalid '{param}': {error['msg']}."
-        raise invalid_request(message, param=param) from None
-
-
-def _parse_bool(params: Mapping[str, str], name: str) -> bool:
-    value = params.get(name, "false").lower()
-    if value not in ("true", "false", "1", "0"):
-        raise invalid_request(f"Invalid '{name}': use true or false.", param=name)
-    return value in ("true", "1")
-
-
 def _live_tenant(session: Session, tenant_id: str) -> tenants.TenantInfo:
     info = tenants.get_tenant(session, tenant_id)
     if info is None:
-        raise _not_found("tenant", tenant_id)
+        raise not_found("tenant", tenant_id)
     return info
 
 
@@ -445,18 +409,6 @@ def _json(
     model: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     return JSONResponse(model.model_dump(mode="json"), status_code=status_code, headers=headers)
-
-
-def _not_found(what: str, name: str, param: str | None = None) -> ApiError:
-    return ApiError(
-        Rejection(
-            404,
-            f"{what.replace(' ', '_').lower()}_not_found",
-            "not_found_error",
-            f"No {what} {name!r}.",
-            param,
-        )
-    )
 
 
 def _tenant_exists(tenant_id: str) -> ApiError:

@@ -1,31 +1,81 @@
-"""Request and response bodies of the admin API (pydantic), shared with its OpenAPI document."""
+"""Request and response bodies of the admin API (pydantic), shared with its OpenAPI document.
+
+The schemas say exactly what the server accepts, so the OpenAPI document is a contract a
+generator can test against: text fields refuse NUL (PostgreSQL's ``text`` cannot store it),
+names that must not be blank say so with a pattern, and ``expires_at`` is an RFC 3339
+date-time with a time zone that stays within year 9999 in UTC. The one rule a schema
+cannot state, that ``expires_at`` lies in the future, is in its description.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from policies.quota import BudgetPeriod, PriorityClass, TenantQuota
 
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+TEXT_PATTERN = r"^[^\x00]*$"  # any text but NUL
+NON_BLANK_PATTERN = r"^[^\x00]*[^\x00\s][^\x00]*$"  # and at least one character that is not a space
 DEFAULTS = TenantQuota()
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
+def _rfc3339_text(value: object) -> object:
+    if isinstance(value, datetime):  # built in Python, not parsed from JSON
+        return value
+    if not isinstance(value, str) or not _RFC3339.fullmatch(value):
+        raise ValueError(
+            "expected an RFC 3339 date-time with a time zone, e.g. 2030-01-01T00:00:00Z"
+        )
+    return value
+
+
+def _in_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("expected a date-time with a time zone, e.g. 2030-01-01T00:00:00Z")
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:  # 9999-12-31T23:00:00-05:00 is in year 10000 in UTC
+        raise ValueError("expected a date-time from year 1 to 9999 in UTC") from None
+
+
+UtcDateTime = Annotated[datetime, BeforeValidator(_rfc3339_text), AfterValidator(_in_utc)]
+MAX_COUNT = 2**53 - 1  # exact as a JSON number everywhere, Redis' Lua included
+
+
+def _integral(value: object) -> object:
+    """JSON Schema's ``integer`` takes 5.0 as 5: so do we (but not 5.5, "5" or true)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT), BeforeValidator(_integral)]
+ModelName = Annotated[str, Field(min_length=1, pattern=NON_BLANK_PATTERN)]
 
 
 class Quota(BaseModel):
     """A tenant's limits (null: unlimited). The tier is the tenant's, set with PATCH."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    budget_tokens: int | None = DEFAULTS.budget_tokens
+    budget_tokens: Count | None = DEFAULTS.budget_tokens
     budget_period: BudgetPeriod = DEFAULTS.budget_period
-    max_output_tokens: int | None = DEFAULTS.max_output_tokens
-    default_max_output_tokens: int | None = DEFAULTS.default_max_output_tokens
+    max_output_tokens: Count | None = DEFAULTS.max_output_tokens
+    default_max_output_tokens: Count | None = Field(
+        default=DEFAULTS.default_max_output_tokens,
+        description="At most max_output_tokens when both are set.",
+    )
     clamp_max_output: bool = DEFAULTS.clamp_max_output
-    max_prompt_tokens: int | None = DEFAULTS.max_prompt_tokens
-    rpm: int | None = DEFAULTS.rpm
-    tpm: int | None = DEFAULTS.tpm
-    allowed_models: list[str] | None = None  # null: every model; []: none
+    max_prompt_tokens: Count | None = DEFAULTS.max_prompt_tokens
+    rpm: Count | None = DEFAULTS.rpm
+    tpm: Count | None = DEFAULTS.tpm
+    allowed_models: list[ModelName] | None = None  # null: every model; []: none
     priority: PriorityClass = DEFAULTS.priority
     allow_fallback_to_small: bool = DEFAULTS.allow_fallback_to_small
 
@@ -37,15 +87,15 @@ class QuotaSettings(Quota):
 class TenantCreate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     id: str = Field(pattern=TENANT_ID_PATTERN)
-    name: str = Field(default="", max_length=200)
-    tier: str = Field(default=DEFAULTS.tier, min_length=1, max_length=32)
+    name: str = Field(default="", max_length=200, pattern=TEXT_PATTERN)
+    tier: str = Field(default=DEFAULTS.tier, min_length=1, max_length=32, pattern=NON_BLANK_PATTERN)
     quota: Quota = Field(default_factory=Quota)
 
 
 class TenantUpdate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: str | None = Field(default=None, max_length=200)
-    tier: str | None = Field(default=None, min_length=1, max_length=32)
+    name: str | None = Field(default=None, max_length=200, pattern=TEXT_PATTERN)
+    tier: str | None = Field(default=None, min_length=1, max_length=32, pattern=NON_BLANK_PATTERN)
 
 
 class Tenant(BaseModel):
@@ -66,9 +116,14 @@ class TenantList(BaseModel):
 
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: str = Field(default="", max_length=200)
+    name: str = Field(default="", max_length=200, pattern=TEXT_PATTERN)
     priority: PriorityClass | None = None
-    expires_at: datetime | None = Field(default=None, strict=False)
+    expires_at: UtcDateTime | None = Field(
+        default=None,
+        strict=False,
+        description="When the key stops working: a future RFC 3339 date-time with a time zone "
+        "(at most 9999-12-31T23:59:59Z); a past one is refused with 400. Null: never.",
+    )
 
 
 class ApiKey(BaseModel):

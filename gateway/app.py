@@ -9,7 +9,7 @@ tracer provider, in that order.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,8 +27,8 @@ from gateway.admission import Admitter
 from gateway.admission_store import AdmissionStore
 from gateway.admission_store_memory import MemoryAdmissionStore
 from gateway.admission_store_redis import RedisAdmissionStore
-from gateway.api_errors import EXCEPTION_HANDLERS
-from gateway.auth import authenticate_request
+from gateway.api_errors import EXCEPTION_HANDLERS, ApiError
+from gateway.auth import authenticate_request, bearer_matches
 from gateway.auth_epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.budget_ledger import BudgetLedger
 from gateway.completions import chat_completions, completions
@@ -54,6 +54,7 @@ from gateway.token_counter import (
 )
 from gateway.tracing import build_tracer_provider, tracer_from
 from gateway.upstreams import UpstreamPool
+from policies.decision import Rejection
 
 logger = logging.getLogger(__name__)
 
@@ -123,13 +124,18 @@ def build_gateway(
             if provider is not None:
                 provider.shutdown()
 
-    routes: list[BaseRoute] = [
+    completion_routes: list[BaseRoute] = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
-        Route("/metrics", render_metrics, methods=["GET"]),
+    ]
+    routes: list[BaseRoute] = [
+        *completion_routes,
+        metrics_route(settings),
         Route("/health", health, methods=["GET"]),
-        *management_routes(settings, database, ledger, epochs),
+        *management_routes(
+            settings, database, ledger, epochs, keys, also_described=completion_routes
+        ),
         *(extra_routes or []),
     ]
     app = Starlette(
@@ -143,17 +149,28 @@ def build_gateway(
 
 
 def management_routes(
-    settings: GatewaySettings, database: Database, ledger: BudgetLedger, epochs: AuthEpochs
+    settings: GatewaySettings,
+    database: Database,
+    ledger: BudgetLedger,
+    epochs: AuthEpochs,
+    keys: KeyCache | None = None,
+    *,
+    also_described: Sequence[BaseRoute] = (),
 ) -> list[BaseRoute]:
     """The tenant API (``/v1/usage``, ``/v1/budget``), the admin API when an admin key is
     configured, and ``/openapi.json`` describing them; all share this app's database, budget
-    ledger and auth epochs (bumped by every change to keys and quotas)."""
+    ledger and auth epochs (bumped by every change to keys and quotas). ``keys`` tells the
+    admin API a tenant's key (403) from an unknown one (401). ``also_described``: more routes
+    for ``/openapi.json`` (the completion endpoints)."""
     routes = tenant_routes(database, ledger)
     if settings.admin_key_hash is not None:
-        routes += admin_routes(database, settings.admin_key_hash, ledger, auth_epochs=epochs)
+        routes += admin_routes(
+            database, settings.admin_key_hash, ledger, auth_epochs=epochs, keys=keys
+        )
     else:
         logger.warning("admin_key_hash is not set: the admin API is off")
-    return [*routes, openapi_route(routes)]
+    described = [*also_described, *routes]
+    return [*routes, openapi_route(described, models=sorted(settings.known_models))]
 
 
 def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounter]:
@@ -171,6 +188,10 @@ def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounte
 
 
 async def list_models(request: Request) -> Response:
+    """List the models and routing aliases this key may use.
+    ---
+    {200: ModelList}
+    """
     ctx = GatewayContext.of(request)
     caller = await authenticate_request(ctx.database, request)
     allowed = caller.quota.allowed_models
@@ -179,9 +200,31 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-async def render_metrics(request: Request) -> Response:
-    payload = GatewayContext.of(request).metrics.render()
-    return Response(payload, media_type=CONTENT_TYPE)
+def metrics_route(settings: GatewaySettings) -> Route:
+    """``GET /metrics``: Prometheus text for the bearer of the metrics token or the admin key
+    (the labels name models and outcomes of every tenant's traffic); anyone else gets 401."""
+    key_hashes = [h for h in (settings.metrics_token_hash, settings.admin_key_hash) if h]
+
+    async def render_metrics(request: Request) -> Response:
+        if not bearer_matches(request, key_hashes):
+            raise _metrics_token_required()
+        payload = GatewayContext.of(request).metrics.render()
+        return Response(payload, media_type=CONTENT_TYPE)
+
+    return Route("/metrics", render_metrics, methods=["GET"])
+
+
+def _metrics_token_required() -> ApiError:
+    return ApiError(
+        Rejection(
+            401,
+            "invalid_api_key",
+            "invalid_request_error",
+            "GET /metrics needs `Authorization: Bearer <metrics token>` "
+            "(the token whose SHA-256 is metrics_token_hash) or the admin key.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    )
 
 
 async def health(request: Request) -> Response:

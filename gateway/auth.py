@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import anyio
@@ -16,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
 from gateway.api_errors import ApiError, invalid_api_key
-from gateway.storage.api_keys import AuthenticatedKey, authenticate
+from gateway.storage.api_keys import AuthenticatedKey, authenticate, verify_key
 from gateway.storage.database import Database
 from policies.decision import Rejection
 from policies.quota import PRIORITY_CLASSES, PriorityClass, TenantQuota
@@ -38,6 +39,15 @@ def bearer_token(request: Request) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def bearer_matches(request: Request, key_hashes: Iterable[str]) -> bool:
+    """Whether the bearer token hashes to one of ``key_hashes`` (SHA-256 hex), each compared
+    in constant time."""
+    token = bearer_token(request)
+    if token is None:
+        return False
+    return any([verify_key(token, key_hash.lower()) for key_hash in key_hashes])
 
 
 async def authenticate_request(database: Database, request: Request) -> Caller:

@@ -55,10 +55,20 @@ _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_complet
 
 
 async def chat_completions(request: Request) -> Response:
+    """Create a chat completion (OpenAI's API; streamed with "stream": true).
+    ---
+    {body: ChatCompletionBody, 200: ChatCompletion, events: ChatCompletionChunk,
+     errors: [400, 403, 404, 413, 429, 502, 503]}
+    """
     return await _complete(request, "chat")
 
 
 async def completions(request: Request) -> Response:
+    """Create a text completion (OpenAI's legacy API; streamed with "stream": true).
+    ---
+    {body: CompletionBody, 200: Completion, events: Completion,
+     errors: [400, 403, 404, 413, 429, 502, 503]}
+    """
     return await _complete(request, "completions")
 
 

@@ -1,5 +1,6 @@
-"""``GET /openapi.json``: the OpenAPI 3.1 document of the admin and tenant APIs, built from
-the endpoints' docstrings and the pydantic models in :mod:`gateway.admin_schemas`."""
+"""``GET /openapi.json``: the OpenAPI 3.1 document of the completion, admin and tenant APIs,
+built from the endpoints' docstrings and the pydantic models in :mod:`gateway.admin_schemas`
+and :mod:`gateway.completion_schemas`."""
 
 from __future__ import annotations
 
@@ -29,14 +30,19 @@ from gateway.admin_schemas import (
     TenantList,
     TenantUpdate,
 )
+from gateway.completion_schemas import REQUEST_MODELS as COMPLETION_REQUESTS
+from gateway.completion_schemas import RESPONSE_MODELS as COMPLETION_RESPONSES
 from gateway.storage.usage_store import MAX_PAGE_SIZE
 from gateway.tenant_api import DEFAULT_PAGE_SIZE, USAGE_FORMATS, Budget, UsageList, UsageSummary
 from policies.quota import BUDGET_PERIODS
 
 
-def openapi_route(routes: Sequence[BaseRoute], path: str = "/openapi.json") -> Route:
-    """``GET /openapi.json`` (no auth: it holds no secrets) describing ``routes``."""
-    document = openapi_document(routes)
+def openapi_route(
+    routes: Sequence[BaseRoute], path: str = "/openapi.json", *, models: Sequence[str] = ()
+) -> Route:
+    """``GET /openapi.json`` (no auth: it holds no secrets) describing ``routes``; ``models``:
+    the names a completion request may send (none: any string)."""
+    document = openapi_document(routes, models=models)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
@@ -44,11 +50,12 @@ def openapi_route(routes: Sequence[BaseRoute], path: str = "/openapi.json") -> R
     return Route(path, openapi, methods=["GET"], include_in_schema=False)
 
 
-def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
+def openapi_document(routes: Sequence[BaseRoute], *, models: Sequence[str] = ()) -> dict[str, Any]:
     """OpenAPI 3.1 from the endpoints' docstrings: a summary line, ``---``, then a YAML
-    shorthand ``{params: [...], body: Model, 200: Model, errors: [...], streams: bool}`` whose
-    names refer to the pydantic models and parameters below. A docstring written in plain
-    OpenAPI passes through unchanged."""
+    shorthand ``{params: [...], body: Model, 200: Model, errors: [...], streams: bool,
+    events: Model}`` whose names refer to the pydantic models and parameters below
+    (``streams``: also JSONL and CSV; ``events``: also server-sent events of that model).
+    A docstring written in plain OpenAPI passes through unchanged."""
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in SchemaGenerator({}).get_endpoints(list(routes)):
         doc = inspect.getdoc(endpoint.func) or ""
@@ -57,9 +64,13 @@ def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
         if isinstance(parsed, dict):
             operation = _operation(endpoint.path, summary.strip(), parsed)
             paths.setdefault(endpoint.path, {})[endpoint.http_method] = operation
-    models = [(model, "validation") for model in _BODY_MODELS]
-    models += [(model, "serialization") for model in _RESPONSE_MODELS]
-    _, schemas = models_json_schema(models, ref_template=_REF)  # type: ignore[arg-type]
+    model_names = models
+    bodies = [(model, "validation") for model in _BODY_MODELS]
+    bodies += [(model, "serialization") for model in _RESPONSE_MODELS]
+    _, schemas = models_json_schema(bodies, ref_template=_REF)  # type: ignore[arg-type]
+    if model_names:
+        for name in _COMPLETION_BODY_NAMES:
+            schemas["$defs"][name]["properties"]["model"]["enum"] = sorted(model_names)
     error = {"description": "An error in OpenAI's format", "content": _json_content("Error")}
     return {
         "openapi": "3.1.0",
@@ -91,11 +102,14 @@ def _operation(path: str, summary: str, spec: dict[Any, Any]) -> dict[str, Any]:
         operation["requestBody"] = {"required": required, "content": _json_content(body)}
     responses: dict[str, Any] = {}
     is_streamed = spec.pop("streams", False)
+    event_model = spec.pop("events", None)
     for code in [key for key in spec if isinstance(key, int)]:
         content = _json_content(spec.pop(code))
         if is_streamed:
             content["application/x-ndjson"] = {"schema": {"type": "string"}}
             content["text/csv"] = {"schema": {"type": "string"}}
+        if event_model is not None:
+            content["text/event-stream"] = _event_stream(event_model)
         responses[str(code)] = {"description": HTTPStatus(code).phrase, "content": content}
     errors = spec.pop("errors", []) + ([401] if "security" in operation else [])
     for code in sorted(errors):
@@ -109,6 +123,17 @@ def _json_content(schema_name: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": _REF.format(model=schema_name)}}}
 
 
+def _event_stream(model: str) -> dict[str, Any]:
+    """With ``"stream": true``: ``data: <model as JSON>`` events, then ``data: [DONE]``; an
+    error after the stream started is one ``data: {"error": ...}`` event before ``[DONE]``."""
+    description = f"Each event's data is a {model} as JSON; the last one is [DONE]."
+    data = {"type": "string", "description": description}
+    return {
+        "schema": {"type": "object", "required": ["data"], "properties": {"data": data}},
+        "x-event-schema": {"$ref": _REF.format(model=model)},
+    }
+
+
 def _param(name: str, where: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -120,8 +145,16 @@ def _param(name: str, where: str, schema: dict[str, Any], description: str) -> d
 
 
 _REF = "#/components/schemas/{model}"
-_BODY_MODELS: list[type[BaseModel]] = [TenantCreate, TenantUpdate, Quota, ApiKeyCreate]
+_COMPLETION_BODY_NAMES = [model.__name__ for model in COMPLETION_REQUESTS]
+_BODY_MODELS: list[type[BaseModel]] = [
+    TenantCreate,
+    TenantUpdate,
+    Quota,
+    ApiKeyCreate,
+    *COMPLETION_REQUESTS,
+]
 _RESPONSE_MODELS: list[type[BaseModel]] = [
+    *COMPLETION_RESPONSES,
     Tenant,
     TenantList,
     QuotaSettings,
@@ -144,7 +177,9 @@ _PARAMETERS = {
     "IncludeDeleted": _param("include_deleted", "query", {"type": "boolean"}, "Default false"),
     "Start": _param("start", "query", _TIME, "Inclusive; ISO 8601, naive is UTC"),
     "End": _param("end", "query", _TIME, "Exclusive; ISO 8601, naive is UTC"),
-    "Cursor": _param("cursor", "query", {"type": "integer", "minimum": 0}, "next_cursor"),
+    "Cursor": _param(
+        "cursor", "query", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}, "next_cursor"
+    ),
     "Limit": _param(
         "limit",
         "query",

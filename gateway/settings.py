@@ -8,6 +8,7 @@
     database_url: null            # null: sqlite:///<data_dir>/tollway.db
     redis_url: null               # null: budgets and rate limits in process (one gateway)
     admin_key_hash: null          # sha256 hex of the admin key
+    metrics_token_hash: null      # sha256 hex of a token for GET /metrics (see below)
     reservation_ttl_s: 600
     auth_cache_ttl_s: 10          # longest an API key is trusted from memory; 0: read every time
     max_body_bytes: 1048576
@@ -25,9 +26,14 @@
 
 Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PORT``,
 ``TOLLWAY_DATA_DIR``, ``TOLLWAY_DATABASE_URL``, ``TOLLWAY_REDIS_URL``,
-``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_RESERVATION_TTL_S``, ``TOLLWAY_AUTH_CACHE_TTL_S``,
-``TOLLWAY_MAX_BODY_BYTES``, ``TOLLWAY_OTEL_ENDPOINT``, ``TOLLWAY_LOG_PROMPTS`` (an empty value
-sets an optional field to null).
+``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_METRICS_TOKEN_HASH``, ``TOLLWAY_RESERVATION_TTL_S``,
+``TOLLWAY_AUTH_CACHE_TTL_S``, ``TOLLWAY_MAX_BODY_BYTES``, ``TOLLWAY_OTEL_ENDPOINT``,
+``TOLLWAY_LOG_PROMPTS`` (an empty value sets an optional field to null).
+
+``GET /metrics`` needs ``Authorization: Bearer <token>``, since its labels name tenants'
+models and traffic: the token is the metrics token (``metrics_token_hash``, for a Prometheus
+``authorization:`` block) or the admin key. With neither configured it answers every scrape
+with 401. There is no unauthenticated mode.
 """
 
 from __future__ import annotations
@@ -52,12 +58,20 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_DATABASE_URL": "database_url",
     "TOLLWAY_REDIS_URL": "redis_url",
     "TOLLWAY_ADMIN_KEY_HASH": "admin_key_hash",
+    "TOLLWAY_METRICS_TOKEN_HASH": "metrics_token_hash",
     "TOLLWAY_RESERVATION_TTL_S": "reservation_ttl_s",
     "TOLLWAY_AUTH_CACHE_TTL_S": "auth_cache_ttl_s",
     "TOLLWAY_MAX_BODY_BYTES": "max_body_bytes",
     "TOLLWAY_OTEL_ENDPOINT": "otel_endpoint",
     "TOLLWAY_LOG_PROMPTS": "log_prompts",
 }
+_OPTIONAL_FIELDS = (
+    "database_url",
+    "redis_url",
+    "admin_key_hash",
+    "metrics_token_hash",
+    "otel_endpoint",
+)
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -119,6 +133,7 @@ class GatewaySettings:
     database_url: str | None = None
     redis_url: str | None = None
     admin_key_hash: str | None = None
+    metrics_token_hash: str | None = None
     reservation_ttl_s: float = 600.0
     # Keys revoked and quotas changed through the admin API apply at once on every replica
     # (see `auth_epochs`); this bounds how long a change made around it may go unseen.
@@ -152,11 +167,13 @@ class GatewaySettings:
             )
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
-        if self.admin_key_hash is not None and not _SHA256_HEX.fullmatch(self.admin_key_hash):
-            raise ValueError(
-                "admin_key_hash must be 64 lowercase hex characters: "
-                "python -c 'import hashlib;print(hashlib.sha256(b\"KEY\").hexdigest())'"
-            )
+        for name in ("admin_key_hash", "metrics_token_hash"):
+            value = getattr(self, name)
+            if value is not None and not _SHA256_HEX.fullmatch(value):
+                raise ValueError(
+                    f"{name} must be 64 lowercase hex characters: "
+                    "python -c 'import hashlib;print(hashlib.sha256(b\"KEY\").hexdigest())'"
+                )
 
     @property
     def resolved_database_url(self) -> str:
@@ -203,7 +220,7 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in values.items():
         if value is None:
-            if name in ("database_url", "redis_url", "admin_key_hash", "otel_endpoint"):
+            if name in _OPTIONAL_FIELDS:
                 out[name] = None
             continue
         try:

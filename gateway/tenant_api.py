@@ -9,6 +9,11 @@ The usage-report machinery here is shared with the admin API: query parsing
 (``start``/``end``/``cursor``/``limit``/``format``), the JSON, JSONL and CSV bodies, totals per
 tenant and model, and budget status.
 
+Query parameters: a parameter given with an empty value (``?start=``) is refused with 400,
+like any other value that is not of its type; leave it out to take its default. A parameter
+the route does not know is a 400 too (a misspelt filter must not widen the answer).
+``start == end`` is a valid, empty window.
+
 Formats::
 
     format=json   (default) one page: {"object": "list", "data": [...], "next_cursor": n | null}
@@ -124,7 +129,7 @@ class UsageQuery:
 def parse_time(params: Mapping[str, str], name: str) -> datetime | None:
     """An ISO 8601 date or date-time query parameter; naive values are UTC."""
     value = params.get(name)
-    if value is None or value == "":
+    if value is None:
         return None
     try:
         parsed = datetime.fromisoformat(value)
@@ -141,7 +146,7 @@ def parse_time(params: Mapping[str, str], name: str) -> datetime | None:
 
 def parse_int(params: Mapping[str, str], name: str, low: int, high: int) -> int | None:
     value = params.get(name)
-    if value is None or value == "":
+    if value is None:
         return None
     if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
         raise invalid_request(
@@ -152,11 +157,29 @@ def parse_int(params: Mapping[str, str], name: str, low: int, high: int) -> int 
 
 
 def check_window(start: datetime | None, end: datetime | None) -> None:
-    if start is not None and end is not None and start >= end:
-        raise invalid_request("'start' must be before 'end'.", param="start")
+    """``[start, end)``; ``start == end`` is a valid, empty window."""
+    if start is not None and end is not None and start > end:
+        raise invalid_request("'start' must not be after 'end'.", param="start")
+
+
+USAGE_PARAMS = frozenset({"tenant_id", "start", "end", "cursor", "limit", "format"})
+SUMMARY_PARAMS = frozenset({"tenant_id", "period", "start", "end"})
+
+
+def refuse_unknown_params(params: Mapping[str, str], known: frozenset[str]) -> None:
+    """A query parameter the route does not know is a 400, not ignored: a misspelt filter
+    (``?tenant=acme``) would otherwise answer for every tenant."""
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise invalid_request(
+            f"Unknown query parameter {unknown[0]!r}; this route takes "
+            f"{', '.join(sorted(known)) or 'none'}.",
+            param=unknown[0],
+        )
 
 
 def parse_usage_query(params: Mapping[str, str]) -> UsageQuery:
+    refuse_unknown_params(params, USAGE_PARAMS)
     start, end = parse_time(params, "start"), parse_time(params, "end")
     check_window(start, end)
     format_ = _choice(params, "format", {name: name for name in USAGE_FORMATS}, "json")
@@ -216,10 +239,11 @@ def parse_summary_window(
     params: Mapping[str, str], now: datetime
 ) -> tuple[BudgetPeriod | None, datetime | None, datetime | None]:
     """``period`` (day, month or total; month by default) or an explicit ``start``/``end``."""
+    refuse_unknown_params(params, SUMMARY_PARAMS)
     start, end = parse_time(params, "start"), parse_time(params, "end")
     check_window(start, end)
     if start is not None or end is not None:
-        if params.get("period"):
+        if "period" in params:
             raise invalid_request("Pass either 'period' or 'start'/'end', not both.", "period")
         return None, start, end
     period = _choice(params, "period", {name: name for name in BUDGET_PERIODS}, "month")
@@ -228,7 +252,7 @@ def parse_summary_window(
 
 
 def _choice(params: Mapping[str, str], name: str, choices: Mapping[str, T], default: T) -> T:
-    value = params.get(name) or None
+    value = params.get(name)
     if value is None:
         return default
     if value not in choices:
@@ -360,9 +384,10 @@ def tenant_routes(
     async def budget(request: Request) -> Response:
         """The caller's token budget, used, reserved and remaining in the current window.
         ---
-        {params: [OwnTenant], 200: Budget, errors: [403]}
+        {params: [OwnTenant], 200: Budget, errors: [400, 403]}
         """
         caller = await authenticate_request(db, request)
+        refuse_unknown_params(request.query_params, frozenset({"tenant_id"}))
         _refuse_other_tenant(request.query_params, caller.tenant_id)
         status = await budget_status(db, ledger, caller.tenant_id, caller.quota, now())
         return JSONResponse(status.model_dump(mode="json"))

@@ -137,11 +137,23 @@ async def test_every_admin_route_refuses_a_missing_or_wrong_key(
         assert list_keys(session, "acme") == []
 
 
-async def test_a_tenant_key_is_not_an_admin_key(client: httpx.AsyncClient) -> None:
+async def test_a_tenant_key_is_known_but_not_allowed(client: httpx.AsyncClient) -> None:
+    """A live tenant key: 403 (the caller is known, the operation is not theirs); a revoked
+    or made-up key of the same shape: 401, as any unknown key."""
     await create(client, "acme")
-    key = (await client.post("/admin/tenants/acme/keys")).json()["key"]
+    created = (await client.post("/admin/tenants/acme/keys")).json()
+    key = created["key"]
     response = await client.get("/admin/tenants", headers={"Authorization": f"Bearer {key}"})
-    assert_error(response, 401)
+    error = assert_error(response, 403)
+    assert (error["type"], error["code"]) == ("permission_error", "insufficient_permissions")
+    assert "admin key" in error["message"] and key not in response.text
+    made_up = "tw-" + "A" * (len(key) - 3)
+    for token in (made_up, key[:-1], key + "x"):
+        response = await client.get("/admin/tenants", headers={"Authorization": f"Bearer {token}"})
+        assert assert_error(response, 401)["code"] == "invalid_api_key"
+    await client.delete(f"/admin/keys/{created['id']}")
+    response = await client.get("/admin/tenants", headers={"Authorization": f"Bearer {key}"})
+    assert assert_error(response, 401)["code"] == "invalid_api_key"
 
 
 def test_the_admin_key_hash_must_be_a_sha256_hex_digest(db: Database) -> None:
@@ -184,6 +196,7 @@ async def test_tenant_create_read_update_delete(client: httpx.AsyncClient) -> No
         ("b-corp", iso(NOW)),
     ]
     assert_error(await client.get("/admin/tenants?include_deleted=maybe"), 400, "include_deleted")
+    assert_error(await client.get("/admin/tenants?deleted=true"), 400, "deleted")
 
 
 @pytest.mark.parametrize(
@@ -196,6 +209,8 @@ async def test_tenant_create_read_update_delete(client: httpx.AsyncClient) -> No
         ({"id": "acme", "name": 5}, "name"),
         ({"id": "acme", "tier": ""}, "tier"),
         ({"id": "acme", "tier": "   "}, "tier"),
+        ({"id": "acme", "tier": "pro\u0000"}, "tier"),
+        ({"id": "acme", "name": "A\u0000corp"}, "name"),
         ({"id": "acme", "colour": "red"}, "colour"),
         ({"id": "acme", "quota": {"rpm": 0}}, "quota.rpm"),
         ({"id": "acme", "quota": {"rpm": "5"}}, "quota.rpm"),
@@ -264,9 +279,14 @@ async def test_put_quota_replaces_the_whole_quota(client: httpx.AsyncClient) -> 
         ({"priority": "urgent"}, "priority"),
         ({"max_output_tokens": 100, "default_max_output_tokens": 200}, "default_max_output_tokens"),
         ({"allowed_models": "small"}, "allowed_models"),
-        ({"allowed_models": ["small", ""]}, "allowed_models"),
+        ({"allowed_models": ["small", ""]}, "allowed_models.1"),
+        ({"allowed_models": [" "]}, "allowed_models.0"),
+        ({"allowed_models": ["sm\u0000all"]}, "allowed_models.0"),
         ({"allowed_models": [1]}, "allowed_models.0"),
         ({"clamp_max_output": "yes"}, "clamp_max_output"),
+        ({"rpm": 2**53}, "rpm"),  # beyond what a JSON number (or Redis' Lua) holds exactly
+        ({"budget_tokens": 2**64}, "budget_tokens"),
+        ({"tpm": 5.5}, "tpm"),
         ({"tier": "pro"}, "tier"),
         ({"burst": 5}, "burst"),
     ],
@@ -277,6 +297,14 @@ async def test_invalid_quotas_are_400s_naming_the_field(
     await create(client, "acme", quota={"rpm": 7})
     assert_error(await client.put("/admin/tenants/acme/quota", json=quota), 400, param)
     assert (await client.get("/admin/tenants/acme")).json()["quota"]["rpm"] == 7
+
+
+async def test_an_integral_number_is_an_integer(client: httpx.AsyncClient) -> None:
+    """JSON Schema's ``integer`` includes 5.0, and the document is the contract."""
+    await create(client, "acme")
+    response = await client.put("/admin/tenants/acme/quota", json={"rpm": 60.0, "tpm": 2**53 - 1})
+    assert response.status_code == 200, response.text
+    assert (response.json()["rpm"], response.json()["tpm"]) == (60, 2**53 - 1)
 
 
 def test_the_quota_body_has_every_tenant_quota_field_but_the_tier() -> None:
@@ -335,6 +363,12 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
         ({"expires_at": past}, "expires_at"),
         ({"expires_at": "2030-01-01T00:00:00"}, "expires_at"),  # no time zone
         ({"expires_at": "soon"}, "expires_at"),
+        ({"expires_at": "9999-12-31T23:00:00-05:00"}, "expires_at"),  # year 10000 in UTC
+        ({"expires_at": "0001-01-01T00:00:00+05:00"}, "expires_at"),  # year 0 in UTC
+        ({"expires_at": 1893456000}, "expires_at"),  # a number is not a date-time
+        ({"expires_at": "1893456000"}, "expires_at"),
+        ({"expires_at": "2030-01-01"}, "expires_at"),
+        ({"name": "ci\u0000"}, "name"),
         ({"priority": "urgent"}, "priority"),
         ({"name": None}, "name"),
     ]:
@@ -343,7 +377,11 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
         "/admin/tenants/acme/keys", json={"expires_at": "2030-01-01T00:00:00Z"}
     )
     assert expiring.json()["expires_at"] == "2030-01-01T00:00:00Z"
-    assert len((await client.get("/admin/tenants/acme/keys")).json()["data"]) == 1
+    latest = await client.post(
+        "/admin/tenants/acme/keys", json={"expires_at": "9999-12-31T18:59:59-05:00"}
+    )
+    assert latest.json()["expires_at"] == "9999-12-31T23:59:59Z"
+    assert len((await client.get("/admin/tenants/acme/keys")).json()["data"]) == 2
 
 
 async def test_deleting_a_tenant_stops_its_keys(client: httpx.AsyncClient, db: Database) -> None:
@@ -405,6 +443,38 @@ async def test_usage_pages_return_every_record_exactly_once(
     assert windowed == [f"req-{n}" for n in range(3, 10)]
 
 
+async def test_an_empty_window_is_valid_and_empty(client: httpx.AsyncClient, db: Database) -> None:
+    await create(client, "acme")
+    insert(db, [entry(n) for n in range(3)])
+    moment = iso(T0 + timedelta(minutes=1))  # exactly when req-1 was created
+    for format_ in ("json", "jsonl", "csv"):
+        response = await client.get(
+            "/admin/usage", params={"start": moment, "end": moment, "format": format_}
+        )
+        assert parse_records(response, format_) == ([], None)
+    summary = await client.get("/admin/usage/summary", params={"start": moment, "end": moment})
+    assert summary.status_code == 200 and summary.json()["data"] == []
+
+
+async def test_ids_that_no_database_can_hold_are_404s(client: httpx.AsyncClient) -> None:
+    await create(client, "acme")
+    for method, path in [
+        ("GET", "/admin/tenants/ac%00me"),
+        ("PATCH", "/admin/tenants/ac%00me"),
+        ("DELETE", "/admin/tenants/ac%00me"),
+        ("PUT", "/admin/tenants/ac%00me/quota"),
+        ("GET", "/admin/tenants/ac%00me/budget"),
+        ("POST", "/admin/tenants/ac%00me/keys"),
+        ("GET", "/admin/tenants/ac%00me/keys"),
+        ("DELETE", "/admin/keys/key_%00"),
+    ]:
+        response = await client.request(method, path, json={})
+        assert response.status_code == 404, (method, path, response.text)
+    for path in ("/admin/usage", "/admin/usage/summary"):
+        response = await client.get(path, params={"tenant_id": "ac\x00me"})
+        assert_error(response, 404, "tenant_id")
+
+
 async def test_usage_records_carry_every_field(client: httpx.AsyncClient, db: Database) -> None:
     record = entry(
         1,
@@ -451,7 +521,11 @@ async def test_exports_without_a_limit_stream_everything(
         ("start=yesterday", "start", 400),
         ("end=2025-13-01", "end", 400),
         ("start=2025-03-02&end=2025-03-01", "start", 400),
-        ("start=2025-03-01&end=2025-03-01", "start", 400),
+        ("start=", "start", 400),
+        ("end=", "end", 400),
+        ("cursor=", "cursor", 400),
+        ("limit=", "limit", 400),
+        ("format=", "format", 400),
         ("cursor=-1", "cursor", 400),
         ("cursor=abc", "cursor", 400),
         ("cursor=%C2%B2", "cursor", 400),  # a digit to str.isdigit, not to int()
@@ -462,6 +536,8 @@ async def test_exports_without_a_limit_stream_everything(
         ("limit=ten", "limit", 400),
         ("format=xml", "format", 400),
         ("tenant_id=nobody", "tenant_id", 404),
+        ("tenant=acme", "tenant", 400),  # a misspelt filter must not answer for everyone
+        ("=1", "", 400),
     ],
 )
 async def test_bad_usage_queries_are_4xx(
@@ -526,6 +602,13 @@ async def test_usage_summary_totals_per_tenant_and_model(
 
     bad = [("period=week", "period", 400), ("period=day&start=2025-03-01", "period", 400)]
     bad += [("start=03/01/2025", "start", 400), ("tenant_id=nobody", "tenant_id", 404)]
+    bad += [
+        ("tenant=acme", "tenant", 400),
+        ("limit=5", "limit", 400),
+        ("period=", "period", 400),
+        ("start=", "start", 400),
+        ("period=&end=2025-03-02", "period", 400),
+    ]
     for query, param, status in bad:
         assert_error(await client.get(f"/admin/usage/summary?{query}"), status, param)
 

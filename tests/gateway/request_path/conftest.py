@@ -30,12 +30,14 @@ from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
-from gateway.storage.api_keys import create_key
+from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.tenants import create_tenant
 
 SMALL, LARGE = "tiny", "tiny-large"
 CONTEXT_WINDOW = 2048
+METRICS_TOKEN = "metrics-" + "s" * 40
+METRICS_AUTH = {"authorization": f"Bearer {METRICS_TOKEN}"}  # GET /metrics needs a token
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def settings_for(
         "database_url": db_url,
         "models": models,
         "routing": {"aliases": {"auto": {"small": SMALL, "large": LARGE}}},
+        "metrics_token_hash": hash_key(METRICS_TOKEN),
         **overrides,
     }
     return GatewaySettings.from_dict(data)

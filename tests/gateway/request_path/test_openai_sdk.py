@@ -13,7 +13,7 @@ import pytest
 from gateway.storage.database import Database
 from gateway.storage.usage_store import list_usage
 
-from .conftest import SMALL, Engines, settings_for, tenant_key
+from .conftest import METRICS_AUTH, SMALL, Engines, settings_for, tenant_key
 
 
 def usage_records(db_url: str, tenant_id: str, count: int, timeout: float = 10.0) -> list:
@@ -117,7 +117,7 @@ def test_every_response_has_a_request_id_and_routing_header(served: tuple[str, s
         )
         assert code.headers["x-tollway-route"] == "tiny-large; reason=code"
         assert code.json()["model"] == "tiny-large"
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=METRICS_AUTH).text
         assert (
             'tollway_gateway_requests_total{endpoint="chat",model="tiny",status="completed"}'
             in (metrics)

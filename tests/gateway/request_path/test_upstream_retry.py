@@ -9,7 +9,7 @@ import httpx
 
 from gateway.settings import GatewaySettings
 
-from .conftest import SMALL, Engines, settings_for, tenant_key
+from .conftest import METRICS_AUTH, SMALL, Engines, settings_for, tenant_key
 
 
 def test_dead_replica_is_skipped_and_counted(
@@ -24,7 +24,12 @@ def test_dead_replica_is_skipped_and_counted(
         context_window=models[SMALL].context_window,
         checkpoint=models[SMALL].checkpoint,
     )
-    settings = GatewaySettings(models=models, data_dir=base_settings.data_dir, database_url=db_url)
+    settings = GatewaySettings(
+        models=models,
+        data_dir=base_settings.data_dir,
+        database_url=db_url,
+        metrics_token_hash=base_settings.metrics_token_hash,
+    )
     base = gateway(settings)
     _, key = tenant_key(db_url)
     with httpx.Client(base_url=base, timeout=60) as client:
@@ -35,5 +40,5 @@ def test_dead_replica_is_skipped_and_counted(
                 json={"model": SMALL, "prompt": "hi", "max_tokens": 2, "stream": stream},
             )
             assert response.status_code == 200, response.text
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=METRICS_AUTH).text
     assert 'tollway_gateway_upstream_errors_total{model="tiny"} 2.0' in metrics

@@ -1,0 +1,145 @@
+"""The completion endpoints' bodies for the OpenAPI document (pydantic).
+
+Requests: the engine's own request models (`backend_engine.server.protocol`), which validate
+every field the gateway forwards, plus the gateway's ``tollway_hint``. Responses: OpenAI's
+shapes, as the engine's `openai_format` writes them and the gateway relays them; a streamed
+answer is ``text/event-stream`` whose ``data:`` lines are the chunk models, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from backend_engine.server.protocol import ChatCompletionRequest, CompletionRequest
+
+Hint = Literal["small", "large"] | None
+_HINT = "Tollway: on a routing alias (model: auto), ask for its small or large model."
+
+
+class ChatCompletionBody(ChatCompletionRequest):
+    tollway_hint: Hint = Field(default=None, description=_HINT)
+
+
+class CompletionBody(CompletionRequest):
+    tollway_hint: Hint = Field(default=None, description=_HINT)
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One ``data:`` event of a streamed chat completion; the last has ``usage`` and no
+    choices (always sent by the engine; relayed when ``stream_options.include_usage``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    """A text completion, whole; streamed, each ``data:`` event has this shape with a piece
+    of the text (``usage`` on the last one only)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """The models (and routing aliases) the caller's key may use."""
+
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+REQUEST_MODELS: list[type[BaseModel]] = [ChatCompletionBody, CompletionBody]
+RESPONSE_MODELS: list[type[BaseModel]] = [
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ModelList,
+]
