@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backend_engine.async_engine import EngineError
+
 logger = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
@@ -97,6 +99,11 @@ def from_validation_error(exc: ValidationError) -> APIError:
     return APIError("; ".join(parts) or "Invalid request", param=param)
 
 
+def engine_failure(exc: EngineError) -> APIError:
+    """This request failed inside the engine (the requests batched with it went on)."""
+    return APIError(str(exc), status_code=500, code="engine_error", error_type="server_error")
+
+
 def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
 
@@ -107,6 +114,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValidationError):
         return from_validation_error(exc)
+    if isinstance(exc, EngineError):
+        return engine_failure(exc)
     if isinstance(exc, HTTPException):
         message = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, exc.detail)
         return APIError(str(message), status_code=exc.status_code)
