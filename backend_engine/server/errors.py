@@ -139,6 +139,7 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     APIError: _handle_api_error,
     ValidationError: _handle_api_error,
+    EngineError: _handle_api_error,  # one request failed (the engine logged why); a 500
     HTTPException: _handle_http_exception,
     Exception: _handle_unexpected,
 }
