@@ -37,7 +37,12 @@ logger = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
-    """The engine failed while running a request (not the caller's fault)."""
+    """The engine failed while running a request (not the caller's fault).
+
+    Usually that request's own work failed and the others went on (see
+    :mod:`.llm_engine`); only a step that fails with no request to blame fails every
+    request in flight.
+    """
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,9 @@ class AsyncEngine:
 
         Raises ValueError (before yielding anything) when the prompt is empty or
         prompt + max_tokens exceeds ``max_model_len``; the message is fit for a user.
-        Closing the iterator early aborts the request and frees its KV blocks.
+        Raises EngineError, after the deltas already yielded, when the engine fails to
+        run this request. Closing the iterator early aborts the request and frees its KV
+        blocks.
         """
         if self._loop is None:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
@@ -131,6 +138,8 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                if item.error is not None:
+                    raise EngineError(f"the engine failed to run this request: {item.error}")
                 yield item
         finally:
             self._streams.pop(request_id, None)
@@ -169,7 +178,7 @@ class AsyncEngine:
                 continue
             try:
                 deltas.extend(engine.step())
-            except Exception as exc:  # keep serving: fail the requests in flight
+            except Exception as exc:  # no one request to blame: fail those in flight
                 logger.exception("engine step failed; aborting the requests in flight")
                 failed = list(engine.scheduler.requests)
                 engine.abort(failed)
@@ -186,8 +195,14 @@ class AsyncEngine:
             except queue.Empty:
                 return deltas
             if isinstance(command, _Add):
-                if command.request.request_id in self._streams:  # else: already gone
+                request_id = command.request.request_id
+                if request_id not in self._streams:  # already gone
+                    continue
+                try:
                     self.engine.add(command.request)
+                except Exception as exc:  # it is not queued: fail it alone
+                    logger.exception("could not queue request %s", request_id)
+                    self._fail([request_id], EngineError(f"could not queue this request: {exc}"))
             else:
                 deltas.extend(self.engine.abort([command.request_id]))
 

@@ -105,6 +105,13 @@ class BlockPool:
         block.block_hash = block_hash
         self._cached[block_hash] = block
 
+    def uncache(self, blocks: Iterable[KVBlock]) -> None:
+        """Withdraw blocks from the prefix cache (their KV may never have been written)."""
+        for block in blocks:
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after new weights)."""
         for block in self._cached.values():

@@ -118,12 +118,20 @@ class KVCacheManager:
             self._cache_full_blocks(request, blocks, num_total)
         return Allocation(tuple(block.block_id for block in new_blocks))
 
-    def free(self, request: Request) -> None:
-        """Release a request's blocks, tail first, so its prefix outlives its suffix in the LRU."""
+    def free(self, request: Request, *, num_written_tokens: int | None = None) -> None:
+        """Release a request's blocks, tail first, so its prefix outlives its suffix in the LRU.
+
+        ``num_written_tokens``: for a request that failed mid-step, the leading tokens whose
+        KV is known to be written (its computed tokens). Blocks registered in the prefix
+        cache past them leave it, so no later request reads KV the failed step never wrote.
+        """
         blocks = self._blocks.pop(request.request_id, None)
         self._num_hashed_blocks.pop(request.request_id, None)
-        if blocks:
-            self.pool.free(reversed(blocks))
+        if not blocks:
+            return
+        if num_written_tokens is not None:
+            self.pool.uncache(blocks[num_written_tokens // self.block_size :])
+        self.pool.free(reversed(blocks))
 
     def _update_hashes(self, request: Request, num_tokens: int) -> None:
         hashes = request.block_hashes

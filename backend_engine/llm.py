@@ -109,6 +109,7 @@ class LLM:
                         finish_reason=delta.finish_reason,
                         num_cached_tokens=delta.num_cached_tokens,
                         logprobs=logprobs[rid] if wants_logprobs[rid] else None,
+                        error=delta.error,
                     )
         return [results[rid] for rid in order]
 

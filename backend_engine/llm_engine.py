@@ -1,5 +1,11 @@
 """The synchronous engine: one ``step()`` is schedule → execute → update.
 
+One request's failure fails only that request. The runner pins failures in the forward
+pass and sampling on the requests that cause them; the per-request work of ``update``
+(detokenizing, stop strings) fails alone too. A failed request finishes with
+``finish_reason="error"`` and an ``error`` message, its KV blocks and generator released;
+the others go on with the tokens they would have had without it.
+
 Not thread-safe: ``AsyncEngine`` drives it from one background thread.
 """
 
@@ -7,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from pathlib import Path
 
 import torch
@@ -23,6 +30,8 @@ from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
 from backend_engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -86,8 +95,13 @@ class LLMEngine:
         return request
 
     def add(self, request: Request) -> None:
+        """Queue a request made by :meth:`make_request`; if this raises, nothing is queued."""
         self.scheduler.add_request(request)
-        self.outputs.add(request)
+        try:
+            self.outputs.add(request)
+        except Exception:
+            self.scheduler.finish(request.request_id, "error")
+            raise
 
     def make_request(
         self,
@@ -139,7 +153,10 @@ class LLMEngine:
         deltas = []
         for request in self.scheduler.finish_many(request_ids, "abort"):
             self.runner.release(request.request_id)
-            deltas.append(self.outputs.finish_without_token(request))
+            try:
+                deltas.append(self.outputs.finish_without_token(request))
+            except Exception as exc:  # flushing its text failed: it ends all the same
+                deltas.append(self._failed(request, exc))
         return deltas
 
     def has_unfinished(self) -> bool:
@@ -149,22 +166,42 @@ class LLMEngine:
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
-        sampled = self.runner.execute(output)
+        result = self.runner.execute(output)
+        deltas = []
+        for request_id, exc in result.failed.items():  # before update: no token, no progress
+            request = self.scheduler.requests.get(request_id)
+            if request is not None:
+                self.scheduler.finish(request_id, "error")
+                deltas.append(self._failed(request, exc))
+        sampled = result.sampled
         updated = self.scheduler.update_from_output(
             output, {rid: s.token_id for rid, s in sampled.items()}
         )
         self.num_generation_tokens += len(updated)
-        deltas = []
         for request in updated:
             if request.num_output_tokens == 1:  # its prompt has just been prefilled
                 self.num_prompt_tokens += request.num_prompt_tokens
-            delta, hit_stop = self.outputs.process(request, sampled[request.request_id].logprob)
+            try:
+                delta, hit_stop = self.outputs.process(request, sampled[request.request_id].logprob)
+            except Exception as exc:
+                self.scheduler.finish(request.request_id, "error")
+                deltas.append(self._failed(request, exc))
+                continue
             if hit_stop:
                 self.scheduler.finish(request.request_id, "stop")
             if delta.finished:
                 self.runner.release(request.request_id)
             deltas.append(delta)
         return deltas
+
+    def _failed(self, request: Request, exc: Exception) -> RequestOutputDelta:
+        """Close a request whose own work raised (already finished in the scheduler)."""
+        logger.error(
+            "request %s failed in the engine; the others go on", request.request_id, exc_info=exc
+        )
+        request.finish_reason = "error"
+        self.runner.release(request.request_id)
+        return self.outputs.fail(request, f"{type(exc).__name__}: {exc}")
 
     def stats(self) -> EngineStats:
         return EngineStats(

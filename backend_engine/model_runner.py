@@ -1,19 +1,26 @@
 """Runs one scheduled step on the model: builds the packed batch, owns the KV
-cache tensors and the per-request random generators, and samples."""
+cache tensors and the per-request random generators, and samples.
+
+A failure is pinned on the requests that cause it (:mod:`.failure_isolation`): the step
+comes back with their exceptions, and every other request's token, the same token it
+would have got without them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.config import EngineConfig
+from backend_engine.failure_isolation import isolate_failures
 from backend_engine.model_config import ModelConfig
 from backend_engine.models import load_model
 from backend_engine.models.packed_linear import pack_linears
 from backend_engine.outputs import TokenLogprob
-from backend_engine.sampler import sample
+from backend_engine.sampler import choose_tokens, token_logprobs
 from backend_engine.scheduler import ScheduledRequest, SchedulerOutput
 from backend_engine.weights import resolve_dtype
 
@@ -36,6 +43,12 @@ def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.
 class SampledToken:
     token_id: int
     logprob: TokenLogprob | None
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    sampled: dict[str, SampledToken]  # request id -> the token sampled for it this step
+    failed: dict[str, Exception]  # requests whose work raised even alone: only they fail
 
 
 @dataclass(frozen=True)
@@ -92,30 +105,86 @@ class ModelRunner:
         return generator
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        """The forward pass over every scheduled request, then sampling.
+
+        A forward pass that raises is retried on halves of the batch until the failure is
+        pinned on requests that fail alone; a sampling failure is pinned on its rows the
+        same way, without running the model again.
+        """
         scheduled = output.scheduled
+        sampled: dict[str, SampledToken] = {}
+        failed: dict[str, Exception] = {}
+        outcomes = isolate_failures(scheduled, self._forward_and_sample)
+        for item, outcome in zip(scheduled, outcomes, strict=True):
+            if isinstance(outcome, SampledToken):
+                sampled[item.request_id] = outcome
+            elif isinstance(outcome, Exception):
+                failed[item.request_id] = outcome
+        return RunnerOutput(sampled, failed)
+
+    def _forward_and_sample(
+        self, scheduled: Sequence[ScheduledRequest]
+    ) -> list[SampledToken | Exception | None]:
+        """One outcome per scheduled request: its token, its sampling failure, or None (a
+        prefill chunk that samples nothing)."""
+        outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
         if not scheduled:
-            return {}
+            return outcomes
         batch = self._prepare(scheduled)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
         # hidden: [num_tokens, hidden_size]
-        to_sample = [s for s in scheduled if s.do_sample]
-        if not to_sample:
-            return {}
+        rows = [i for i, s in enumerate(scheduled) if s.do_sample]
+        if not rows:
+            return outcomes
         logits = self.model.compute_logits(hidden[batch.sample_token_indices])
         # logits: [num_sampled, vocab]
-        token_ids, logprobs = sample(
-            logits,
-            [s.sampling_params for s in to_sample],
-            [self._generator(s) for s in to_sample],
-            self.default_generator,
-        )
-        return {
-            s.request_id: SampledToken(t, lp)
-            for s, t, lp in zip(to_sample, token_ids, logprobs, strict=True)
-        }
+        sampled = self._sample(logits, [scheduled[i] for i in rows])
+        for row, outcome in zip(rows, sampled, strict=True):
+            outcomes[row] = outcome
+        return outcomes
 
-    def _prepare(self, scheduled: list[ScheduledRequest]) -> PreparedBatch:
+    def _sample(
+        self, logits: torch.Tensor, to_sample: list[ScheduledRequest]
+    ) -> list[SampledToken | Exception]:
+        """Tokens for the rows of ``logits`` (one per request in ``to_sample``), each row's
+        failure pinned on it alone."""
+        params = [s.sampling_params for s in to_sample]
+        num_rows = len(to_sample)
+
+        def choose(rows: Sequence[int]) -> list[int]:
+            generators = [self._generator(to_sample[r]) for r in rows]
+            row_logits = logits if len(rows) == num_rows else logits[list(rows)]
+            return choose_tokens(
+                row_logits, [params[r] for r in rows], generators, self.default_generator
+            )
+
+        token_ids = isolate_failures(range(num_rows), choose)
+        chosen = {r: t for r, t in enumerate(token_ids) if isinstance(t, int)}
+        wanted = [r for r in chosen if params[r].logprobs is not None]
+        logprobs: dict[int, TokenLogprob | Exception] = {}
+        if wanted:
+
+            def logprobs_of(rows: Sequence[int]) -> list[TokenLogprob]:
+                return token_logprobs(
+                    logits[list(rows)],
+                    [chosen[r] for r in rows],
+                    [params[r].logprobs or 0 for r in rows],
+                )
+
+            logprobs = dict(zip(wanted, isolate_failures(wanted, logprobs_of), strict=True))
+        outcomes: list[SampledToken | Exception] = []
+        for r, token_id in enumerate(token_ids):
+            logprob = logprobs.get(r)
+            if isinstance(token_id, Exception):
+                outcomes.append(token_id)
+            elif isinstance(logprob, Exception):
+                outcomes.append(logprob)
+            else:
+                outcomes.append(SampledToken(token_id, logprob))
+        return outcomes
+
+    def _prepare(self, scheduled: Sequence[ScheduledRequest]) -> PreparedBatch:
         block_size = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []

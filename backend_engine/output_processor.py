@@ -87,6 +87,22 @@ class OutputProcessor:
             )
         return self._delta(request, state, self._flush(state), True, request.finish_reason)
 
+    def fail(self, request: Request, error: str) -> RequestOutputDelta:
+        """The closing delta of a request whose own work failed: no more text (its text
+        state may be what failed), only the tokens already delivered are counted."""
+        state = self._states.pop(request.request_id, None)
+        return RequestOutputDelta(
+            request.request_id,
+            [],
+            "",
+            request.num_prompt_tokens,
+            state.num_emitted_tokens if state is not None else 0,
+            max(request.num_cached_tokens, 0),
+            finished=True,
+            finish_reason="error",
+            error=error,
+        )
+
     def _delta(
         self,
         request: Request,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "abort"]
+# "error": this request's own work failed in the engine (``error`` says how); the
+# requests batched with it went on.
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class RequestOutputDelta:
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
     finish_reason: FinishReason | None = None
+    error: str | None = None  # with finish_reason "error": what failed
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     num_cached_tokens: int
     logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # with finish_reason "error": what failed
 
 
 @dataclass(frozen=True)

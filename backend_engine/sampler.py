@@ -16,28 +16,59 @@ def sample(
     generators: Sequence[torch.Generator | None],
     default_generator: torch.Generator,
 ) -> tuple[list[int], list[TokenLogprob | None]]:
+    """One token per row, and its logprobs where asked for: :func:`choose_tokens`, then
+    :func:`token_logprobs` for the rows that want them."""
+    token_ids = choose_tokens(logits, params, generators, default_generator)
+    logprobs: list[TokenLogprob | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if rows:
+        chosen = token_logprobs(
+            logits[rows], [token_ids[i] for i in rows], [params[i].logprobs or 0 for i in rows]
+        )
+        for row, logprob in zip(rows, chosen, strict=True):
+            logprobs[row] = logprob
+    return token_ids, logprobs
+
+
+def choose_tokens(
+    logits: torch.Tensor,  # [num_seqs, vocab] float32
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator,
+) -> list[int]:
     """One token per row. A row with its own generator (a seeded request) draws
-    only from it, so the same seed gives the same output whatever else is batched."""
+    only from it, so the same seed gives the same output whatever else is batched.
+
+    Every per-row setting is turned into tensors before any generator draws, so a row whose
+    settings raise leaves every generator as it was: the batch can be retried without it.
+    """
     is_greedy = [p.temperature == 0.0 for p in params]
     if all(is_greedy):
         token_ids = logits.argmax(dim=-1)
     else:
         token_ids = _sample_random(logits, params, generators, default_generator, is_greedy)
     token_list: list[int] = token_ids.tolist()
-    logprobs: list[TokenLogprob | None] = [None] * len(params)
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    if rows:
-        all_logprobs = torch.log_softmax(logits[rows], dim=-1)
-        for row, lp in zip(rows, all_logprobs, strict=True):
-            num_top = params[row].logprobs or 0
-            top_values, top_ids = lp.topk(num_top) if num_top else (lp[:0], lp[:0].long())
-            chosen = token_list[row]
-            logprobs[row] = TokenLogprob(
+    return token_list
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # [num_rows, vocab] float32
+    token_ids: Sequence[int],
+    num_top: Sequence[int],
+) -> list[TokenLogprob]:
+    """Each row's chosen token's log-probability and its ``num_top`` best alternatives."""
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    out = []
+    for lp, chosen, k in zip(all_logprobs, token_ids, num_top, strict=True):
+        top_values, top_ids = lp.topk(k) if k else (lp[:0], lp[:0].long())
+        out.append(
+            TokenLogprob(
                 token_id=chosen,
                 logprob=float(lp[chosen]),
                 top=tuple(zip(top_ids.tolist(), top_values.tolist(), strict=True)),
             )
-    return token_list, logprobs
+        )
+    return out
 
 
 def _sample_random(

@@ -217,7 +217,10 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self.kv_cache.free(request)
+        if reason == "error":  # its step may have failed before writing its KV
+            self.kv_cache.free(request, num_written_tokens=request.num_computed_tokens)
+        else:
+            self.kv_cache.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         return request

@@ -5,7 +5,9 @@ authenticate (key cache) ─401─► (no record: no tenant to charge)
 read + parse body ─400/413─┐
 admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record; a key revoked
      │ Admission           │                        meanwhile is a 401 without one)
-UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
+UpstreamPool.open ─503─────┤
+engine's 4xx (as is) ──────┼─► Accountant.finish   (released; one "upstream_error" record)
+engine's 5xx ─502──────────┤
      │                     │
 relay (stream or JSON) ────┴─► Accountant.finish   (settled; one record) once the response
                                                    has been sent, so it adds no latency
@@ -32,7 +34,7 @@ from backend_engine.server.disconnect import until_client_leaves
 from backend_engine.server.sse import EventStreamResponse
 from gateway.accounting import RequestInfo
 from gateway.admission import Admission, Refusal
-from gateway.api_errors import ApiError, invalid_api_key, to_rejection
+from gateway.api_errors import ApiError, error_response, invalid_api_key, to_rejection
 from gateway.auth import bearer_token
 from gateway.context import GatewayContext
 from gateway.request_body import (
@@ -52,6 +54,9 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
+ENGINE_FAILED = Rejection(
+    502, "upstream_error", "server_error", "The engine failed while generating this response."
+)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -169,9 +174,11 @@ async def _forward(
     response_headers = dict(admission.headers)
     if admission.route is not None:
         response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
-    if call.status_code >= 400:  # the engine refused the request: relay its error as is
+    if call.status_code >= 400:  # the engine refused (4xx: relayed as is) or failed (502)
         meter.finish(UsageStatus.UPSTREAM_ERROR)
         await ctx.accountant.finish(info, admission, meter, was_answered=False)
+        if call.status_code >= 500:
+            return error_response(ENGINE_FAILED, response_headers)
         return Response(
             call.body, call.status_code, response_headers, media_type="application/json"
         )

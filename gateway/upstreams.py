@@ -8,6 +8,8 @@ of timeouts.
 `UpstreamPool.open` picks replicas round-robin and moves on to the next one when an engine
 fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
 its first event with content. Once a token has been relayed the request stays where it is.
+When every replica fails, a 500 answer (an engine failed this request) is returned for the
+caller to report as a 502; only when none answered is it a 503.
 
 The request path hands a prebuilt ``httpx.Request`` (URL parsed once per replica and path,
 the client's timeouts as its extension) straight to the replica's transport: an engine call
@@ -125,11 +127,14 @@ class UpstreamPool:
     ) -> UpstreamCall:
         """The first replica that answers; raises a 503 `ApiError` if none does.
 
-        A 4xx answer is returned as is (the engine's own error for this request).
+        A 4xx answer is returned as is (the engine's own error for this request). A 500 is
+        tried on the next replica; if no replica does better, the last 500 is returned (the
+        engines failed this request, which the caller reports as a 502, not a 503).
         """
         payload = json.dumps(body).encode()
         request_headers = {**headers, "content-type": "application/json"}
         num_failed = 0
+        failed_answer: UpstreamCall | None = None
         for base in self.replicas(model):
             request = httpx.Request(
                 "POST",
@@ -142,6 +147,8 @@ class UpstreamPool:
             try:
                 response = await self._transports[base].handle_async_request(request)
                 if response.status_code >= 500:
+                    if response.status_code == 500:
+                        failed_answer = UpstreamCall(response, base, body=await read_body(response))
                     raise _ReplicaFailed(f"status {response.status_code}")
                 call = UpstreamCall(response, base, num_failed_replicas=num_failed)
                 if is_stream and response.status_code < 400:
@@ -158,6 +165,9 @@ class UpstreamPool:
                     on_replica_error(model, reason)
                 if response is not None:
                     await response.aclose()
+        if failed_answer is not None:
+            failed_answer.num_failed_replicas = num_failed
+            return failed_answer
         raise upstream_unavailable(model)
 
     async def stop(self, model: str, request_id: str) -> bool:

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backend_engine.async_engine import EngineError
 from backend_engine.server.field_rules import FieldError
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,11 @@ def from_validation_error(exc: ValidationError) -> APIError:
     return APIError("; ".join(parts) or "Invalid request", param=param)
 
 
+def engine_failure(exc: EngineError) -> APIError:
+    """This request failed inside the engine (the requests batched with it went on)."""
+    return APIError(str(exc), status_code=500, code="engine_error", error_type="server_error")
+
+
 def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
 
@@ -122,6 +128,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValidationError):
         return from_validation_error(exc)
+    if isinstance(exc, EngineError):
+        return engine_failure(exc)
     if isinstance(exc, HTTPException):
         message = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, exc.detail)
         return APIError(str(message), status_code=exc.status_code)
@@ -145,6 +153,7 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     APIError: _handle_api_error,
     ValidationError: _handle_api_error,
+    EngineError: _handle_api_error,  # one request failed (the engine logged why); a 500
     HTTPException: _handle_http_exception,
     Exception: _handle_unexpected,
 }

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from backend_engine import AsyncEngine, EngineConfig, Priority, SamplingParams
+from backend_engine.async_engine import EngineError
 
 
 @pytest.fixture
@@ -100,6 +101,45 @@ async def test_duplicate_request_id_is_refused(engine):
     with pytest.raises(ValueError, match="already in use"):
         await collect(engine, "dup", "two", params)
     await first.aclose()
+
+
+def victim_params(i: int) -> SamplingParams:
+    if i % 2:
+        return SamplingParams(temperature=0.8, top_k=30, seed=7 + i, max_tokens=16, ignore_eos=True)
+    return SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+async def test_poisoned_requests_fail_alone_among_twelve_streams_of_another_tenant(engine):
+    """The issue's case: one poisoned request used to abort every stream in flight."""
+    prompts = [f"Tenant alice, question number {i}" for i in range(12)]
+    alone = []
+    for i, prompt in enumerate(prompts):
+        deltas = await collect(engine, f"alone-{i}", prompt, victim_params(i))
+        alone.append([t for d in deltas for t in d.new_token_ids])
+    events: list[str] = []
+
+    async def victim(i: int) -> list[int]:
+        deltas = await collect(
+            engine, f"alice-{i}", prompts[i], victim_params(i), tenant_id="alice"
+        )
+        events.append("alice finished")
+        assert deltas[-1].finish_reason == "length"
+        return [t for d in deltas for t in d.new_token_ids]
+
+    async def attacker(field: str, value: int) -> None:
+        poison = SamplingParams(temperature=1.0, max_tokens=16)
+        object.__setattr__(poison, field, value)  # past any validation
+        with pytest.raises(EngineError, match="Overflow"):
+            await collect(engine, f"mallory-{field}", "Hello", poison, tenant_id="mallory")
+        events.append("mallory failed")
+
+    results = await asyncio.gather(
+        attacker("seed", 2**64), *(victim(i) for i in range(12)), attacker("top_k", 10**20)
+    )
+    assert events[:2] == ["mallory failed"] * 2  # while the twelve were still streaming
+    assert results[1:-1] == alone
+    stats = engine.stats()
+    assert stats.num_running == stats.num_waiting == stats.num_kv_blocks_used == 0
 
 
 async def test_the_engine_is_built_and_stepped_on_one_thread_not_the_callers(

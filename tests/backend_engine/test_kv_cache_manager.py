@@ -99,3 +99,16 @@ def test_extra_key_separates_models():
     b = make_request("b", [1, 2, 3])
     kv2.get_computed_blocks(b)
     assert a.block_hashes[0] != b.block_hashes[0]
+
+
+def test_freeing_a_failed_request_withdraws_its_unwritten_blocks_from_the_prefix_cache() -> None:
+    """A request that failed mid-step: blocks past its computed tokens leave the cache,
+    the ones before stay (their KV was written by earlier steps)."""
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    request = make_request("failed", list(range(12)))
+    assert manager.allocate_slots(request, 8) is not None  # a first chunk: blocks 0-1
+    request.num_computed_tokens = 8
+    assert manager.allocate_slots(request, 4) is not None  # the chunk that fails: block 2
+    manager.free(request, num_written_tokens=request.num_computed_tokens)
+    again = make_request("again", [*range(12), 99])
+    assert manager.get_computed_blocks(again).num_tokens == 8

@@ -1,0 +1,62 @@
+"""An engine that fails a request: the client gets a 502 in OpenAI's format, recorded as an
+upstream error; another tenant's request on the same engine is served as usual."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backend_engine.output_processor import OutputProcessor
+from backend_engine.request import Request
+
+from .conftest import SMALL, Engines, settings_for, tenant_key
+from .test_openai_sdk import usage_records
+
+
+@pytest.mark.parametrize("is_stream", [False, True])
+def test_an_engine_500_reaches_the_client_as_a_502_upstream_error(
+    engines: Engines,
+    gateway: Callable[..., str],
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    is_stream: bool,
+) -> None:
+    tenant_id, key = tenant_key(db_url)
+    _, other_key = tenant_key(db_url)
+    process = OutputProcessor.process
+
+    def failing(self: OutputProcessor, request: Request, logprob: Any) -> Any:
+        if request.tenant_id == tenant_id:  # the engines run in this process
+            raise RuntimeError("injected failure")
+        return process(self, request, logprob)
+
+    monkeypatch.setattr(OutputProcessor, "process", failing)
+    base = gateway(settings_for(engines, tmp_path / "gw", db_url))
+    body = {
+        "model": SMALL,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4,
+        "stream": is_stream,
+    }
+    with httpx.Client(base_url=base, timeout=60) as client:
+        response = client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        )
+        assert response.status_code == 502, response.text
+        assert response.headers["content-type"] == "application/json"
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "server_error" and error["code"] == "upstream_error"
+        assert "injected" not in error["message"]  # the engine's internals stay inside
+        other = client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {other_key}"}
+        )
+        assert other.status_code == 200, other.text
+    (record,) = usage_records(db_url, tenant_id, 1)
+    assert record.status.value == "upstream_error"
+    assert record.completion_tokens == 0
