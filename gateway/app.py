@@ -69,7 +69,15 @@ def build_gateway(
 ) -> Starlette:
     """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
     database = Database(settings.resolved_database_url)
-    redis = LeanRedis(settings.redis_url) if settings.redis_url is not None else None
+    redis = (
+        LeanRedis(
+            settings.redis_url,
+            connect_timeout_s=settings.redis_connect_timeout_s,
+            timeout_s=settings.redis_timeout_s,
+        )
+        if settings.redis_url is not None
+        else None
+    )
     ledger: BudgetLedger
     store: AdmissionStore
     epochs: AuthEpochs
@@ -83,7 +91,13 @@ def build_gateway(
         memory_ledger, memory_epochs = MemoryBudgetLedger(), MemoryAuthEpochs()
         store = MemoryAdmissionStore(memory_ledger, MemoryRateLimitStore(), memory_epochs)
         ledger, epochs = memory_ledger, memory_epochs
-    keys = KeyCache(database, epochs, ttl_s=settings.auth_cache_ttl_s)
+    keys = KeyCache(
+        database,
+        epochs,
+        ttl_s=settings.auth_cache_ttl_s,
+        stale_ttl_s=settings.auth_stale_ttl_s,
+        epochs_fail_open=settings.redis_failure_mode == "open",
+    )
     upstreams = UpstreamPool(settings.models)
     metrics = GatewayMetrics()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
@@ -102,6 +116,7 @@ def build_gateway(
             epochs,
             PoolLoadReader(upstreams),
             database,
+            metrics=metrics,
         ),
         accountant=Accountant(settings, ledger, writer, metrics),
         metrics=metrics,
