@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from opentelemetry.trace import Span, Status, StatusCode
+from redis.exceptions import RedisError
 
 from gateway.admission import Admission, Refusal
 from gateway.auth import Caller
@@ -87,6 +88,12 @@ class Accountant:
                     await self._ledger.settle(reservation, prompt + completion)
                 else:
                     await self._ledger.release(reservation)
+            except RedisError as exc:  # bounded by redis_timeout_s; the record is still written
+                logger.warning(
+                    "settling reservation %s failed (%s): it expires by itself",
+                    reservation.reservation_id,
+                    exc,
+                )
             except Exception:  # the reservation expires by itself; the record is still written
                 logger.exception("settling reservation %s failed", reservation.reservation_id)
             finally:

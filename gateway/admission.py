@@ -80,6 +80,7 @@ _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 _INLINE_COUNT_CHARS = 16_384  # longer chats are counted on a worker thread
 _MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
+_REDIS_WARNING_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class Admitter:
         self._database = database
         self._clock = clock
         self._metrics = metrics
+        self._redis_warned_at = float("-inf")  # one log line a second while Redis is down
+        self._num_unlogged = 0
 
     async def admit(
         self, key: CachedKey, body: CompletionBody, priority_header: str | None
@@ -253,14 +256,22 @@ class Admitter:
     def _on_redis_failure(self, caller: Caller, plan: _Plan, exc: RedisError) -> Admission:
         """Redis failed: a 503 (``redis_failure_mode: closed``) or, fail-open, an admission
         that holds no reservation and passed no rate limit (its usage is still recorded)."""
-        if self._settings.redis_failure_mode != "open":
-            logger.warning("Redis failed while admitting a request: %s", exc)
+        is_open = self._settings.redis_failure_mode == "open"
+        now = time.monotonic()
+        if now - self._redis_warned_at < _REDIS_WARNING_INTERVAL_S:
+            self._num_unlogged += 1
+        else:
+            logger.warning(
+                "Redis failed while admitting a request of tenant %s (%s); %s "
+                "(%d more since the last line)",
+                caller.tenant_id,
+                exc,
+                "admitted without rate limits or budget" if is_open else "answered 503",
+                self._num_unlogged,
+            )
+            self._redis_warned_at, self._num_unlogged = now, 0
+        if not is_open:
             raise state_unavailable("its rate-limit and budget store") from None
-        logger.warning(
-            "Redis failed (%s): admitting a request of tenant %s without rate limits or budget",
-            exc,
-            caller.tenant_id,
-        )
         if self._metrics is not None:
             self._metrics.uncounted_admissions.inc()
         return Admission(
