@@ -102,6 +102,7 @@ def build_gateway(
     metrics = GatewayMetrics()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
+    accountant = Accountant(settings, ledger, writer, metrics)
     context = GatewayContext(
         settings=settings,
         database=database,
@@ -118,7 +119,7 @@ def build_gateway(
             database,
             metrics=metrics,
         ),
-        accountant=Accountant(settings, ledger, writer, metrics),
+        accountant=accountant,
         metrics=metrics,
         tracer=tracer_from(provider),
     )
@@ -130,6 +131,7 @@ def build_gateway(
             yield
         finally:
             await upstreams.aclose()
+            await accountant.aclose()
             if redis is not None:
                 await redis.aclose()
             if not await anyio.to_thread.run_sync(writer.close, USAGE_FLUSH_ON_SHUTDOWN_S):

