@@ -88,12 +88,18 @@ def test_verified_keys_outlive_a_postgres_outage_and_records_land_afterwards(
                 answers["never_seen"].append(chat(never_seen.json()["key"]).status_code)
                 time.sleep(0.05)
             spilled = (settings.data_dir / SPILL_FILENAME).read_text().count("\n")
+            tenant_a_key = {"authorization": f"Bearer {key_a}"}
+            side_answers = {
+                "admin_read": client.get("/admin/tenants", headers=admin).status_code,
+                "usage": client.get("/v1/usage", headers=tenant_a_key).status_code,
+            }
         finally:
             postgres_process.start()
 
         assert set(answers["a"]) == {200} and set(answers["b"]) == {200}, answers
         assert set(answers["revoked"]) == {503}, answers
         assert set(answers["never_seen"]) == {503}, answers
+        assert side_answers == {"admin_read": 503, "usage": 503}
         num_completed += len(answers["a"]) + len(answers["b"])
         assert spilled >= len(answers["a"]) + len(answers["b"])
 
