@@ -169,7 +169,7 @@ class KeyCache:
             loaded_at=now,
             verified_at=now,
         )
-        if self._ttl_s > 0:
+        if self._trust_s > 0:  # with ttl_s == 0, kept only to stand in for a failed database
             self._entries.pop(key_hash, None)  # re-inserted last: evicted last
             if len(self._entries) >= self._max_entries:
                 del self._entries[next(iter(self._entries))]

@@ -253,3 +253,19 @@ async def test_a_zero_stale_ttl_serves_nothing_from_memory_when_the_database_fai
     with database_unreachable(db):
         clock.now += 11
         assert await unavailable(cache, token)
+
+
+async def test_a_zero_ttl_still_lets_a_verified_key_stand_in_for_a_failed_database(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    clock = Clock()
+    cache = KeyCache(db, new_epochs(), ttl_s=0, stale_ttl_s=60, clock=clock)
+    token = new_key(db)
+    entry = await cache.key(token)
+    revoke_all(db)
+    assert await refused(cache, token)  # read every time while the database answers
+    token = new_key(db)
+    entry = await cache.key(token)
+    with database_unreachable(db):
+        clock.now += 1
+        assert (await cache.key(token)).caller == entry.caller
