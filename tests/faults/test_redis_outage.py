@@ -100,6 +100,11 @@ def assert_clean(answers: list[Answer]) -> None:
     assert slowest < LONGEST_ANSWER_S, f"an answer took {slowest:.2f} s"
 
 
+def relative(answers: list[Answer], t0: float) -> list[tuple[float, float, int]]:
+    """(started, elapsed, status) with times from ``t0``, to read a failure."""
+    return [(round(a.started - t0, 3), round(a.elapsed, 3), a.status) for a in answers]
+
+
 def completed_tokens(db_url: str, tenant_id: str, num_completed: int) -> int:
     """The tokens the tenant's records charge, once its ``num_completed`` completed ones are
     all in the database."""
@@ -182,8 +187,10 @@ async def test_redis_killed_mid_load_gives_clean_503s_then_recovers(
 
     answers = await under_load(base_url, key, faults)
     assert_clean(answers)
-    during = [a for a in answers if marks["killed"] + 0.1 < a.started < marks["restarting"]]
-    assert during and all(a.status == 503 for a in during)
+    # A request on its way (a busy machine, the client and gateway sharing a process) may
+    # reach Redis well after it started: the windows keep clear of the edges.
+    during = [a for a in answers if marks["killed"] + 0.1 < a.started < marks["restarting"] - 0.5]
+    assert during and all(a.status == 503 for a in during), relative(during, marks["killed"])
     after = [a for a in answers if a.started > marks["restarted"] + 0.5]
     assert after and all(a.status == 200 for a in after)
     assert side_answers == {"budget": 503, "admin_write": 503}
@@ -216,8 +223,8 @@ async def test_redis_paused_mid_load_answers_within_the_timeout_then_recovers(
 
     answers = await under_load(base_url, key, faults)
     assert_clean(answers)
-    during = [a for a in answers if marks["paused"] + 0.5 < a.started < marks["resumed"] - 0.5]
-    assert during and all(a.status == 503 for a in during)
+    during = [a for a in answers if marks["paused"] + 0.5 < a.started < marks["resumed"] - 1.0]
+    assert during and all(a.status == 503 for a in during), relative(during, marks["paused"])
     after = [a for a in answers if a.started > marks["resumed"] + 0.5]
     assert after and all(a.status == 200 for a in after)
     # Settles that timed out while Redis was stopped ran when it woke, or ran again: counted

@@ -151,7 +151,7 @@ async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_sta
         results = await asyncio.wait_for(asyncio.gather(*late, return_exceptions=True), 3)
         waited = time.monotonic() - started
         assert all(isinstance(r, RedisTimeoutError) for r in results), results
-        assert waited < 0.2 + 0.3
+        assert waited < 0.2 + 0.5
         await stall
         # The late calls' replies arrive now on the old connection: none may answer these.
         replies = await asyncio.gather(*(client.execute_command("ECHO", n) for n in range(20)))
@@ -161,15 +161,15 @@ async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_sta
 
 
 async def test_calls_that_keep_coming_on_a_healthy_server_never_time_out(redis_url: str) -> None:
-    client = LeanRedis(redis_url, timeout_s=0.05)
+    client = LeanRedis(redis_url, timeout_s=0.2)
     try:
-        for _ in range(20):  # the watchdog moves on from answered calls, 4 deadlines and more
+        for _ in range(40):  # the watchdog moves on from answered calls, 2 deadlines and more
             replies = await asyncio.gather(
                 *(client.execute_command("INCR", "n") for _ in range(50))
             )
             assert len(replies) == 50
             await asyncio.sleep(0.01)
-        assert await client.execute_command("GET", "n") == b"1000"
+        assert await client.execute_command("GET", "n") == b"2000"
     finally:
         await client.aclose()
 
@@ -197,7 +197,7 @@ async def test_connecting_is_bounded_and_one_attempt_serves_every_waiting_caller
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
         waited = time.monotonic() - started
         assert all(isinstance(r, RedisTimeoutError) for r in results), results
-        assert waited < 0.2 + 0.4  # one attempt, not one per caller in turn
+        assert waited < 0.2 + 0.6  # one attempt, not one per caller in turn
     finally:
         await client.aclose()
 
