@@ -12,26 +12,21 @@ A record's ``prompt_tokens + completion_tokens`` is always exactly what was sett
 rejected and released requests), so summing the records rebuilds the ledger.
 
 A settle (or release) that fails because Redis cannot answer never delays the response or
-loses the record: it is tried again in the background, with a back-off from
-``SETTLE_RETRY_FIRST_S`` to ``SETTLE_RETRY_MAX_S``, until it succeeds or until half the
-ledger's settled-retention period after the reservation expires (until then a settle that
-did run once is not counted twice). ``aclose`` drops the retries still waiting.
+loses the record: it is tried again in the background (``ledger_retries``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from opentelemetry.trace import Span, Status, StatusCode
-from redis.exceptions import RedisError
 
 from gateway.admission import Admission, Refusal
 from gateway.auth import Caller
-from gateway.budget_ledger import DEFAULT_SETTLED_RETENTION_S, BudgetLedger, Reservation
+from gateway.budget_ledger import BudgetLedger
+from gateway.ledger_retries import LedgerRetries
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.storage.models import UsageStatus
@@ -40,9 +35,6 @@ from gateway.storage.usage_writer import UsageWriter
 from gateway.stream_relay import UsageMeter
 
 logger = logging.getLogger(__name__)
-
-SETTLE_RETRY_FIRST_S = 0.5
-SETTLE_RETRY_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -63,23 +55,12 @@ class Accountant:
         ledger: BudgetLedger,
         writer: UsageWriter,
         metrics: GatewayMetrics,
+        retries: LedgerRetries | None = None,
     ) -> None:
         self._settings = settings
-        self._ledger = ledger
         self._writer = writer
         self._metrics = metrics
-        self._retries: set[asyncio.Task[None]] = set()
-
-    @property
-    def num_settle_retries(self) -> int:
-        """Settlements waiting for Redis to answer again."""
-        return len(self._retries)
-
-    async def aclose(self) -> None:
-        """Drop the settle retries still waiting (their reservations expire by themselves)."""
-        for task in list(self._retries):
-            task.cancel()
-        await asyncio.gather(*self._retries, return_exceptions=True)
+        self._retries = retries if retries is not None else LedgerRetries(ledger)
 
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
         reason = refusal.rejection.code
@@ -106,19 +87,8 @@ class Accountant:
             prompt = cached = completion = 0
         reservation = admission.reservation
         if reservation is not None:
-            try:
-                await self._settle(reservation, prompt + completion)
-            except RedisError as exc:  # bounded by redis_timeout_s; the record is still written
-                logger.warning(
-                    "settling reservation %s failed (%s): retrying in the background",
-                    reservation.reservation_id,
-                    exc,
-                )
-                task = asyncio.get_running_loop().create_task(
-                    self._settle_later(reservation, prompt + completion)
-                )
-                self._retries.add(task)
-                task.add_done_callback(self._retries.discard)
+            try:  # a Redis failure is retried in the background; the record is still written
+                await self._retries.settle(reservation, prompt + completion)
             except Exception:  # the reservation expires by itself; the record is still written
                 logger.exception("settling reservation %s failed", reservation.reservation_id)
             finally:
@@ -149,29 +119,6 @@ class Accountant:
         if status is UsageStatus.UPSTREAM_ERROR:
             span.set_status(Status(StatusCode.ERROR, "upstream_error"))
         span.end()
-
-    async def _settle(self, reservation: Reservation, used_tokens: int) -> None:
-        if used_tokens > 0:
-            await self._ledger.settle(reservation, used_tokens)
-        else:
-            await self._ledger.release(reservation)
-
-    async def _settle_later(self, reservation: Reservation, used_tokens: int) -> None:
-        give_up_at = reservation.expires_at + DEFAULT_SETTLED_RETENTION_S / 2
-        delay = SETTLE_RETRY_FIRST_S
-        while time.time() + delay < give_up_at:
-            await asyncio.sleep(delay)
-            try:
-                await self._settle(reservation, used_tokens)
-                return
-            except RedisError:
-                delay = min(delay * 2, SETTLE_RETRY_MAX_S)
-        logger.error(
-            "reservation %s was never settled (%d tokens): the ledger's `used` is short by "
-            "them until the balance is rebuilt from the usage records",
-            reservation.reservation_id,
-            used_tokens,
-        )
 
     def _count(self, info: RequestInfo, model: str | None, status: str) -> None:
         metrics = self._metrics

@@ -18,7 +18,9 @@ the usage record.
 Redis unreachable (every call bounded by ``redis_timeout_s``): with ``redis_failure_mode:
 closed`` the counting step answers 503 ``service_unavailable``; with ``open`` the request is
 admitted uncounted (no rate limit, no reservation; logged and counted in
-``uncounted_admissions``) and its usage is recorded as usual.
+``uncounted_admissions``) and its usage is recorded as usual. A counting step whose reply came
+too late may have reserved on the server all the same: that reservation is released in the
+background (``ledger_retries``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from redis.exceptions import RedisError
 from gateway.admission_store import (
     AdmissionAsk,
     AdmissionStore,
+    AdmissionTimedOut,
     AuthChanged,
     BalanceUnknown,
     BudgetAsk,
@@ -47,6 +50,7 @@ from gateway.auth import Caller, auth_unavailable
 from gateway.auth_epochs import AuthEpochs
 from gateway.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.key_cache import CachedKey, KeyCache
+from gateway.ledger_retries import LedgerRetries
 from gateway.metrics import GatewayMetrics
 from gateway.pool_load import PoolLoadReader
 from gateway.request_body import CompletionBody
@@ -130,6 +134,7 @@ class Admitter:
         database: Database,
         clock: Callable[[], float] = time.time,
         metrics: GatewayMetrics | None = None,
+        retries: LedgerRetries | None = None,
     ) -> None:
         self._settings = settings
         self._counters = counters
@@ -141,6 +146,7 @@ class Admitter:
         self._database = database
         self._clock = clock
         self._metrics = metrics
+        self._retries = retries
         self._redis_warned_at = float("-inf")  # one log line a second while Redis is down
         self._num_unlogged = 0
 
@@ -256,6 +262,9 @@ class Admitter:
     def _on_redis_failure(self, caller: Caller, plan: _Plan, exc: RedisError) -> Admission:
         """Redis failed: a 503 (``redis_failure_mode: closed``) or, fail-open, an admission
         that holds no reservation and passed no rate limit (its usage is still recorded)."""
+        maybe_held = exc.reservation if isinstance(exc, AdmissionTimedOut) else None
+        if maybe_held is not None and self._retries is not None:  # free what it may hold
+            self._retries.later(maybe_held, 0)
         is_open = self._settings.redis_failure_mode == "open"
         now = time.monotonic()
         if now - self._redis_warned_at < _REDIS_WARNING_INTERVAL_S:

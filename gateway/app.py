@@ -36,6 +36,7 @@ from gateway.context import GatewayContext
 from gateway.key_cache import KeyCache
 from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.ledger_redis import RedisBudgetLedger
+from gateway.ledger_retries import LedgerRetries
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.openapi import openapi_route
 from gateway.pool_load import PoolLoadReader
@@ -102,7 +103,8 @@ def build_gateway(
     metrics = GatewayMetrics()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
-    accountant = Accountant(settings, ledger, writer, metrics)
+    retries = LedgerRetries(ledger)
+    accountant = Accountant(settings, ledger, writer, metrics, retries)
     context = GatewayContext(
         settings=settings,
         database=database,
@@ -118,6 +120,7 @@ def build_gateway(
             PoolLoadReader(upstreams),
             database,
             metrics=metrics,
+            retries=retries,
         ),
         accountant=accountant,
         metrics=metrics,
@@ -131,7 +134,7 @@ def build_gateway(
             yield
         finally:
             await upstreams.aclose()
-            await accountant.aclose()
+            await retries.aclose()
             if redis is not None:
                 await redis.aclose()
             if not await anyio.to_thread.run_sync(writer.close, USAGE_FLUSH_ON_SHUTDOWN_S):
