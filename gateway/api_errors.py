@@ -98,6 +98,22 @@ def state_unavailable(what: str) -> ApiError:
     )
 
 
+def change_not_announced() -> ApiError:
+    """The 503 for an admin change saved in the database whose announcement to the other
+    replicas (the auth epoch, in Redis) failed: retrying the request announces it."""
+    return ApiError(
+        Rejection(
+            503,
+            "service_unavailable",
+            "server_error",
+            "The change is saved, but the gateway could not announce it to its replicas "
+            "(Redis did not answer): retry the request to announce it; until then other "
+            "replicas apply it within auth_cache_ttl_s.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    )
+
+
 def error_response(rejection: Rejection, headers: Mapping[str, str] | None = None) -> Response:
     return JSONResponse(
         rejection.error_body(),

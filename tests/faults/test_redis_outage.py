@@ -186,6 +186,7 @@ async def test_redis_killed_mid_load_gives_clean_503s_then_recovers(
             path = f"/admin/tenants/{tenant_id}/quota"  # committed, then announced: the epoch
             changed = await client.put(path, json=QUOTA, headers=admin)
             side_answers["admin_write"] = changed.status_code
+            assert "The change is saved" in changed.json()["error"]["message"]
         marks["restarting"] = time.monotonic()
         await asyncio.to_thread(redis_process.start)
         marks["restarted"] = time.monotonic()
