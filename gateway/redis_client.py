@@ -29,7 +29,10 @@ at most. Replies come back in order, so the oldest call waiting is the first to 
 watchdog timer per connection, set at that call's deadline and moved on to the next oldest
 when it fires early, checks them all (no timer per call or per read). A late reply means a
 stalled connection: it is closed, failing every call still waiting on it (a reply that came
-afterwards would otherwise answer the wrong call), and the next call connects again.
+afterwards would otherwise answer the wrong call), and the next call connects again. A call
+that timed out may still run on the server once it wakes (callers that care say so: see
+``AdmissionTimedOut``). Blocking commands (``BLPOP``...) longer than ``timeout_s`` do not fit
+this client, and a URL's ``socket_timeout`` is ignored: the watchdog does that job.
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ class LeanRedis:
 
     async def aclose(self) -> None:
         """Close the connection; calls in flight fail, later calls connect again."""
+        attempt = self._connecting
+        if attempt is not None and not attempt.done():  # its connection is closed below
+            await asyncio.gather(attempt, return_exceptions=True)  # within connect_timeout_s
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             await pipe.close(RedisConnectionError("the Redis client was closed"))
