@@ -39,11 +39,11 @@ Redis and the database failing (see docs/operations.md): every Redis call is bou
 stalled one takes that long, and a client waits at most that long to hear so), connecting by
 ``redis_connect_timeout_s`` (0.5 s). When Redis cannot answer, ``redis_failure_mode: closed``
 (the default) answers 503 ``service_unavailable`` with ``Retry-After``: nothing is admitted that
-was not counted. ``open`` admits requests without rate limits or budget reservations (each one
-logged and counted in ``tollway_gateway_uncounted_admissions_total``) and records their usage
-as usual, so budgets may be overspent while Redis is down. When the database cannot answer, a
-key verified less than ``auth_stale_ttl_s`` ago keeps working (``0``: never; a key revoked
-through the admin API before the outage is still refused where Redis is up).
+was not counted. ``open`` admits requests without rate limits or budget reservations (counted
+in ``tollway_gateway_uncounted_admissions_total``, logged once a second at most) and records
+their usage as usual, so budgets may be overspent while Redis is down. When the database
+cannot answer, a key verified less than ``auth_stale_ttl_s`` ago keeps working (``0``: never;
+a key revoked through the admin API before the outage is still refused where Redis is up).
 """
 
 from __future__ import annotations
