@@ -10,6 +10,9 @@ When a reservation is settled, and to what::
 
 A record's ``prompt_tokens + completion_tokens`` is always exactly what was settled (zero for
 rejected and released requests), so summing the records rebuilds the ledger.
+
+A settle (or release) that fails because Redis cannot answer never delays the response or
+loses the record: it is tried again in the background (``ledger_retries``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from gateway.admission import Admission, Refusal
 from gateway.auth import Caller
 from gateway.budget_ledger import BudgetLedger
+from gateway.ledger_retries import LedgerRetries
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.storage.models import UsageStatus
@@ -51,11 +55,12 @@ class Accountant:
         ledger: BudgetLedger,
         writer: UsageWriter,
         metrics: GatewayMetrics,
+        retries: LedgerRetries | None = None,
     ) -> None:
         self._settings = settings
-        self._ledger = ledger
         self._writer = writer
         self._metrics = metrics
+        self._retries = retries if retries is not None else LedgerRetries(ledger)
 
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
         reason = refusal.rejection.code
@@ -82,11 +87,8 @@ class Accountant:
             prompt = cached = completion = 0
         reservation = admission.reservation
         if reservation is not None:
-            try:
-                if prompt + completion > 0:
-                    await self._ledger.settle(reservation, prompt + completion)
-                else:
-                    await self._ledger.release(reservation)
+            try:  # a Redis failure is retried in the background; the record is still written
+                await self._retries.settle(reservation, prompt + completion)
             except Exception:  # the reservation expires by itself; the record is still written
                 logger.exception("settling reservation %s failed", reservation.reservation_id)
             finally:

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -48,7 +49,7 @@ from gateway.admin_schemas import (
     TenantList,
     TenantUpdate,
 )
-from gateway.api_errors import ApiError, invalid_request
+from gateway.api_errors import ApiError, change_not_announced, invalid_request
 from gateway.auth_epochs import AuthEpochs, MemoryAuthEpochs
 from gateway.budget_ledger import BudgetLedger
 from gateway.key_cache import KeyCache
@@ -129,7 +130,11 @@ class _AdminApi:
     async def _changed(self, tenant_id: str) -> None:
         """Announce a committed change to the tenant's keys or quota."""
         if self._auth_epochs is not None:
-            await self._auth_epochs.bump(tenant_id)
+            try:
+                await self._auth_epochs.bump(tenant_id)
+            except RedisError as exc:
+                logger.warning("announcing a change of tenant %s failed: %s", tenant_id, exc)
+                raise change_not_announced() from None
 
     async def _transaction(self, work: Callable[[Session], T]) -> T:
         def run() -> T:

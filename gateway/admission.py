@@ -14,10 +14,18 @@ quota raised a moment ago is never refused on the old one.
 The result is an `Admission` (forward it; settle or release its reservation exactly once, see
 `gateway.accounting`) or a `Refusal` that keeps whatever was decided before the refusal, for
 the usage record.
+
+Redis unreachable (every call bounded by ``redis_timeout_s``): with ``redis_failure_mode:
+closed`` the counting step answers 503 ``service_unavailable``; with ``open`` the request is
+admitted uncounted (no rate limit, no reservation; logged and counted in
+``uncounted_admissions``) and its usage is recorded as usual. A counting step whose reply came
+too late may have reserved on the server all the same: that reservation is released in the
+background (``ledger_retries``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,20 +34,24 @@ from typing import Any
 
 import anyio
 import jinja2
+from redis.exceptions import RedisError
 
 from gateway.admission_store import (
     AdmissionAsk,
     AdmissionStore,
+    AdmissionTimedOut,
     AuthChanged,
     BalanceUnknown,
     BudgetAsk,
     Counted,
 )
-from gateway.api_errors import ApiError, invalid_request
+from gateway.api_errors import ApiError, invalid_request, state_unavailable
 from gateway.auth import Caller, auth_unavailable
 from gateway.auth_epochs import AuthEpochs
 from gateway.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.key_cache import CachedKey, KeyCache
+from gateway.ledger_retries import LedgerRetries
+from gateway.metrics import GatewayMetrics
 from gateway.pool_load import PoolLoadReader
 from gateway.request_body import CompletionBody
 from gateway.settings import GatewaySettings
@@ -64,12 +76,15 @@ from policies import (
 from policies.budget_period import BudgetWindow
 from policies.quota import PriorityClass
 
+logger = logging.getLogger(__name__)
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
 _INLINE_COUNT_CHARS = 16_384  # longer chats are counted on a worker thread
 _MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
+_REDIS_WARNING_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +133,8 @@ class Admitter:
         pool_load: PoolLoadReader,
         database: Database,
         clock: Callable[[], float] = time.time,
+        metrics: GatewayMetrics | None = None,
+        retries: LedgerRetries | None = None,
     ) -> None:
         self._settings = settings
         self._counters = counters
@@ -128,6 +145,10 @@ class Admitter:
         self._pool_load = pool_load
         self._database = database
         self._clock = clock
+        self._metrics = metrics
+        self._retries = retries
+        self._redis_warned_at = float("-inf")  # one log line a second while Redis is down
+        self._num_unlogged = 0
 
     async def admit(
         self, key: CachedKey, body: CompletionBody, priority_header: str | None
@@ -136,8 +157,8 @@ class Admitter:
         for _ in range(_MAX_AUTH_RELOADS):
             plan = await self._plan(key.caller, body, priority_header)
             if isinstance(plan, Refusal):
-                epoch = await self._epochs.current(key.caller.tenant_id)
-                if epoch == key.epoch:
+                epoch = await self._current_epoch(key.caller.tenant_id)
+                if epoch is None or epoch == key.epoch:  # None: Redis down, fail-open
                     return plan
             else:
                 decision = await self._count(key, plan)
@@ -202,11 +223,14 @@ class Admitter:
             budget = BudgetAsk(window.key, quota.budget_tokens, self._settings.reservation_ttl_s)
         now = self._clock()
         ask = AdmissionAsk(caller.tenant_id, key.epoch, tokens, quota.rpm, quota.tpm, now, budget)
-        result = await self._store.admit(ask)
-        if isinstance(result, BalanceUnknown) and window is not None:
-            used = await anyio.to_thread.run_sync(self._used_in, caller.tenant_id, window)
-            await self._ledger.rebuild(caller.tenant_id, window.key, used)
+        try:
             result = await self._store.admit(ask)
+            if isinstance(result, BalanceUnknown) and window is not None:
+                used = await anyio.to_thread.run_sync(self._used_in, caller.tenant_id, window)
+                await self._ledger.rebuild(caller.tenant_id, window.key, used)
+                result = await self._store.admit(ask)
+        except RedisError as exc:
+            return self._on_redis_failure(caller, plan, exc)
         if isinstance(result, AuthChanged):
             return result
         if not isinstance(result, Counted):  # unknown again: emptied twice in a row
@@ -234,6 +258,43 @@ class Admitter:
             result.reservation,
             headers,
         )
+
+    def _on_redis_failure(self, caller: Caller, plan: _Plan, exc: RedisError) -> Admission:
+        """Redis failed: a 503 (``redis_failure_mode: closed``) or, fail-open, an admission
+        that holds no reservation and passed no rate limit (its usage is still recorded)."""
+        maybe_held = exc.reservation if isinstance(exc, AdmissionTimedOut) else None
+        if maybe_held is not None and self._retries is not None:  # free what it may hold
+            self._retries.later(maybe_held, 0)
+        is_open = self._settings.redis_failure_mode == "open"
+        now = time.monotonic()
+        if now - self._redis_warned_at < _REDIS_WARNING_INTERVAL_S:
+            self._num_unlogged += 1
+        else:
+            logger.warning(
+                "Redis failed while admitting a request of tenant %s (%s); %s "
+                "(%d more since the last line)",
+                caller.tenant_id,
+                exc,
+                "admitted without rate limits or budget" if is_open else "answered 503",
+                self._num_unlogged,
+            )
+            self._redis_warned_at, self._num_unlogged = now, 0
+        if not is_open:
+            raise state_unavailable("its rate-limit and budget store") from None
+        if self._metrics is not None:
+            self._metrics.uncounted_admissions.inc()
+        return Admission(
+            plan.served_model, plan.route, plan.prompt_tokens, plan.max_tokens, plan.priority, None
+        )
+
+    async def _current_epoch(self, tenant_id: str) -> str | None:
+        """The tenant's auth epoch; ``None`` if Redis failed and the failure mode is open."""
+        try:
+            return await self._epochs.current(tenant_id)
+        except RedisError:
+            if self._settings.redis_failure_mode != "open":
+                raise
+            return None
 
     async def _count_tokens(self, model: str, body: CompletionBody) -> int:
         counter = self._counters[model]

@@ -17,6 +17,9 @@ The store only counts; the policies turn a ``Counted`` into a decision, headers 
 As before, a request the budget refuses keeps its rate-limit hit. Implementations:
 ``admission_store_memory`` (one gateway) and ``admission_store_redis`` (any number of replicas).
 Settling and releasing a reservation stay with the ``BudgetLedger``.
+
+A Redis store whose reply comes too late raises ``AdmissionTimedOut``: the script may still
+run on the server, so the reservation it would have made is handed over to be released.
 """
 
 from __future__ import annotations
@@ -24,8 +27,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from gateway.budget_ledger import Balance, Reservation
 from gateway.rate_limit_store import WindowState
+
+
+class AdmissionTimedOut(RedisTimeoutError):
+    """The admission step's reply came too late; ``reservation``: what it may have reserved
+    (``None`` when no budget was asked)."""
+
+    def __init__(self, message: str, reservation: Reservation | None) -> None:
+        super().__init__(message)
+        self.reservation = reservation
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,12 @@ import itertools
 import secrets
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from gateway.admission_store import (
     AdmissionAsk,
     AdmissionResult,
+    AdmissionTimedOut,
     AuthChanged,
     BalanceUnknown,
     Counted,
@@ -117,7 +120,16 @@ class RedisAdmissionStore:
             -1 if ask.tpm_limit is None else ask.tpm_limit,
             1 if ask.has_rate_limit else 0,
         ]
-        reply: list[Any] = await self._admit(keys, args)
+        try:
+            reply: list[Any] = await self._admit(keys, args)
+        except RedisTimeoutError as exc:  # the script may run yet: name what it would reserve
+            maybe = None
+            if budget is not None:
+                expires_at = ask.now + budget.ttl_s  # the server's clock decides; near enough
+                maybe = Reservation(
+                    reservation_id, ask.tenant_id, budget.period_key, ask.tokens, expires_at
+                )
+            raise AdmissionTimedOut(str(exc), maybe) from None
         if reply[0] == 1:
             epoch = reply[1]
             return AuthChanged(epoch.decode() if isinstance(epoch, bytes) else str(epoch))

@@ -1,7 +1,9 @@
 """The one place that turns exceptions into OpenAI's error JSON.
 
-Handlers raise `ApiError` (usually from a policy's `Rejection`); anything else that escapes
-a handler becomes a 500 with a generic message, so internal details never reach clients.
+Handlers raise `ApiError` (usually from a policy's `Rejection`). Redis and the database
+failing to answer (redis-py's ``RedisError``, SQLAlchemy's ``OperationalError``) become a 503
+``service_unavailable`` with ``Retry-After``, whichever handler they escape; anything else
+becomes a 500 with a generic message, so internal details never reach clients.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from redis.exceptions import RedisError
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -89,6 +93,39 @@ def upstream_unavailable(model: str) -> ApiError:
     )
 
 
+RETRY_AFTER_S = 1  # a Redis or database outage: clients come back after this many seconds
+
+
+def state_unavailable(what: str) -> ApiError:
+    """The 503 for "a store the gateway needs did not answer in time" (``what``: Redis, the
+    database): a clean refusal a client may retry, never a 500 and never a hang."""
+    return ApiError(
+        Rejection(
+            503,
+            "service_unavailable",
+            "server_error",
+            f"The gateway cannot reach {what} right now; please retry.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    )
+
+
+def change_not_announced() -> ApiError:
+    """The 503 for an admin change saved in the database whose announcement to the other
+    replicas (the auth epoch, in Redis) failed: retrying the request announces it."""
+    return ApiError(
+        Rejection(
+            503,
+            "service_unavailable",
+            "server_error",
+            "The change is saved, but the gateway could not announce it to its replicas "
+            "(Redis did not answer): retry the request to announce it; until then other "
+            "replicas apply it within auth_cache_ttl_s.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    )
+
+
 def error_response(rejection: Rejection, headers: Mapping[str, str] | None = None) -> Response:
     return JSONResponse(
         rejection.error_body(),
@@ -100,6 +137,10 @@ def error_response(rejection: Rejection, headers: Mapping[str, str] | None = Non
 def to_rejection(exc: BaseException) -> Rejection:
     if isinstance(exc, ApiError):
         return exc.rejection
+    if isinstance(exc, RedisError):
+        return state_unavailable("its rate-limit and budget store").rejection
+    if isinstance(exc, OperationalError):
+        return state_unavailable("its database").rejection
     if isinstance(exc, HTTPException):
         return Rejection(
             exc.status_code,
@@ -112,9 +153,16 @@ def to_rejection(exc: BaseException) -> Rejection:
 
 
 async def handle_exception(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, ApiError | HTTPException):
+    if isinstance(exc, RedisError | OperationalError):
+        logger.warning("%s on %s: %s", type(exc).__name__, request.url.path, exc)
+    elif not isinstance(exc, ApiError | HTTPException):
         logger.error("unhandled %s on %s", type(exc).__name__, request.url.path, exc_info=exc)
     return error_response(to_rejection(exc))
 
 
-EXCEPTION_HANDLERS = {ApiError: handle_exception, HTTPException: handle_exception}
+EXCEPTION_HANDLERS = {
+    ApiError: handle_exception,
+    HTTPException: handle_exception,
+    RedisError: handle_exception,
+    OperationalError: handle_exception,
+}

@@ -36,6 +36,7 @@ from gateway.context import GatewayContext
 from gateway.key_cache import KeyCache
 from gateway.ledger_memory import MemoryBudgetLedger
 from gateway.ledger_redis import RedisBudgetLedger
+from gateway.ledger_retries import LedgerRetries
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.openapi import openapi_route
 from gateway.pool_load import PoolLoadReader
@@ -70,7 +71,15 @@ def build_gateway(
 ) -> Starlette:
     """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
     database = Database(settings.resolved_database_url)
-    redis = LeanRedis(settings.redis_url) if settings.redis_url is not None else None
+    redis = (
+        LeanRedis(
+            settings.redis_url,
+            connect_timeout_s=settings.redis_connect_timeout_s,
+            timeout_s=settings.redis_timeout_s,
+        )
+        if settings.redis_url is not None
+        else None
+    )
     ledger: BudgetLedger
     store: AdmissionStore
     epochs: AuthEpochs
@@ -84,11 +93,19 @@ def build_gateway(
         memory_ledger, memory_epochs = MemoryBudgetLedger(), MemoryAuthEpochs()
         store = MemoryAdmissionStore(memory_ledger, MemoryRateLimitStore(), memory_epochs)
         ledger, epochs = memory_ledger, memory_epochs
-    keys = KeyCache(database, epochs, ttl_s=settings.auth_cache_ttl_s)
+    keys = KeyCache(
+        database,
+        epochs,
+        ttl_s=settings.auth_cache_ttl_s,
+        stale_ttl_s=settings.auth_stale_ttl_s,
+        epochs_fail_open=settings.redis_failure_mode == "open",
+    )
     upstreams = UpstreamPool(settings.models)
     metrics = GatewayMetrics()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
+    retries = LedgerRetries(ledger)
+    accountant = Accountant(settings, ledger, writer, metrics, retries)
     context = GatewayContext(
         settings=settings,
         database=database,
@@ -103,8 +120,10 @@ def build_gateway(
             epochs,
             PoolLoadReader(upstreams),
             database,
+            metrics=metrics,
+            retries=retries,
         ),
-        accountant=Accountant(settings, ledger, writer, metrics),
+        accountant=accountant,
         metrics=metrics,
         tracer=tracer_from(provider),
     )
@@ -116,6 +135,7 @@ def build_gateway(
             yield
         finally:
             await upstreams.aclose()
+            await retries.aclose()
             if redis is not None:
                 await redis.aclose()
             if not await anyio.to_thread.run_sync(writer.close, USAGE_FLUSH_ON_SHUTDOWN_S):

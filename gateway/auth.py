@@ -16,7 +16,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
-from gateway.api_errors import ApiError, invalid_api_key
+from gateway.api_errors import RETRY_AFTER_S, ApiError, invalid_api_key
 from gateway.storage.api_keys import AuthenticatedKey, authenticate, verify_key
 from gateway.storage.database import Database
 from policies.decision import Rejection
@@ -88,5 +88,6 @@ def auth_unavailable(exc: Exception | None = None) -> ApiError:
             "auth_unavailable",
             "server_error",
             "The gateway cannot check API keys right now; please retry.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     )

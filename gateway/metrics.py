@@ -62,6 +62,12 @@ class GatewayMetrics:
             buckets=_ITL_BUCKETS,
             registry=self.registry,
         )
+        self.uncounted_admissions = Counter(
+            "tollway_gateway_uncounted_admissions",
+            "Requests admitted without rate limits or budget while Redis was unreachable "
+            "(redis_failure_mode: open).",
+            registry=self.registry,
+        )
         self.reservations_in_flight = Gauge(
             "tollway_gateway_reservations_in_flight",
             "Budget reservations held by requests in flight on this gateway.",

@@ -20,6 +20,19 @@ the replies after it still reach their own callers. Scripts run by SHA; after ``
 (a restarted or flushed server) the script is loaded and run once more. It speaks the subset
 of redis-py's client API the ledger, the admission store and the auth epochs use
 (``RedisCommands``), so either client serves them.
+
+Time limits: connecting (and authenticating) must finish within ``connect_timeout_s``, and
+every call must be answered within ``timeout_s`` of being sent, else it fails with redis-py's
+``TimeoutError``. Callers that arrive while a connection is being made wait for that one
+attempt and share its outcome, so a dead server costs each of them one ``connect_timeout_s``
+at most. Replies come back in order, so the oldest call waiting is the first to be late; one
+watchdog timer per connection, set at that call's deadline and moved on to the next oldest
+when it fires early, checks them all (no timer per call or per read). A late reply means a
+stalled connection: it is closed, failing every call still waiting on it (a reply that came
+afterwards would otherwise answer the wrong call), and the next call connects again. A call
+that timed out may still run on the server once it wakes (callers that care say so: see
+``AdmissionTimedOut``). Blocking commands (``BLPOP``...) longer than ``timeout_s`` do not fit
+this client, and a URL's ``socket_timeout`` is ignored: the watchdog does that job.
 """
 
 from __future__ import annotations
@@ -34,8 +47,12 @@ import hiredis
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = bytes | str | int | float
+
+DEFAULT_CONNECT_TIMEOUT_S = 0.5
+DEFAULT_TIMEOUT_S = 0.5
 
 
 class RedisCommands(Protocol):
@@ -48,19 +65,33 @@ class RedisCommands(Protocol):
 
 class LeanRedis:
     """``redis://``, ``rediss://`` or ``unix://`` URLs with their options, as redis-py takes
-    them (credentials, ``?db=3``, TLS options). Replies are RESP2 unless ``?protocol=3``;
-    reads wait without a time limit unless ``?socket_timeout=`` sets one."""
+    them (credentials, ``?db=3``, TLS options). Replies are RESP2 unless ``?protocol=3``.
+    ``connect_timeout_s`` bounds making a connection, ``timeout_s`` every call (see above)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if not connect_timeout_s > 0 or not timeout_s > 0:
+            raise ValueError(
+                f"Redis timeouts must be > 0, got connect_timeout_s={connect_timeout_s}, "
+                f"timeout_s={timeout_s}"
+            )
         options: dict[str, Any] = dict(parse_url(url))
         self._connection_class: type[AbstractConnection] = options.pop(
             "connection_class", Connection
         )
         options.setdefault("protocol", 2)
-        options.setdefault("socket_timeout", None)  # else a timer on every read
+        options["socket_timeout"] = None  # the watchdog's job: no timer on every read
+        options.setdefault("socket_connect_timeout", connect_timeout_s)
         self._options = options
+        self._connect_timeout_s = connect_timeout_s
+        self._timeout_s = timeout_s
         self._pipe: _Pipe | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._connecting: asyncio.Future[_Pipe] | None = None
 
     def register_script(self, script: str) -> Script:
         return Script(self, script)
@@ -74,25 +105,41 @@ class LeanRedis:
 
     async def aclose(self) -> None:
         """Close the connection; calls in flight fail, later calls connect again."""
+        attempt = self._connecting
+        if attempt is not None and not attempt.done():  # its connection is closed below
+            await asyncio.gather(attempt, return_exceptions=True)  # within connect_timeout_s
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             await pipe.close(RedisConnectionError("the Redis client was closed"))
 
     async def _connect(self) -> _Pipe:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:  # one connect, however many callers wait for it
-            pipe = self._pipe
-            if pipe is not None and not pipe.is_closed:
-                return pipe
-            connection = self._connection_class(**self._options)
-            try:
+        """The attempt under way, or a new one: one connect, however many callers wait."""
+        attempt = self._connecting
+        if attempt is None or attempt.done():
+            attempt = self._connecting = asyncio.ensure_future(self._open())
+            attempt.add_done_callback(_retrieve)
+        return await asyncio.shield(attempt)  # a caller cancelled leaves it to the others
+
+    async def _open(self) -> _Pipe:
+        connection = self._connection_class(**self._options)
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
                 await connection.connect()
-            except BaseException:
-                await connection.disconnect(nowait=True)
-                raise
-            self._pipe = _Pipe(connection)
-            return self._pipe
+        except BaseException as error:
+            await connection.disconnect(nowait=True)
+            if isinstance(error, TimeoutError):  # asyncio's, or redis-py's socket timeout
+                raise RedisTimeoutError(
+                    f"connecting to Redis took longer than {self._connect_timeout_s} s"
+                ) from None
+            raise
+        self._pipe = _Pipe(connection, self._timeout_s)
+        return self._pipe
+
+
+def _retrieve(attempt: asyncio.Future[_Pipe]) -> None:
+    """Mark a failed connect as seen: every caller waiting on it may have been cancelled."""
+    if not attempt.cancelled():
+        attempt.exception()
 
 
 class Script:
@@ -113,18 +160,29 @@ class Script:
 
 
 class _Pipe:
-    """One connection, its calls awaiting replies in the order they were sent, and the task
-    that reads the replies. Closed for good on the first failure."""
+    """One connection, its calls awaiting replies in the order they were sent (each with its
+    deadline), the task that reads the replies and the watchdog that enforces the deadlines.
+    Closed for good on the first failure."""
 
-    def __init__(self, connection: AbstractConnection) -> None:
+    def __init__(self, connection: AbstractConnection, timeout_s: float) -> None:
         self._connection = connection
+        self._timeout_s = timeout_s
+        self._loop = asyncio.get_running_loop()
         self._pending: deque[asyncio.Future[Any]] = deque()
+        self._deadlines: deque[float] = deque()  # loop time; one per pending future
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._disconnecting: asyncio.Task[None] | None = None
         self.is_closed = False
-        self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+        self._reader = self._loop.create_task(self._read_replies())
 
     async def call(self, command: bytes) -> Any:
-        future = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        future = loop.create_future()
+        deadline = loop.time() + self._timeout_s
         self._pending.append(future)
+        self._deadlines.append(deadline)
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadline, self._watch)
         try:  # written before the first suspension, so in the order of the futures
             await self._connection.send_packed_command(command, check_health=False)
         except BaseException as error:  # redis-py has dropped the connection
@@ -134,21 +192,47 @@ class _Pipe:
         return await future
 
     async def close(self, error: BaseException) -> None:
-        """Fail every pending call with a ``ConnectionError`` and drop the connection."""
-        if not self.is_closed:
-            self.is_closed = True
-            if not isinstance(error, RedisConnectionError):
-                error = RedisConnectionError(f"the connection to Redis was lost: {error!r}")
-            while self._pending:
-                future = self._pending.popleft()
-                if not future.done():
-                    future.set_exception(error)
-            if self._reader is not asyncio.current_task():
-                self._reader.cancel()
+        """Fail every pending call with ``error`` (a ``ConnectionError`` unless it is a
+        ``TimeoutError``) and drop the connection."""
+        self._fail(error)
         await self._connection.disconnect(nowait=True)
 
+    def _fail(self, error: BaseException) -> None:
+        if self.is_closed:
+            return
+        self.is_closed = True
+        if not isinstance(error, RedisConnectionError | RedisTimeoutError):
+            error = RedisConnectionError(f"the connection to Redis was lost: {error!r}")
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        while self._pending:
+            future = self._pending.popleft()
+            if not future.done():
+                future.set_exception(error)
+        self._deadlines.clear()
+        if self._reader is not asyncio.current_task():
+            self._reader.cancel()
+
+    def _watch(self) -> None:
+        """The watchdog: close the connection if its oldest call is late, else wait for that
+        call's deadline."""
+        self._watchdog = None
+        if self.is_closed or not self._deadlines:
+            return
+        deadline = self._deadlines[0]
+        if self._loop.time() < deadline:
+            self._watchdog = self._loop.call_at(deadline, self._watch)
+            return
+        self._fail(RedisTimeoutError(f"Redis did not answer within {self._timeout_s} s"))
+        self._disconnecting = self._loop.create_task(self._connection.disconnect(nowait=True))
+
     async def _read_replies(self) -> None:
-        read_response, pending = self._connection.read_response, self._pending
+        read_response, pending, deadlines = (
+            self._connection.read_response,
+            self._pending,
+            self._deadlines,
+        )
         while True:
             try:
                 reply = await read_response(disconnect_on_error=False)
@@ -163,6 +247,7 @@ class _Pipe:
                 await self.close(RedisConnectionError("Redis sent a reply nobody asked for"))
                 return
             future = pending.popleft()
+            deadlines.popleft()
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(reply, ResponseError):

@@ -7,10 +7,14 @@
     data_dir: data/gateway
     database_url: null            # null: sqlite:///<data_dir>/tollway.db
     redis_url: null               # null: budgets and rate limits in process (one gateway)
+    redis_connect_timeout_s: 0.5  # longest wait to connect to Redis
+    redis_timeout_s: 0.5          # longest wait for any one Redis reply
+    redis_failure_mode: closed    # Redis unreachable: closed = 503; open = admit uncounted
     admin_key_hash: null          # sha256 hex of the admin key
     metrics_token_hash: null      # sha256 hex of a token for GET /metrics (see below)
     reservation_ttl_s: 600
     auth_cache_ttl_s: 10          # longest an API key is trusted from memory; 0: read every time
+    auth_stale_ttl_s: 600         # database unreachable: verified keys keep working this long
     max_body_bytes: 1048576
     otel_endpoint: null           # null: no span export
     log_prompts: false
@@ -28,12 +32,25 @@ Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PO
 ``TOLLWAY_DATA_DIR``, ``TOLLWAY_DATABASE_URL``, ``TOLLWAY_REDIS_URL``,
 ``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_METRICS_TOKEN_HASH``, ``TOLLWAY_RESERVATION_TTL_S``,
 ``TOLLWAY_AUTH_CACHE_TTL_S``, ``TOLLWAY_MAX_BODY_BYTES``, ``TOLLWAY_OTEL_ENDPOINT``,
-``TOLLWAY_LOG_PROMPTS`` (an empty value sets an optional field to null).
+``TOLLWAY_LOG_PROMPTS``, ``TOLLWAY_REDIS_CONNECT_TIMEOUT_S``, ``TOLLWAY_REDIS_TIMEOUT_S``,
+``TOLLWAY_REDIS_FAILURE_MODE``, ``TOLLWAY_AUTH_STALE_TTL_S`` (an empty value sets an
+optional field to null).
 
 ``GET /metrics`` needs ``Authorization: Bearer <token>``, since its labels name tenants'
 models and traffic: the token is the metrics token (``metrics_token_hash``, for a Prometheus
 ``authorization:`` block) or the admin key. With neither configured it answers every scrape
 with 401. There is no unauthenticated mode.
+
+Redis and the database failing (see docs/operations.md): every Redis call is bounded by
+``redis_timeout_s`` (0.5 s: a healthy Redis answers in well under a millisecond, so only a
+stalled one takes that long, and a client waits at most that long to hear so), connecting by
+``redis_connect_timeout_s`` (0.5 s). When Redis cannot answer, ``redis_failure_mode: closed``
+(the default) answers 503 ``service_unavailable`` with ``Retry-After``: nothing is admitted that
+was not counted. ``open`` admits requests without rate limits or budget reservations (counted
+in ``tollway_gateway_uncounted_admissions_total``, logged once a second at most) and records
+their usage as usual, so budgets may be overspent while Redis is down. When the database
+cannot answer, a key verified less than ``auth_stale_ttl_s`` ago keeps working (``0``: never;
+a key revoked through the admin API before the outage is still refused where Redis is up).
 """
 
 from __future__ import annotations
@@ -64,6 +81,10 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_MAX_BODY_BYTES": "max_body_bytes",
     "TOLLWAY_OTEL_ENDPOINT": "otel_endpoint",
     "TOLLWAY_LOG_PROMPTS": "log_prompts",
+    "TOLLWAY_REDIS_CONNECT_TIMEOUT_S": "redis_connect_timeout_s",
+    "TOLLWAY_REDIS_TIMEOUT_S": "redis_timeout_s",
+    "TOLLWAY_REDIS_FAILURE_MODE": "redis_failure_mode",
+    "TOLLWAY_AUTH_STALE_TTL_S": "auth_stale_ttl_s",
 }
 _OPTIONAL_FIELDS = (
     "database_url",
@@ -72,6 +93,7 @@ _OPTIONAL_FIELDS = (
     "metrics_token_hash",
     "otel_endpoint",
 )
+REDIS_FAILURE_MODES = ("closed", "open")
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -138,6 +160,10 @@ class GatewaySettings:
     # Keys revoked and quotas changed through the admin API apply at once on every replica
     # (see `auth_epochs`); this bounds how long a change made around it may go unseen.
     auth_cache_ttl_s: float = 10.0
+    auth_stale_ttl_s: float = 600.0
+    redis_connect_timeout_s: float = 0.5
+    redis_timeout_s: float = 0.5
+    redis_failure_mode: str = "closed"
     max_body_bytes: int = 1 << 20
     otel_endpoint: str | None = None
     log_prompts: bool = False
@@ -164,6 +190,20 @@ class GatewaySettings:
             raise ValueError(
                 f"auth_cache_ttl_s must be >= 0 (0 reads every key from the database), "
                 f"got {self.auth_cache_ttl_s}"
+            )
+        if not self.auth_stale_ttl_s >= 0:
+            raise ValueError(
+                f"auth_stale_ttl_s must be >= 0 (0: no key works while the database is "
+                f"unreachable), got {self.auth_stale_ttl_s}"
+            )
+        for name in ("redis_connect_timeout_s", "redis_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value <= 60:
+                raise ValueError(f"{name} must be in (0, 60] seconds, got {value}")
+        if self.redis_failure_mode not in REDIS_FAILURE_MODES:
+            raise ValueError(
+                f"redis_failure_mode must be closed (answer 503 while Redis is down) or open "
+                f"(admit without rate limits and budgets), got {self.redis_failure_mode!r}"
             )
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
@@ -226,7 +266,13 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         try:
             if name == "port" or name == "max_body_bytes":
                 out[name] = int(value)
-            elif name in ("reservation_ttl_s", "auth_cache_ttl_s"):
+            elif name in (
+                "reservation_ttl_s",
+                "auth_cache_ttl_s",
+                "auth_stale_ttl_s",
+                "redis_connect_timeout_s",
+                "redis_timeout_s",
+            ):
                 out[name] = float(value)
             elif name == "log_prompts":
                 out[name] = _bool(value)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -177,3 +179,93 @@ async def test_the_oldest_entries_make_room(
 def test_a_negative_ttl_is_refused(db: Database) -> None:
     with pytest.raises(ValueError, match="ttl_s"):
         KeyCache(db, MemoryAuthEpochs(), ttl_s=-1)
+    with pytest.raises(ValueError, match="stale_ttl_s"):
+        KeyCache(db, MemoryAuthEpochs(), ttl_s=1, stale_ttl_s=-1)
+
+
+@contextmanager
+def database_unreachable(db: Database) -> Iterator[None]:
+    """The database file moved away: every read fails with an ``OperationalError`` (SQLite
+    opens an empty file in its place) until it is back."""
+    path = Path(db.engine.url.database or "")
+    away = path.with_suffix(".away")
+    db.dispose()
+    path.rename(away)
+    try:
+        yield
+    finally:
+        db.dispose()
+        path.unlink(missing_ok=True)
+        away.rename(path)
+
+
+async def unavailable(cache: KeyCache, token: str) -> bool:
+    with pytest.raises(ApiError) as raised:
+        await cache.key(token)
+    return raised.value.rejection.status == 503
+
+
+async def test_a_verified_key_outlives_a_database_outage_up_to_the_stale_bound(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    clock = Clock()
+    cache = KeyCache(db, new_epochs(), ttl_s=10, stale_ttl_s=60, clock=clock)
+    token, other = new_key(db), new_key(db)
+    entry = await cache.key(token)
+    with database_unreachable(db):
+        clock.now += 11  # past the ttl: read again, fails, the entry stands in
+        assert (await cache.key(token)).caller == entry.caller
+        clock.now += 48.9
+        assert (await cache.key(token)).caller == entry.caller
+        assert await unavailable(cache, other)  # never verified: 503, not 401
+        clock.now += 0.2  # 60.1 s after the database last confirmed it
+        assert await unavailable(cache, token)
+    assert (await cache.key(token)).caller == entry.caller  # the database confirms it again
+    assert len(cache) == 1
+
+
+async def test_a_key_whose_tenant_changed_gets_no_stale_answer(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    clock = Clock()
+    epochs = new_epochs()
+    cache = KeyCache(db, epochs, ttl_s=10, stale_ttl_s=600, clock=clock)
+    token = new_key(db)
+    entry = await cache.key(token)
+    revoke_all(db)  # through the admin API: committed, then announced
+    await epochs.bump("acme")
+    with database_unreachable(db):
+        with pytest.raises(ApiError) as raised:  # the admission step saw the new epoch
+            await cache.reload(entry, await epochs.current("acme"))
+        assert raised.value.rejection.status == 503
+        clock.now += 11
+        assert await unavailable(cache, token)
+    assert await refused(cache, token)
+
+
+async def test_a_zero_stale_ttl_serves_nothing_from_memory_when_the_database_fails(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    clock = Clock()
+    cache = KeyCache(db, new_epochs(), ttl_s=10, stale_ttl_s=0, clock=clock)
+    token = new_key(db)
+    await cache.key(token)
+    with database_unreachable(db):
+        clock.now += 11
+        assert await unavailable(cache, token)
+
+
+async def test_a_zero_ttl_still_lets_a_verified_key_stand_in_for_a_failed_database(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    clock = Clock()
+    cache = KeyCache(db, new_epochs(), ttl_s=0, stale_ttl_s=60, clock=clock)
+    token = new_key(db)
+    entry = await cache.key(token)
+    revoke_all(db)
+    assert await refused(cache, token)  # read every time while the database answers
+    token = new_key(db)
+    entry = await cache.key(token)
+    with database_unreachable(db):
+        clock.now += 1
+        assert (await cache.key(token)).caller == entry.caller

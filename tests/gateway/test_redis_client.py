@@ -1,15 +1,18 @@
 """The lean Redis client against a real redis-server (on a unix socket): order, errors,
-scripts, cancellation, reconnects, URL options."""
+scripts, cancellation, reconnects, URL options, time limits."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redis_client import LeanRedis
 
@@ -127,3 +130,80 @@ def test_it_runs_on_uvloop_as_the_gateway_serves(redis_url: str) -> None:
             await client.aclose()
 
     assert uvloop.run(round_trips()) == [2, b"PONG"]
+
+
+def pause_server(redis_url: str, seconds: float) -> None:
+    """Block the whole server (as a stalled or SIGSTOPped one) for ``seconds``."""
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("DEBUG", "SLEEP", seconds)
+
+
+async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_stay_aligned(
+    redis_url: str,
+) -> None:
+    client = LeanRedis(redis_url, timeout_s=0.2)
+    try:
+        assert await client.execute_command("PING") == b"PONG"
+        stall = asyncio.ensure_future(asyncio.to_thread(pause_server, redis_url, 0.8))
+        await asyncio.sleep(0.1)  # the server is asleep
+        started = time.monotonic()
+        late = [client.execute_command("ECHO", f"late-{n}") for n in range(5)]
+        results = await asyncio.wait_for(asyncio.gather(*late, return_exceptions=True), 3)
+        waited = time.monotonic() - started
+        assert all(isinstance(r, RedisTimeoutError) for r in results), results
+        assert waited < 0.2 + 0.5
+        await stall
+        # The late calls' replies arrive now on the old connection: none may answer these.
+        replies = await asyncio.gather(*(client.execute_command("ECHO", n) for n in range(20)))
+        assert replies == [str(n).encode() for n in range(20)]
+    finally:
+        await client.aclose()
+
+
+async def test_calls_that_keep_coming_on_a_healthy_server_never_time_out(redis_url: str) -> None:
+    client = LeanRedis(redis_url, timeout_s=0.2)
+    try:
+        for _ in range(40):  # the watchdog moves on from answered calls, 2 deadlines and more
+            replies = await asyncio.gather(
+                *(client.execute_command("INCR", "n") for _ in range(50))
+            )
+            assert len(replies) == 50
+            await asyncio.sleep(0.01)
+        assert await client.execute_command("GET", "n") == b"2000"
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A TCP port whose kernel completes connections but nobody reads or answers (a frozen
+    or overloaded redis-server looks like this)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    try:
+        yield f"redis://:secret@127.0.0.1:{listener.getsockname()[1]}"  # AUTH on connect
+    finally:
+        listener.close()
+
+
+async def test_connecting_is_bounded_and_one_attempt_serves_every_waiting_caller(
+    silent_server: str,
+) -> None:
+    client = LeanRedis(silent_server, connect_timeout_s=0.2, timeout_s=0.2)
+    try:
+        started = time.monotonic()
+        calls = [client.execute_command("PING") for _ in range(20)]
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+        waited = time.monotonic() - started
+        assert all(isinstance(r, RedisTimeoutError) for r in results), results
+        assert waited < 0.2 + 0.6  # one attempt, not one per caller in turn
+    finally:
+        await client.aclose()
+
+
+def test_timeouts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="timeouts must be > 0"):
+        LeanRedis("redis://localhost", timeout_s=0)
+    with pytest.raises(ValueError, match="timeouts must be > 0"):
+        LeanRedis("redis://localhost", connect_timeout_s=-1)

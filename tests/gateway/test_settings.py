@@ -47,6 +47,10 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
         ({"reservation_ttl_s": 0}, "reservation_ttl_s"),
         ({"admin_key_hash": "secret"}, "sha256"),
         ({"colour": "blue"}, "unknown setting"),
+        ({"redis_timeout_s": 0}, "redis_timeout_s must be in"),
+        ({"redis_connect_timeout_s": 61}, "redis_connect_timeout_s must be in"),
+        ({"redis_failure_mode": "ajar"}, "redis_failure_mode must be closed"),
+        ({"auth_stale_ttl_s": -1}, "auth_stale_ttl_s must be >= 0"),
     ],
 )
 def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> None:
@@ -59,3 +63,19 @@ def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> 
 def test_cost_is_integer_micros_rounded_up() -> None:
     prices = Prices(input=1_000_000, cached_input=500_000, output=3)
     assert prices.cost_micros(prompt_tokens=10, cached_tokens=4, completion_tokens=1) == 6 + 2 + 1
+
+
+def test_outage_settings_have_documented_defaults_and_env_overrides() -> None:
+    data: dict[str, object] = {"models": {"m": {"upstreams": ["http://x"], "context_window": 64}}}
+    defaults = GatewaySettings.from_dict(data)
+    assert (defaults.redis_connect_timeout_s, defaults.redis_timeout_s) == (0.5, 0.5)
+    assert (defaults.redis_failure_mode, defaults.auth_stale_ttl_s) == ("closed", 600.0)
+    env = {
+        "TOLLWAY_REDIS_CONNECT_TIMEOUT_S": "0.2",
+        "TOLLWAY_REDIS_TIMEOUT_S": "1",
+        "TOLLWAY_REDIS_FAILURE_MODE": "open",
+        "TOLLWAY_AUTH_STALE_TTL_S": "0",
+    }
+    settings = GatewaySettings.from_dict(data, env=env)
+    assert (settings.redis_connect_timeout_s, settings.redis_timeout_s) == (0.2, 1.0)
+    assert (settings.redis_failure_mode, settings.auth_stale_ttl_s) == ("open", 0.0)
