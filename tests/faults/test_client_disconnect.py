@@ -1,0 +1,119 @@
+"""A client that leaves mid-answer, against real processes: the engine stops the request (its KV
+blocks are freed) and the record says cancelled, charging what was generated or relayed.
+
+One real ``tollway serve`` (gateway + one engine child on a Unix socket) for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.storage.models import UsageStatus
+from tests.faults.processes import (
+    Tollway,
+    chat_body,
+    read_stream,
+    running_tollway,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+LONG = 1000  # tokens asked for (the default tenant allows 1024): more than come before leaving
+NUM_TOKENS_BEFORE_LEAVING = 5
+
+
+class _ClientLeft(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def tollway(demo_checkpoint: Callable[..., Path]) -> Iterator[Tollway]:
+    yield from running_tollway(demo_checkpoint(size="tiny"), "tw-leave-")
+
+
+def _engine_is_idle(tollway: Tollway) -> bool:
+    return (
+        tollway.engine_metric("tollway_engine_requests_running") == 0
+        and tollway.engine_metric("tollway_engine_requests_waiting") == 0
+        and tollway.engine_metric("tollway_engine_kv_blocks_used") == 0
+    )
+
+
+def _check_the_ledger_matches_the_records(tollway: Tollway) -> None:
+    with tollway.client() as client:
+        budget = client.get("/v1/budget").json()
+    records = tollway.records().values()
+    assert budget["reserved"] == 0
+    assert budget["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records)
+
+
+def test_a_client_leaving_a_stream_stops_the_engine_request_and_is_charged_what_was_relayed(
+    tollway: Tollway,
+) -> None:
+    wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
+    generated_before = tollway.engine_metric("tollway_engine_generation_tokens_total")
+
+    def leave_after_a_few_tokens(seen: object) -> None:
+        if getattr(seen, "num_tokens", 0) >= NUM_TOKENS_BEFORE_LEAVING:
+            raise _ClientLeft
+
+    with tollway.client() as client:
+        with client.stream(
+            "POST", "/v1/chat/completions", json=chat_body(LONG, stream=True)
+        ) as response:
+            request_id = response.headers["x-request-id"]
+            with pytest.raises(_ClientLeft):
+                read_stream(response, leave_after_a_few_tokens)
+        # leaving the block closes the connection mid-stream
+
+    wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
+    tollway.wait_for_records({request_id})
+    record = tollway.records()[request_id]
+    assert record.status is UsageStatus.CANCELLED
+    assert record.streamed and record.prompt_tokens > 0
+    # Charged what was relayed: at least what this client read, less than it asked for.
+    assert NUM_TOKENS_BEFORE_LEAVING <= record.completion_tokens < LONG
+    generated = tollway.engine_metric("tollway_engine_generation_tokens_total") - generated_before
+    assert record.completion_tokens <= generated < LONG  # the engine stopped generating
+    _check_the_ledger_matches_the_records(tollway)
+
+
+def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_was_generated(
+    tollway: Tollway,
+) -> None:
+    wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
+    generated_before = tollway.engine_metric("tollway_engine_generation_tokens_total")
+    body = json.dumps(chat_body(LONG, stream=False)).encode()
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{tollway.port}\r\n"
+        f"Authorization: Bearer {tollway.api_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", tollway.port), timeout=10) as conn:
+        conn.sendall(request)
+        wait_for(
+            lambda: tollway.engine_metric("tollway_engine_generation_tokens_total") - generated_before
+            >= NUM_TOKENS_BEFORE_LEAVING,
+            30,
+            "the engine to generate a few tokens",
+        )
+    # the socket is closed: the client has left without its answer
+
+    wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
+    generated = tollway.engine_metric("tollway_engine_generation_tokens_total") - generated_before
+    assert NUM_TOKENS_BEFORE_LEAVING <= generated < LONG
+    wait_for(
+        lambda: any(not r.streamed for r in tollway.records().values()), 30, "the usage record"
+    )
+    (record,) = [r for r in tollway.records().values() if not r.streamed]
+    assert record.status is UsageStatus.CANCELLED
+    # Charged what the engine generated for it, as the engine reported when it stopped.
+    assert record.prompt_tokens > 0
+    assert record.completion_tokens == generated
+    _check_the_ledger_matches_the_records(tollway)
