@@ -26,6 +26,8 @@ pytestmark = pytest.mark.timeout(180)
 
 LONG = 1000  # tokens asked for (the default tenant allows 1024): more than come before leaving
 NUM_TOKENS_BEFORE_LEAVING = 5
+CHAT = "/v1/chat/completions"
+GENERATED = "tollway_engine_generation_tokens_total"
 
 
 class _ClientLeft(Exception):
@@ -57,20 +59,18 @@ def test_a_client_leaving_a_stream_stops_the_engine_request_and_is_charged_what_
     tollway: Tollway,
 ) -> None:
     wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
-    generated_before = tollway.engine_metric("tollway_engine_generation_tokens_total")
+    generated_before = tollway.engine_metric(GENERATED)
 
     def leave_after_a_few_tokens(seen: object) -> None:
         if getattr(seen, "num_tokens", 0) >= NUM_TOKENS_BEFORE_LEAVING:
             raise _ClientLeft
 
-    with tollway.client() as client:
-        with client.stream(
-            "POST", "/v1/chat/completions", json=chat_body(LONG, stream=True)
-        ) as response:
-            request_id = response.headers["x-request-id"]
-            with pytest.raises(_ClientLeft):
-                read_stream(response, leave_after_a_few_tokens)
-        # leaving the block closes the connection mid-stream
+    body = chat_body(LONG, stream=True)
+    with tollway.client() as client, client.stream("POST", CHAT, json=body) as response:
+        request_id = response.headers["x-request-id"]
+        with pytest.raises(_ClientLeft):
+            read_stream(response, leave_after_a_few_tokens)
+    # leaving the block closed the connection mid-stream
 
     wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
     tollway.wait_for_records({request_id})
@@ -79,7 +79,7 @@ def test_a_client_leaving_a_stream_stops_the_engine_request_and_is_charged_what_
     assert record.streamed and record.prompt_tokens > 0
     # Charged what was relayed: at least what this client read, less than it asked for.
     assert NUM_TOKENS_BEFORE_LEAVING <= record.completion_tokens < LONG
-    generated = tollway.engine_metric("tollway_engine_generation_tokens_total") - generated_before
+    generated = tollway.engine_metric(GENERATED) - generated_before
     assert record.completion_tokens <= generated < LONG  # the engine stopped generating
     _check_the_ledger_matches_the_records(tollway)
 
@@ -88,25 +88,26 @@ def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_wa
     tollway: Tollway,
 ) -> None:
     wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
-    generated_before = tollway.engine_metric("tollway_engine_generation_tokens_total")
+    generated_before = tollway.engine_metric(GENERATED)
     body = json.dumps(chat_body(LONG, stream=False)).encode()
     request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{tollway.port}\r\n"
+        f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{tollway.port}\r\n"
         f"Authorization: Bearer {tollway.api_key}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     with socket.create_connection(("127.0.0.1", tollway.port), timeout=10) as conn:
         conn.sendall(request)
         wait_for(
-            lambda: tollway.engine_metric("tollway_engine_generation_tokens_total") - generated_before
-            >= NUM_TOKENS_BEFORE_LEAVING,
+            lambda: (
+                tollway.engine_metric(GENERATED) - generated_before >= NUM_TOKENS_BEFORE_LEAVING
+            ),
             30,
             "the engine to generate a few tokens",
         )
     # the socket is closed: the client has left without its answer
 
     wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
-    generated = tollway.engine_metric("tollway_engine_generation_tokens_total") - generated_before
+    generated = tollway.engine_metric(GENERATED) - generated_before
     assert NUM_TOKENS_BEFORE_LEAVING <= generated < LONG
     wait_for(
         lambda: any(not r.streamed for r in tollway.records().values()), 30, "the usage record"
