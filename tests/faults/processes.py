@@ -3,7 +3,8 @@
 `Tollway.start` runs ``python -m gateway.serve_cli`` on a config that spawns one engine
 (``small``, a tiny demo checkpoint: one engine keeps a loaded 2-core machine responsive),
 waits for the banner and reads the first run's keys from it. The same data directory can be
-started again after a crash (`Tollway.restart`); the keys stay valid.
+started again after a crash (`Tollway.restart`); the keys stay valid. `shared_tollway` gives
+the test session one of them.
 
 Everything here is bounded: every wait has a deadline, every client call a timeout.
 """
@@ -20,13 +21,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from gateway.storage.database import Database, default_database_url
 from gateway.storage.usage_store import UsageEntry, list_usage
@@ -256,17 +258,33 @@ def _can_connect(port: int) -> bool:
         return False
 
 
-def running_tollway(checkpoint: Path, prefix: str) -> Iterator[Tollway]:
-    """A started `Tollway` in a fresh short directory, stopped and removed afterwards."""
-    root = short_dir(prefix)
-    tollway = None
-    try:
-        tollway = Tollway.start(root, checkpoint)
-        yield tollway
-    finally:
-        if tollway is not None:
+_SHARED = pytest.StashKey[Tollway]()
+
+
+def shared_tollway(config: pytest.Config, checkpoint: Path) -> Tollway:
+    """The session's one `Tollway` (started on first use, stopped when the session ends), so
+    the fault suites pay for one start, not one per module. Tests that break it (kill the
+    engine or the gateway) wait for it to recover, or restart it, before they return; this
+    also waits until it answers, in case one could not."""
+    tollway = config.stash.get(_SHARED, None)
+    if tollway is None:
+        root = short_dir("tw-faults-")
+        try:
+            tollway = Tollway.start(root, checkpoint)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        config.stash[_SHARED] = tollway
+
+        def clean_up(tollway: Tollway = tollway) -> None:
             tollway.stop()
-        shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
+
+        config.add_cleanup(clean_up)
+    if tollway.process is not None and tollway.process.poll() is not None:
+        tollway.restart()
+    wait_for(tollway.is_engine_healthy, 90, f"a healthy engine\n{tollway.output()[-3000:]}")
+    return tollway
 
 
 # -- streams -------------------------------------------------------------------------

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from gateway.storage.models import UsageStatus
+from gateway.storage.usage_store import UsageEntry
 from tests.faults.processes import (
     Tollway,
     chat_body,
     read_stream,
-    running_tollway,
+    shared_tollway,
     wait_for,
 )
 
@@ -34,9 +36,9 @@ class _ClientLeft(Exception):
     pass
 
 
-@pytest.fixture(scope="module")
-def tollway(demo_checkpoint: Callable[..., Path]) -> Iterator[Tollway]:
-    yield from running_tollway(demo_checkpoint(size="tiny"), "tw-leave-")
+@pytest.fixture
+def tollway(request: pytest.FixtureRequest, demo_checkpoint: Callable[..., Path]) -> Tollway:
+    return shared_tollway(request.config, demo_checkpoint(size="tiny"))
 
 
 def _engine_is_idle(tollway: Tollway) -> bool:
@@ -89,6 +91,7 @@ def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_wa
 ) -> None:
     wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
     generated_before = tollway.engine_metric(GENERATED)
+    sent_at = datetime.now(timezone.utc)
     body = json.dumps(chat_body(LONG, stream=False)).encode()
     request = (
         f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{tollway.port}\r\n"
@@ -109,10 +112,13 @@ def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_wa
     wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
     generated = tollway.engine_metric(GENERATED) - generated_before
     assert NUM_TOKENS_BEFORE_LEAVING <= generated < LONG
-    wait_for(
-        lambda: any(not r.streamed for r in tollway.records().values()), 30, "the usage record"
-    )
-    (record,) = [r for r in tollway.records().values() if not r.streamed]
+
+    def new_records() -> list[UsageEntry]:
+        return [r for r in tollway.records().values() if r.created_at >= sent_at]
+
+    wait_for(lambda: bool(new_records()), 30, "the usage record")
+    (record,) = new_records()
+    assert not record.streamed
     assert record.status is UsageStatus.CANCELLED
     # Charged what the engine generated for it, as the engine reported when it stopped.
     assert record.prompt_tokens > 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from tests.faults.processes import (
     chat_body,
     is_gone,
     read_stream,
-    running_tollway,
+    shared_tollway,
     wait_for,
 )
 
@@ -31,9 +31,9 @@ NUM_TOKENS_BEFORE_KILL = 5
 LONG = 1000  # tokens asked for (the default tenant allows 1024): far more than come before the kill
 
 
-@pytest.fixture(scope="module")
-def tollway(demo_checkpoint: Callable[..., Path]) -> Iterator[Tollway]:
-    yield from running_tollway(demo_checkpoint(size="tiny"), "tw-crash-")
+@pytest.fixture
+def tollway(request: pytest.FixtureRequest, demo_checkpoint: Callable[..., Path]) -> Tollway:
+    return shared_tollway(request.config, demo_checkpoint(size="tiny"))
 
 
 def _wait_for_a_new_engine(tollway: Tollway, old_pid: int) -> int:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from tests.faults.processes import (
     chat_body,
     is_gone,
     read_stream,
-    running_tollway,
+    shared_tollway,
     wait_for,
 )
 
@@ -47,9 +47,9 @@ def checkpoint(demo_checkpoint: Callable[..., Path]) -> Path:
     return demo_checkpoint(size="tiny")
 
 
-@pytest.fixture(scope="module")
-def tollway(checkpoint: Path) -> Iterator[Tollway]:
-    yield from running_tollway(checkpoint, "tw-gwkill-")
+@pytest.fixture
+def tollway(request: pytest.FixtureRequest, checkpoint: Path) -> Tollway:
+    return shared_tollway(request.config, checkpoint)
 
 
 # -- the order: record first, then the end of the answer -----------------------------------
