@@ -258,6 +258,8 @@ def test_every_request_answered_before_a_gateway_sigkill_keeps_its_record(
     wait_for(lambda: is_gone(engine_pid), 10, "the engine to die with its gateway")
 
     tollway.restart()  # the same data directory: the spill file is replayed
+    with tollway.client() as client:  # at once: the first look at the budget rebuilds it
+        assert client.get("/v1/budget").status_code == 200
     tollway.wait_for_records({seen.request_id for seen in answered})
     records = tollway.records()
     for seen in answered:
@@ -268,6 +270,10 @@ def test_every_request_answered_before_a_gateway_sigkill_keeps_its_record(
             seen.prompt_tokens,
             seen.completion_tokens,
         )
+    # The budget, rebuilt from the records, counts every one of them.
+    with tollway.client() as client:
+        budget = client.get("/v1/budget").json()
+    assert budget["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records.values())
     # The restarted gateway serves, and the engine came back with it.
     with tollway.client() as client:
         response = client.post("/v1/chat/completions", json=chat_body(4, stream=False))
