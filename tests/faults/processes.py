@@ -342,10 +342,14 @@ def chat_body(max_tokens: int, *, stream: bool, content: str = "Tell me a story"
 
 
 def read_stream(
-    response: httpx.Response, on_chunk: Callable[[StreamSeen], None] | None = None
+    response: httpx.Response,
+    on_chunk: Callable[[StreamSeen], None] | None = None,
+    into: StreamSeen | None = None,
 ) -> StreamSeen:
-    """Read an SSE answer to its end, calling ``on_chunk`` after each data chunk."""
-    seen = StreamSeen(request_id=response.headers.get("x-request-id", ""))
+    """Read an SSE answer to its end, calling ``on_chunk`` after each data chunk. ``into``
+    (filled as events arrive) keeps what was read if the connection then fails."""
+    seen = into if into is not None else StreamSeen()
+    seen.request_id = response.headers.get("x-request-id", "")
     seen.status_code = response.status_code
     for line in response.iter_lines():
         if not line.startswith("data: "):

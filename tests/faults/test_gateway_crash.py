@@ -31,6 +31,7 @@ from gateway.storage.models import UsageStatus
 from gateway.storage.tenants import create_tenant
 from tests.faults.processes import (
     MODEL,
+    StreamSeen,
     Tollway,
     chat_body,
     is_gone,
@@ -206,21 +207,25 @@ def _one(client: httpx.Client, number: int) -> _Seen | None:
     """A whole answer, or None if the request failed (the gateway died under it)."""
     is_stream = number % 2 == 0
     body = chat_body(6 + number % 5, stream=is_stream)
-    try:
-        if is_stream:
+    if is_stream:
+        seen = StreamSeen()
+        try:
             with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                seen = read_stream(response)
-            usage = seen.usage
-            if response.status_code != 200 or not seen.is_done or seen.errors or usage is None:
-                return None
-            request_id = seen.request_id
-        else:
+                read_stream(response, into=seen)
+        except httpx.HTTPError:
+            pass  # [DONE] may have come before the connection broke: that is a whole answer
+        usage = seen.usage
+        if seen.status_code != 200 or not seen.is_done or seen.errors or usage is None:
+            return None
+        request_id = seen.request_id
+    else:
+        try:
             answer = client.post("/v1/chat/completions", json=body)
             if answer.status_code != 200:
                 return None
             usage, request_id = answer.json()["usage"], answer.headers["x-request-id"]
-    except (httpx.HTTPError, ValueError):
-        return None
+        except (httpx.HTTPError, ValueError):
+            return None
     return _Seen(request_id, is_stream, usage["prompt_tokens"], usage["completion_tokens"])
 
 
