@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from gateway.storage.api_keys import create_key
 from gateway.storage.database import Database
 from gateway.storage.models import UsageStatus
 from gateway.storage.tenants import create_tenant
+from gateway.storage.usage_store import UsageEntry, list_usage
+from gateway.storage.usage_writer import UsageWriter
 from tests.faults.processes import (
     MODEL,
     StreamSeen,
@@ -73,9 +76,7 @@ def _durable_request_ids(data_dir: Path, database: Database) -> frozenset[str]:
     return frozenset(ids)
 
 
-def _stored(session: Any) -> list[Any]:
-    from gateway.storage.usage_store import list_usage
-
+def _stored(session: Any) -> list[UsageEntry]:
     return list_usage(session, limit=1000).records
 
 
@@ -188,6 +189,63 @@ def test_a_record_is_durable_before_the_client_has_the_end_of_its_answer(
     assert [answer.status for answer in answers] == [200, 200], answers
     is_durable = [answer.request_id in (answer.ids_durable_at_the_end or ()) for answer in answers]
     assert is_durable == [True, True], "the client had its answer before its record was spilled"
+
+
+def test_a_restarted_gateway_serves_only_once_its_spilled_records_are_in_the_database(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """Budgets are rebuilt from the database on first use: a gateway that served before the
+    records it replays (left by a crash) were committed would forget them, and the tenant
+    could overspend by that much."""
+    url = f"sqlite:///{tmp_path / 'tollway.db'}"
+    migrate.upgrade(url)
+    database = Database(url)
+    # What a gateway killed mid-load leaves behind: records in the spill file only.
+    crashed = UsageWriter(database, tmp_path / SPILL_FILENAME)  # never started
+    for number in range(20):
+        crashed.submit(_entry(f"spilled-{number}"))
+    assert not crashed.close(timeout=0)
+    settings = GatewaySettings.from_dict(
+        {
+            "data_dir": str(tmp_path),
+            "database_url": url,
+            "models": {
+                MODEL: {
+                    "upstreams": [f"unix:{tmp_path}/no-engine.sock"],
+                    "context_window": 2048,
+                    "checkpoint": str(checkpoint),
+                }
+            },
+        }
+    )
+
+    async def num_stored() -> int:  # the moment the app starts serving
+        with database.session() as session:
+            return len(_stored(session))
+
+    try:
+        assert asyncio.run(_with_lifespan(build_gateway(settings), num_stored)) == 20
+    finally:
+        database.dispose()
+
+
+def _entry(request_id: str) -> UsageEntry:
+    return UsageEntry(
+        request_id=request_id,
+        tenant_id="t",
+        key_id=None,
+        requested_model=MODEL,
+        served_model=MODEL,
+        routing_decision=None,
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=5,
+        cost_micros=0,
+        status=UsageStatus.COMPLETED,
+        reject_reason=None,
+        streamed=False,
+        created_at=datetime.now(timezone.utc),
+    )
 
 
 # -- a real crash under load -------------------------------------------------------------
