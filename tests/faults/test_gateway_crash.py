@@ -3,8 +3,9 @@ usage record.
 
 Why it holds: a request's record is appended to the spill file (flushed to the OS, so a process
 crash cannot lose it) before the last bytes of its answer are sent, and the next start on the
-same data directory replays the spill file into the database. The first test checks that
-order exactly, at the ASGI boundary; the second kills a real ``tollway serve`` mid-load.
+same data directory commits the spill file to the database before it serves (budgets are
+rebuilt from the database). The first two tests check those orders exactly, in process; the
+third kills a real ``tollway serve`` mid-load and restarts it.
 """
 
 from __future__ import annotations
