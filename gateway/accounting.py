@@ -1,6 +1,9 @@
-"""The end of every request: settle its reservation, write its one usage record, count it.
+"""The end of every request: write its one usage record, count it, settle its reservation.
 
-Exactly one of `Accountant.reject` / `Accountant.finish` runs per authenticated request.
+Exactly one of `Accountant.reject` / `Accountant.record` runs per authenticated request; a
+recorded request's reservation is then settled (`settle`; `finish` does both). An answered
+request is recorded before the last bytes of its answer are sent and settled after, so a
+gateway killed once the client has its whole answer loses no record.
 
 When a reservation is settled, and to what::
 
@@ -80,19 +83,24 @@ class Accountant:
     async def finish(
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
     ) -> None:
-        """``was_answered``: an engine accepted the request (so its tokens count)."""
+        """`record`, then `settle`: for requests whose client gets no answer from an engine."""
+        await self.settle(admission, self.record(info, admission, meter, was_answered=was_answered))
+
+    def record(
+        self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
+    ) -> int:
+        """Write the request's one usage record and count it; returns the tokens its
+        reservation settles to. ``was_answered``: an engine accepted the request (so its
+        tokens count).
+
+        The record is durable (in the usage writer's spill file) on return, so the request
+        path calls this before the last bytes of an answer: a gateway that dies once the
+        client has its whole answer has its record. `settle` may come after.
+        """
         status = meter.status if meter.is_finished else UsageStatus.CANCELLED
         prompt, cached, completion = meter.tokens(admission.prompt_tokens)
         if not was_answered:
             prompt = cached = completion = 0
-        reservation = admission.reservation
-        if reservation is not None:
-            try:  # a Redis failure is retried in the background; the record is still written
-                await self._retries.settle(reservation, prompt + completion)
-            except Exception:  # the reservation expires by itself; the record is still written
-                logger.exception("settling reservation %s failed", reservation.reservation_id)
-            finally:
-                self._metrics.reservations_in_flight.dec()
         model = admission.served_model
         prices = self._settings.models[model].prices
         metrics = self._metrics
@@ -119,6 +127,19 @@ class Accountant:
         if status is UsageStatus.UPSTREAM_ERROR:
             span.set_status(Status(StatusCode.ERROR, "upstream_error"))
         span.end()
+        return prompt + completion
+
+    async def settle(self, admission: Admission, num_tokens: int) -> None:
+        """Settle the request's reservation to ``num_tokens`` (`record`'s), or release it."""
+        reservation = admission.reservation
+        if reservation is None:
+            return
+        try:  # a Redis failure is retried in the background; the record is already written
+            await self._retries.settle(reservation, num_tokens)
+        except Exception:  # the reservation expires by itself; the record is written
+            logger.exception("settling reservation %s failed", reservation.reservation_id)
+        finally:
+            self._metrics.reservations_in_flight.dec()
 
     def _count(self, info: RequestInfo, model: str | None, status: str) -> None:
         metrics = self._metrics

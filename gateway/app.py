@@ -1,9 +1,12 @@
 """`build_gateway`: the gateway's Starlette app, composed from the settings.
 
 Start-up opens nothing on the network: the Redis and httpx clients connect on first use.
-The lifespan starts the usage writer's thread and, on shutdown, closes the upstream client,
-Redis, the usage writer (flushing what it can; the rest stays in its spill file) and the
-tracer provider, in that order.
+The lifespan starts the usage writer's thread and waits (up to ``USAGE_REPLAY_WAIT_S``) until
+the records it replayed from its spill file, left by a gateway that crashed, are in the
+database: budgets are rebuilt from the database on first use, so serving earlier would
+forget those records and let tenants overspend by them. On shutdown it closes the upstream
+client, Redis, the usage writer (flushing what it can; the rest stays in its spill file) and
+the tracer provider, in that order.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 SPILL_FILENAME = "usage-spill.jsonl"
 USAGE_FLUSH_ON_SHUTDOWN_S = 5.0
+USAGE_REPLAY_WAIT_S = 10.0  # the database down at start-up delays serving this long at most
 
 
 def build_gateway(
@@ -131,6 +135,13 @@ def build_gateway(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         writer.start()
+        if writer.num_pending and not await anyio.to_thread.run_sync(
+            writer.flush, USAGE_REPLAY_WAIT_S
+        ):
+            logger.warning(
+                "usage records replayed from the spill file are not in the database yet: "
+                "budgets rebuilt before they are may count too little"
+            )
         try:
             yield
         finally:

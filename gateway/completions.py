@@ -9,8 +9,9 @@ UpstreamPool.open ─503─────┤
 engine's 4xx (as is) ──────┼─► Accountant.finish   (released; one "upstream_error" record)
 engine's 5xx ─502──────────┤
      │                     │
-relay (stream or JSON) ────┴─► Accountant.finish   (settled; one record) once the response
-                                                   has been sent, so it adds no latency
+relay (stream or JSON) ────┴─► Accountant.record   (one record, durable in the spill file)
+                                                   before the answer's last bytes ([DONE], or
+                                                   the JSON), then Accountant.settle after it
 
 A client that leaves is charged what the engine generated for it: a stream up to the last
 token relayed; a non-streamed request up to where the engine stopped (asked to by
@@ -190,17 +191,25 @@ async def _forward(
             raise ApiError(Rejection(502, "upstream_error", "server_error", "Bad engine answer."))
         measure_body(answer, meter)
         meter.finish(UsageStatus.COMPLETED)
-        # The engine's JSON as it came; settled and recorded after the client has it all.
-        finish = BackgroundTask(ctx.accountant.finish, info, admission, meter, was_answered=True)
+        # The engine's JSON as it came: recorded before it is sent, settled after.
+        num_tokens = ctx.accountant.record(info, admission, meter, was_answered=True)
+        settle = BackgroundTask(ctx.accountant.settle, admission, num_tokens)
         return Response(
-            call.body, headers=response_headers, media_type="application/json", background=finish
+            call.body, headers=response_headers, media_type="application/json", background=settle
         )
+
+    recorded: list[int] = []  # the settled tokens, once recorded
+
+    def record() -> None:  # before [DONE]; or at the close, if the stream stopped earlier
+        if not recorded:
+            recorded.append(ctx.accountant.record(info, admission, meter, was_answered=True))
 
     async def on_close() -> None:
         await call.aclose()
-        await ctx.accountant.finish(info, admission, meter, was_answered=True)
+        record()
+        await ctx.accountant.settle(admission, recorded[0])
 
-    events = relay_events(call, meter, include_usage=body.include_usage)
+    events = relay_events(call, meter, include_usage=body.include_usage, before_end=record)
     return EventStreamResponse(events, on_close=on_close, headers=response_headers)
 
 

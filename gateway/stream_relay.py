@@ -10,7 +10,7 @@ back (a partial UTF-8 character, a possible stop string) was not relayed and is 
     engine SSE ──► relay_events ──► client
                      │ UsageMeter: usage, num_relayed_tokens, first/last token times, outcome
                      ▼
-                 accounting.finish (once, when the response closes)
+                 before_end (the request path records the usage: before [DONE] is sent)
 """
 
 from __future__ import annotations
@@ -95,12 +95,17 @@ class UsageMeter:
 
 
 async def relay_events(
-    call: UpstreamCall, meter: UsageMeter, *, include_usage: bool
+    call: UpstreamCall,
+    meter: UsageMeter,
+    *,
+    include_usage: bool,
+    before_end: Callable[[], None] | None = None,
 ) -> AsyncIterator[str]:
     """The client's SSE stream, one string per batch of upstream events (events that arrived
     together are written together: one send, not one per event). Ends with ``[DONE]``; a
-    broken upstream ends it with an error event first. The caller closes ``call`` when the
-    response ends, however it ends."""
+    broken upstream ends it with an error event first. ``before_end`` runs once the meter is
+    finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
+    reaches it). The caller closes ``call`` when the response ends, however it ends."""
     if call.events is None:
         raise ValueError("relay_events needs a streaming upstream call")
     try:
@@ -109,6 +114,8 @@ async def relay_events(
             for payload in batch:
                 if payload == "[DONE]":
                     meter.finish(UsageStatus.COMPLETED)
+                    if before_end is not None:
+                        before_end()
                     out.append(DONE)
                     yield "".join(out)
                     return
@@ -126,6 +133,8 @@ async def relay_events(
     except httpx.HTTPError:
         pass
     meter.finish(UsageStatus.UPSTREAM_ERROR)
+    if before_end is not None:
+        before_end()
     yield event(MID_STREAM_ERROR.error_body()) + DONE
 
 

@@ -121,3 +121,39 @@ async def test_chunks_without_a_usage_value_lose_the_key_and_nothing_else() -> N
     assert chunks == [{"choices": [{"delta": {"content": c}}]} for c in "abc"]
     assert out[0] == 'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
     assert meter.usage == USAGE and meter.num_relayed_tokens == 3
+
+
+@pytest.mark.parametrize("fail_after", [None, 2])
+async def test_before_end_runs_once_the_meter_is_final_and_before_done_is_sent(
+    fail_after: int | None,
+) -> None:
+    """The request path writes the usage record there: before the client has [DONE]."""
+    payloads = [chunk("a"), chunk("b"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    sent: list[str] = []
+    seen_at_end: list[tuple[UsageStatus, int, bool]] = []
+
+    def before_end() -> None:
+        is_done_sent = "[DONE]" in "".join(sent)
+        seen_at_end.append((meter.status, meter.num_relayed_tokens, is_done_sent))
+
+    call = call_with(payloads, fail_after=fail_after)
+    async for batch in relay_events(call, meter, include_usage=True, before_end=before_end):
+        sent.append(batch)
+    status = UsageStatus.COMPLETED if fail_after is None else UsageStatus.UPSTREAM_ERROR
+    assert seen_at_end == [(status, 2, False)]
+    assert sent[-1].endswith("data: [DONE]\n\n")
+
+
+async def test_before_end_does_not_run_for_a_client_that_leaves() -> None:
+    called: list[None] = []
+    payloads = [chunk("a"), chunk("b"), chunk(usage=USAGE), "[DONE]"]
+    events = relay_events(
+        call_with(payloads),
+        UsageMeter(),
+        include_usage=True,
+        before_end=lambda: called.append(None),
+    )
+    await events.__anext__()
+    await events.aclose()
+    assert called == []
