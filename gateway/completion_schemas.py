@@ -8,21 +8,46 @@ answer is ``text/event-stream`` whose ``data:`` lines are the chunk models, then
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from backend_engine.server.field_rules import RULES, Endpoint
 from backend_engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
 Hint = Literal["small", "large"] | None
 _HINT = "Tollway: on a routing alias (model: auto), ask for its small or large model."
 
 
+def _field_rules(endpoint: Endpoint) -> ConfigDict:
+    """Lay the field rules' JSON Schema keywords (ranges, lengths: ``field_rules``, which both
+    the gateway and the engine check) over the fields pydantic describes by type alone; an
+    optional field may be ``null`` (it then takes its default)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        for name, rule in RULES[endpoint].items():
+            if name in properties:
+                keywords = rule.json_schema()
+                base = {} if "anyOf" in keywords else properties[name]
+                field = {**base, **keywords}
+                if name not in required and isinstance(field.get("type"), str):
+                    field["type"] = [field["type"], "null"]  # null is "not given"
+                properties[name] = field
+
+    return ConfigDict(json_schema_extra=extra)
+
+
 class ChatCompletionBody(ChatCompletionRequest):
+    model_config = _field_rules("chat")
+
     tollway_hint: Hint = Field(default=None, description=_HINT)
 
 
 class CompletionBody(CompletionRequest):
+    model_config = _field_rules("completions")
+
     tollway_hint: Hint = Field(default=None, description=_HINT)
 
 

@@ -12,6 +12,9 @@ gateway imports it.
   any other value is refused rather than silently ignored.
 - Fields not in the table are ignored, as OpenAI's own API ignores them.
 
+Each rule also states itself as JSON Schema keywords (``json_schema``), which the gateway's
+OpenAPI document lays over the request models, so the document says what is checked here.
+
 Errors are raised as :class:`FieldError` (message, param, code in OpenAI's words); the gateway
 and the engine server each turn it into their own 400.
 """
@@ -35,6 +38,7 @@ MAX_USER_CHARS = 256
 MAX_JSON_DEPTH = 64
 
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # the same, for JSON Schema
 
 
 class FieldError(ValueError):
@@ -116,6 +120,10 @@ class Decimal:
         if self.only is not None and value != self.only:
             raise _unsupported_value(param, value, f"{self.only:g}")
 
+    def json_schema(self) -> dict[str, Any]:
+        low = "exclusiveMinimum" if self.is_low_open else "minimum"
+        return {low: self.low, "maximum": self.high}
+
 
 @dataclass(frozen=True)
 class Integer:
@@ -139,6 +147,9 @@ class Integer:
         if self.only is not None and value != self.only:
             raise _unsupported_value(param, value, str(self.only))
 
+    def json_schema(self) -> dict[str, Any]:
+        return {"minimum": self.low, "maximum": self.high}
+
 
 @dataclass(frozen=True)
 class Boolean:
@@ -149,6 +160,9 @@ class Boolean:
             raise _invalid_type(param, "a boolean", value)
         if self.only is not None and value != self.only:
             raise _unsupported_value(param, value, str(self.only).lower())
+
+    def json_schema(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,12 @@ class Text:
                 param,
                 "invalid_value",
             )
+
+    def json_schema(self) -> dict[str, Any]:
+        schema: dict[str, Any] = {"minLength": self.min_chars, "maxLength": self.max_chars}
+        if self.is_printable:
+            schema["pattern"] = PRINTABLE_PATTERN
+        return schema
 
 
 def _check_length(param: str, value: str, min_chars: int, max_chars: int) -> None:
@@ -211,6 +231,11 @@ class Stop:
                 raise _invalid_type(f"{param}[{n}]", "a string", item)
             _check_length(f"{param}[{n}]", item, 1, MAX_STOP_CHARS)
 
+    def json_schema(self) -> dict[str, Any]:
+        text = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+        strings = {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": text}
+        return {"anyOf": [text, strings, {"type": "null"}]}
+
 
 @dataclass(frozen=True)
 class StreamOptions:
@@ -220,6 +245,9 @@ class StreamOptions:
         flag = value.get("include_usage")
         if flag is not None and not isinstance(flag, bool):
             raise _invalid_type(f"{param}.include_usage", "a boolean", flag)
+
+    def json_schema(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -239,6 +267,9 @@ class Unsupported:
                 param,
                 "unsupported_parameter",
             )
+
+    def json_schema(self) -> dict[str, Any]:
+        return {}
 
 
 def _is_object(value: Any) -> bool:
