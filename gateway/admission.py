@@ -68,7 +68,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
-_INLINE_COUNT_CHARS = 16_384  # longer chats are counted on a worker thread
+_INLINE_COUNT_CHARS = 16_384  # longer prompts are counted on a worker thread
 _MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
 
 
@@ -155,12 +155,15 @@ class Admitter:
         if rejection is not None:
             return Refusal(rejection)
         served, decision = body.model, None
-        prompt_tokens = await self._count_tokens(served, body) if served in self._counters else 0
+        counts: dict[str, int] = {}  # by counter fingerprint: one count per distinct tokenizer
+        prompt_tokens = (
+            await self._count_tokens(served, body, counts) if served in self._counters else 0
+        )
         routing = self._settings.routing
         if routing is not None and body.model in routing.aliases:
             pair = routing.aliases[body.model]
-            prompt_tokens = await self._count_tokens(pair.small, body)
-            has_code, has_math = detect_code_or_math(body.prompt_text)
+            prompt_tokens = await self._count_tokens(pair.small, body, counts)
+            has_code, has_math = detect_code_or_math(body.prompt_text)  # bounded, linear
             features = RequestFeatures(
                 prompt_tokens=prompt_tokens,
                 max_tokens=body.max_tokens or quota.default_max_output_tokens or 0,
@@ -174,7 +177,7 @@ class Admitter:
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
             served = decision.model
             if served != pair.small:
-                prompt_tokens = await self._count_tokens(served, body)
+                prompt_tokens = await self._count_tokens(served, body, counts)
 
         def refuse(rejection: Rejection) -> Refusal:
             return Refusal(rejection, served, decision, prompt_tokens)
@@ -235,22 +238,23 @@ class Admitter:
             headers,
         )
 
-    async def _count_tokens(self, model: str, body: CompletionBody) -> int:
+    async def _count_tokens(self, model: str, body: CompletionBody, counts: dict[str, int]) -> int:
+        """The prompt's tokens for ``model``, as its engine counts them; a tokenizer already
+        counted for this request (``counts``, by fingerprint) is not run again."""
         counter = self._counters[model]
-        if body.messages is not None:
-            messages = body.messages
-            # Counting a typical chat takes microseconds: a thread hand-off would cost more
-            # than the work, so only long conversations leave the event loop.
-            size = sum(len(str(m.get("content") or "")) for m in messages)
-            try:
-                if size < _INLINE_COUNT_CHARS:
-                    return counter.count_chat(messages)
-                return await anyio.to_thread.run_sync(counter.count_chat, messages)
-            except (ValueError, TypeError, jinja2.TemplateError) as exc:
-                raise _bad_messages(exc) from None
-        if isinstance(body.prompt, list):
-            return len(body.prompt)
-        return counter.count_text(body.prompt or "")
+        if counter.fingerprint not in counts:
+            counts[counter.fingerprint] = await self._count_with(counter, body)
+        return counts[counter.fingerprint]
+
+    async def _count_with(self, counter: TokenCounter, body: CompletionBody) -> int:
+        # Counting a typical prompt takes microseconds: a thread hand-off would cost more than
+        # the work, so only long ones leave the event loop (1 MiB takes tens of milliseconds).
+        try:
+            if body.prompt_chars < _INLINE_COUNT_CHARS:
+                return count_prompt_tokens(counter, body)
+            return await anyio.to_thread.run_sync(count_prompt_tokens, counter, body)
+        except (ValueError, TypeError, jinja2.TemplateError) as exc:
+            raise _bad_messages(exc) from None
 
     def _used_in(self, tenant_id: str, window: BudgetWindow) -> int:
         """Tokens the usage records charge to the window (a rebuild after a ledger restart)."""
@@ -259,6 +263,18 @@ class Admitter:
                 session, tenant_id, window.start or _EPOCH, window.end or _FAR_FUTURE
             )
         return totals.prompt_tokens + totals.completion_tokens
+
+
+def count_prompt_tokens(counter: TokenCounter, body: CompletionBody) -> int:
+    """The prompt tokens the model's engine will report for ``body``: what is reserved.
+
+    Chats raise ``ValueError``/``TypeError``/``jinja2.TemplateError`` where the template would.
+    """
+    if body.messages is not None:
+        return counter.count_chat(body.messages)
+    if isinstance(body.prompt, list):
+        return len(body.prompt)  # token ids go to the model as they are
+    return counter.count_prompt(body.prompt or "")
 
 
 def _budget_refusal(balance: Balance, tokens: int, limit: int, window: BudgetWindow) -> Rejection:

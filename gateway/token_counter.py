@@ -4,9 +4,11 @@ Two builders, both offline:
 
 - ``from_checkpoint(path)`` converts one of our checkpoints' byte-level BPE ``tokenizer.json``
   into a ``tiktoken.Encoding`` and renders the checkpoint's chat template with the engine's own
-  code, so ``count_chat(messages) == len(Tokenizer.from_pretrained(path).encode_chat(messages))``.
-  A tokenizer tiktoken cannot reproduce exactly raises ``UnsupportedTokenizer`` (a
-  ``ValueError``) saying why, so the caller can fall back.
+  code. It counts what the engine's server counts (``backend_engine/server/routes.py``): a
+  completions prompt is ``Tokenizer.encode(prompt)``, so with the tokens the tokenizer's
+  post-processor adds (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of each message's role
+  and text, the template writing its own BOS. A tokenizer tiktoken cannot reproduce exactly
+  raises ``UnsupportedTokenizer`` (a ``ValueError``) saying why, so the caller can fall back.
 - ``for_openai_model(name)`` counts with ``cl100k_base`` or ``o200k_base``, loaded from the rank
   files shipped in ``gateway/encodings`` (never downloaded), following OpenAI's cookbook rules.
 
@@ -48,9 +50,24 @@ TOKENS_PER_REPLY = 3
 
 
 class TokenCounter(Protocol):
-    def count_text(self, text: str) -> int: ...
+    """Prompt tokens as the model's server counts them, for reservations and limits."""
 
-    def count_chat(self, messages: Messages) -> int: ...
+    @property
+    def fingerprint(self) -> str:
+        """Equal for two counters that count every prompt the same (a shared tokenizer)."""
+        ...
+
+    def count_text(self, text: str) -> int:
+        """Tokens of plain text, nothing added."""
+        ...
+
+    def count_prompt(self, prompt: str) -> int:
+        """A ``/v1/completions`` text prompt as the server encodes it."""
+        ...
+
+    def count_chat(self, messages: Messages) -> int:
+        """A ``/v1/chat/completions`` conversation, rendered as the server renders it."""
+        ...
 
 
 class UnsupportedTokenizer(ValueError):
@@ -117,8 +134,15 @@ class OpenAITokenCounter:
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
 
+    @property
+    def fingerprint(self) -> str:
+        return f"openai:{self.encoding.name}"
+
     def count_text(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))
+
+    def count_prompt(self, prompt: str) -> int:
+        return self.count_text(prompt)
 
     def count_chat(self, messages: Messages) -> int:
         num_tokens = TOKENS_PER_REPLY
@@ -292,10 +316,42 @@ def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
     return TiktokenVocabulary(ranks, specials, pat_str, rank_to_id, normalize)
 
 
+def _engine_messages(messages: Messages) -> Messages:
+    """Messages as the engine's server hands them to the template: role and text only
+    (``ChatMessage.text``: text parts joined, no content an empty string)."""
+    return [{"role": m.get("role"), "content": _content_text(m.get("content"))} for m in messages]
+
+
+def _content_text(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else "" for p in content)
+    return content  # a string, or something the engine refuses anyway
+
+
+def _fingerprint(tokenizer: Tokenizer) -> str:
+    """The files' content that decides a count: the tokenizer, its template, special tokens."""
+    parts = [
+        tokenizer.backend.to_str(),
+        tokenizer.chat_template or "",
+        *(t or "" for t in (tokenizer.bos_token, tokenizer.eos_token)),
+        *(t or "" for t in (tokenizer.pad_token, tokenizer.unk_token)),
+    ]
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+
+
 class CheckpointTokenCounter:
     """Counts exactly as the engine's ``Tokenizer`` does, with a tiktoken ``Encoding``."""
 
     def __init__(self, tokenizer: Tokenizer, vocabulary: TiktokenVocabulary, name: str) -> None:
+        backend = tokenizer.backend
+        if backend.truncation is not None or backend.padding is not None:
+            raise UnsupportedTokenizer("the tokenizer truncates or pads what it encodes")
+        # What the post-processor adds to one sequence (Llama's BOS; Qwen2's nothing), always
+        # the same tokens whatever the text.
+        self._num_added_tokens: int = backend.num_special_tokens_to_add(is_pair=False)
+        self.fingerprint = _fingerprint(tokenizer)
         try:
             self.encoding = tiktoken.Encoding(
                 name=name,
@@ -350,14 +406,18 @@ class CheckpointTokenCounter:
         return [self._rank_to_id[rank] for rank in ranks]
 
     def encode_chat(self, messages: Messages) -> list[int]:
-        return self.encode_text(self._render(messages))
+        return self.encode_text(self._render(_engine_messages(messages)))
 
     def count_text(self, text: str) -> int:
         return len(self._encode_ranks(text))
 
+    def count_prompt(self, prompt: str) -> int:
+        """``len(Tokenizer.encode(prompt))``: the text and what the post-processor adds."""
+        return self.count_text(prompt) + self._num_added_tokens
+
     def count_chat(self, messages: Messages) -> int:
         """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
-        return self.count_text(self._render(messages))
+        return self.count_text(self._render(_engine_messages(messages)))
 
 
 def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:
