@@ -62,7 +62,7 @@ from policies import (
     route,
 )
 from policies.budget_period import BudgetWindow
-from policies.quota import PriorityClass
+from policies.quota import PriorityClass, TenantQuota
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
@@ -155,14 +155,17 @@ class Admitter:
         if rejection is not None:
             return Refusal(rejection)
         served, decision = body.model, None
+        routing = self._settings.routing
+        pair = routing.aliases.get(body.model) if routing is not None else None
+        candidates = [pair.small, pair.large] if pair is not None else [served]
+        # No candidate admits a longer prompt: one longer by its length alone is not tokenized.
+        limit = max(self._longest_prompt(m, quota) for m in candidates)
         counts: dict[str, int] = {}  # by counter fingerprint: one count per distinct tokenizer
         prompt_tokens = (
-            await self._count_tokens(served, body, counts) if served in self._counters else 0
+            await self._count_tokens(served, body, counts, limit) if served in self._counters else 0
         )
-        routing = self._settings.routing
-        if routing is not None and body.model in routing.aliases:
-            pair = routing.aliases[body.model]
-            prompt_tokens = await self._count_tokens(pair.small, body, counts)
+        if routing is not None and pair is not None:
+            prompt_tokens = await self._count_tokens(pair.small, body, counts, limit)
             has_code, has_math = detect_code_or_math(body.prompt_text)  # bounded, linear
             features = RequestFeatures(
                 prompt_tokens=prompt_tokens,
@@ -177,7 +180,7 @@ class Admitter:
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
             served = decision.model
             if served != pair.small:
-                prompt_tokens = await self._count_tokens(served, body, counts)
+                prompt_tokens = await self._count_tokens(served, body, counts, limit)
 
         def refuse(rejection: Rejection) -> Refusal:
             return Refusal(rejection, served, decision, prompt_tokens)
@@ -186,7 +189,9 @@ class Admitter:
         if isinstance(priority, Rejection):
             return refuse(priority)
         context_window = self._settings.models[served].context_window
-        rejection = check_prompt_length(prompt_tokens, quota, context_window)
+        rejection = check_prompt_length(
+            prompt_tokens, quota, context_window, is_lower_bound=prompt_tokens > limit
+        )
         if rejection is not None:
             return refuse(rejection)
         max_tokens = resolve_max_tokens(
@@ -238,21 +243,31 @@ class Admitter:
             headers,
         )
 
-    async def _count_tokens(self, model: str, body: CompletionBody, counts: dict[str, int]) -> int:
-        """The prompt's tokens for ``model``, as its engine counts them; a tokenizer already
-        counted for this request (``counts``, by fingerprint) is not run again."""
+    def _longest_prompt(self, model: str, quota: TenantQuota) -> int:
+        """The most prompt tokens ``check_prompt_length`` admits on ``model``."""
+        longest = self._settings.models[model].context_window - 1
+        if quota.max_prompt_tokens is not None:
+            longest = min(longest, quota.max_prompt_tokens)
+        return longest
+
+    async def _count_tokens(
+        self, model: str, body: CompletionBody, counts: dict[str, int], limit: int
+    ) -> int:
+        """The prompt's tokens for ``model``, as its engine counts them, or a lower bound above
+        ``limit`` (`count_prompt_tokens`); a tokenizer already run for this request
+        (``counts``, by fingerprint) is not run again."""
         counter = self._counters[model]
         if counter.fingerprint not in counts:
-            counts[counter.fingerprint] = await self._count_with(counter, body)
+            counts[counter.fingerprint] = await self._count_with(counter, body, limit)
         return counts[counter.fingerprint]
 
-    async def _count_with(self, counter: TokenCounter, body: CompletionBody) -> int:
+    async def _count_with(self, counter: TokenCounter, body: CompletionBody, limit: int) -> int:
         # Counting a typical prompt takes microseconds: a thread hand-off would cost more than
         # the work, so only long ones leave the event loop (1 MiB takes tens of milliseconds).
         try:
             if body.prompt_chars < _INLINE_COUNT_CHARS:
-                return count_prompt_tokens(counter, body)
-            return await anyio.to_thread.run_sync(count_prompt_tokens, counter, body)
+                return count_prompt_tokens(counter, body, limit)
+            return await anyio.to_thread.run_sync(count_prompt_tokens, counter, body, limit)
         except (ValueError, TypeError, jinja2.TemplateError) as exc:
             raise _bad_messages(exc) from None
 
@@ -265,16 +280,20 @@ class Admitter:
         return totals.prompt_tokens + totals.completion_tokens
 
 
-def count_prompt_tokens(counter: TokenCounter, body: CompletionBody) -> int:
+def count_prompt_tokens(
+    counter: TokenCounter, body: CompletionBody, limit: int | None = None
+) -> int:
     """The prompt tokens the model's engine will report for ``body``: what is reserved.
 
-    Chats raise ``ValueError``/``TypeError``/``jinja2.TemplateError`` where the template would.
+    A prompt longer than ``limit`` tokens by its (rendered) length alone is not tokenized: the
+    answer is then a lower bound above ``limit``. Chats raise ``ValueError``/``TypeError``/
+    ``jinja2.TemplateError`` where the template would.
     """
     if body.messages is not None:
-        return counter.count_chat(body.messages)
+        return counter.count_chat(body.messages, limit)
     if isinstance(body.prompt, list):
         return len(body.prompt)  # token ids go to the model as they are
-    return counter.count_prompt(body.prompt or "")
+    return counter.count_prompt(body.prompt or "", limit)
 
 
 def _budget_refusal(balance: Balance, tokens: int, limit: int, window: BudgetWindow) -> Rejection:

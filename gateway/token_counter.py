@@ -61,13 +61,30 @@ class TokenCounter(Protocol):
         """Tokens of plain text, nothing added."""
         ...
 
-    def count_prompt(self, prompt: str) -> int:
-        """A ``/v1/completions`` text prompt as the server encodes it."""
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        """A ``/v1/completions`` text prompt as the server encodes it.
+
+        ``limit``: a prompt whose length alone shows it has more tokens is not tokenized; the
+        answer is then that lower bound (above ``limit``), not its count.
+        """
         ...
 
-    def count_chat(self, messages: Messages) -> int:
-        """A ``/v1/chat/completions`` conversation, rendered as the server renders it."""
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
+        """A ``/v1/chat/completions`` conversation, rendered as the server renders it;
+        ``limit`` as for ``count_prompt``."""
         ...
+
+
+def _longest_token_bytes(encoding: tiktoken.Encoding) -> int:
+    """The most bytes one token stands for, special tokens included."""
+    specials = (len(s.encode("utf-8")) for s in encoding.special_tokens_set)
+    return max(max(map(len, encoding.token_byte_values())), *specials, 1)
+
+
+def _fewest_tokens(num_chars: int, max_chars_per_token: int) -> int:
+    """No text of ``num_chars`` characters encodes to fewer tokens: a character is at least
+    one byte, a token at most ``max_chars_per_token`` of them."""
+    return -(-num_chars // max_chars_per_token)
 
 
 class UnsupportedTokenizer(ValueError):
@@ -133,6 +150,7 @@ class OpenAITokenCounter:
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
+        self._max_chars_per_token = _longest_token_bytes(encoding)
 
     @property
     def fingerprint(self) -> str:
@@ -141,10 +159,13 @@ class OpenAITokenCounter:
     def count_text(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))
 
-    def count_prompt(self, prompt: str) -> int:
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        fewest = _fewest_tokens(len(prompt), self._max_chars_per_token)
+        if limit is not None and fewest > limit:
+            return fewest
         return self.count_text(prompt)
 
-    def count_chat(self, messages: Messages) -> int:
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
         num_tokens = TOKENS_PER_REPLY
         for message in messages:
             num_tokens += TOKENS_PER_MESSAGE
@@ -365,6 +386,11 @@ class CheckpointTokenCounter:
         self._normalize = vocabulary.normalize
         self._rank_to_id = vocabulary.rank_to_id
         self._special_ranks = vocabulary.special_tokens
+        # A character is at least one byte and a token at most the longest token's bytes; NFC
+        # may compose up to 4 characters into one (e.g. U+1F87), so a normalized text is read
+        # as 4 times shorter.
+        shrink = 4 if vocabulary.normalize is not None else 1
+        self._max_chars_per_token = _longest_token_bytes(self.encoding) * shrink
         # HF matches added tokens leftmost-longest before normalizing; tiktoken's own matching
         # is leftmost-first in no set order, so it only serves when no token prefixes another.
         contents = sorted(vocabulary.special_tokens)
@@ -411,13 +437,19 @@ class CheckpointTokenCounter:
     def count_text(self, text: str) -> int:
         return len(self._encode_ranks(text))
 
-    def count_prompt(self, prompt: str) -> int:
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
         """``len(Tokenizer.encode(prompt))``: the text and what the post-processor adds."""
-        return self.count_text(prompt) + self._num_added_tokens
+        return self._count_within(prompt, limit) + self._num_added_tokens
 
-    def count_chat(self, messages: Messages) -> int:
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
         """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
-        return self.count_text(self._render(_engine_messages(messages)))
+        return self._count_within(self._render(_engine_messages(messages)), limit)
+
+    def _count_within(self, text: str, limit: int | None) -> int:
+        fewest = _fewest_tokens(len(text), self._max_chars_per_token)
+        if limit is not None and fewest > limit:
+            return fewest
+        return self.count_text(text)
 
 
 def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:
