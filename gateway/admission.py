@@ -74,7 +74,7 @@ from policies import (
     route,
 )
 from policies.budget_period import BudgetWindow
-from policies.quota import PriorityClass
+from policies.quota import PriorityClass, TenantQuota
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
-_INLINE_COUNT_CHARS = 16_384  # longer chats are counted on a worker thread
+_INLINE_COUNT_CHARS = 16_384  # longer prompts are counted on a worker thread
 _MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
 _REDIS_WARNING_INTERVAL_S = 1.0
 
@@ -176,12 +176,18 @@ class Admitter:
         if rejection is not None:
             return Refusal(rejection)
         served, decision = body.model, None
-        prompt_tokens = await self._count_tokens(served, body) if served in self._counters else 0
         routing = self._settings.routing
-        if routing is not None and body.model in routing.aliases:
-            pair = routing.aliases[body.model]
-            prompt_tokens = await self._count_tokens(pair.small, body)
-            has_code, has_math = detect_code_or_math(body.prompt_text)
+        pair = routing.aliases.get(body.model) if routing is not None else None
+        candidates = [pair.small, pair.large] if pair is not None else [served]
+        # No candidate admits a longer prompt: one longer by its length alone is not tokenized.
+        limit = max(self._longest_prompt(m, quota) for m in candidates)
+        counts: dict[str, int] = {}  # by counter fingerprint: one count per distinct tokenizer
+        prompt_tokens = (
+            await self._count_tokens(served, body, counts, limit) if served in self._counters else 0
+        )
+        if routing is not None and pair is not None:
+            prompt_tokens = await self._count_tokens(pair.small, body, counts, limit)
+            has_code, has_math = detect_code_or_math(body.prompt_text)  # bounded, linear
             features = RequestFeatures(
                 prompt_tokens=prompt_tokens,
                 max_tokens=body.max_tokens or quota.default_max_output_tokens or 0,
@@ -195,7 +201,7 @@ class Admitter:
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
             served = decision.model
             if served != pair.small:
-                prompt_tokens = await self._count_tokens(served, body)
+                prompt_tokens = await self._count_tokens(served, body, counts, limit)
 
         def refuse(rejection: Rejection) -> Refusal:
             return Refusal(rejection, served, decision, prompt_tokens)
@@ -204,7 +210,9 @@ class Admitter:
         if isinstance(priority, Rejection):
             return refuse(priority)
         context_window = self._settings.models[served].context_window
-        rejection = check_prompt_length(prompt_tokens, quota, context_window)
+        rejection = check_prompt_length(
+            prompt_tokens, quota, context_window, is_lower_bound=prompt_tokens > limit
+        )
         if rejection is not None:
             return refuse(rejection)
         max_tokens = resolve_max_tokens(
@@ -296,22 +304,33 @@ class Admitter:
                 raise
             return None
 
-    async def _count_tokens(self, model: str, body: CompletionBody) -> int:
+    def _longest_prompt(self, model: str, quota: TenantQuota) -> int:
+        """The most prompt tokens ``check_prompt_length`` admits on ``model``."""
+        longest = self._settings.models[model].context_window - 1
+        if quota.max_prompt_tokens is not None:
+            longest = min(longest, quota.max_prompt_tokens)
+        return longest
+
+    async def _count_tokens(
+        self, model: str, body: CompletionBody, counts: dict[str, int], limit: int
+    ) -> int:
+        """The prompt's tokens for ``model``, as its engine counts them, or a lower bound above
+        ``limit`` (`count_prompt_tokens`); a tokenizer already run for this request
+        (``counts``, by fingerprint) is not run again."""
         counter = self._counters[model]
-        if body.messages is not None:
-            messages = body.messages
-            # Counting a typical chat takes microseconds: a thread hand-off would cost more
-            # than the work, so only long conversations leave the event loop.
-            size = sum(len(str(m.get("content") or "")) for m in messages)
-            try:
-                if size < _INLINE_COUNT_CHARS:
-                    return counter.count_chat(messages)
-                return await anyio.to_thread.run_sync(counter.count_chat, messages)
-            except (ValueError, TypeError, jinja2.TemplateError) as exc:
-                raise _bad_messages(exc) from None
-        if isinstance(body.prompt, list):
-            return len(body.prompt)
-        return counter.count_text(body.prompt or "")
+        if counter.fingerprint not in counts:
+            counts[counter.fingerprint] = await self._count_with(counter, body, limit)
+        return counts[counter.fingerprint]
+
+    async def _count_with(self, counter: TokenCounter, body: CompletionBody, limit: int) -> int:
+        # Counting a typical prompt takes microseconds: a thread hand-off would cost more than
+        # the work, so only long ones leave the event loop (1 MiB takes tens of milliseconds).
+        try:
+            if body.prompt_chars < _INLINE_COUNT_CHARS:
+                return count_prompt_tokens(counter, body, limit)
+            return await anyio.to_thread.run_sync(count_prompt_tokens, counter, body, limit)
+        except (ValueError, TypeError, jinja2.TemplateError) as exc:
+            raise _bad_messages(exc) from None
 
     def _used_in(self, tenant_id: str, window: BudgetWindow) -> int:
         """Tokens the usage records charge to the window (a rebuild after a ledger restart)."""
@@ -320,6 +339,22 @@ class Admitter:
                 session, tenant_id, window.start or _EPOCH, window.end or _FAR_FUTURE
             )
         return totals.prompt_tokens + totals.completion_tokens
+
+
+def count_prompt_tokens(
+    counter: TokenCounter, body: CompletionBody, limit: int | None = None
+) -> int:
+    """The prompt tokens the model's engine will report for ``body``: what is reserved.
+
+    A prompt longer than ``limit`` tokens by its (rendered) length alone is not tokenized: the
+    answer is then a lower bound above ``limit``. Chats raise ``ValueError``/``TypeError``/
+    ``jinja2.TemplateError`` where the template would.
+    """
+    if body.messages is not None:
+        return counter.count_chat(body.messages, limit)
+    if isinstance(body.prompt, list):
+        return len(body.prompt)  # token ids go to the model as they are
+    return counter.count_prompt(body.prompt or "", limit)
 
 
 def _budget_refusal(balance: Balance, tokens: int, limit: int, window: BudgetWindow) -> Rejection:

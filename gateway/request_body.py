@@ -55,6 +55,13 @@ class CompletionBody:
     def num_turns(self) -> int:
         return len(self.messages) if self.messages is not None else 1
 
+    @property
+    def prompt_chars(self) -> int:
+        """Characters of prompt text (0 for token ids): what counting its tokens costs."""
+        if self.messages is not None:
+            return sum(len(_content_text(m.get("content"))) for m in self.messages)
+        return len(self.prompt) if isinstance(self.prompt, str) else 0
+
 
 async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
     encoding = request.headers.get("content-encoding")

@@ -4,9 +4,11 @@ Two builders, both offline:
 
 - ``from_checkpoint(path)`` converts one of our checkpoints' byte-level BPE ``tokenizer.json``
   into a ``tiktoken.Encoding`` and renders the checkpoint's chat template with the engine's own
-  code, so ``count_chat(messages) == len(Tokenizer.from_pretrained(path).encode_chat(messages))``.
-  A tokenizer tiktoken cannot reproduce exactly raises ``UnsupportedTokenizer`` (a
-  ``ValueError``) saying why, so the caller can fall back.
+  code. It counts what the engine's server counts (``backend_engine/server/routes.py``): a
+  completions prompt is ``Tokenizer.encode(prompt)``, so with the tokens the tokenizer's
+  post-processor adds (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of each message's role
+  and text, the template writing its own BOS. A tokenizer tiktoken cannot reproduce exactly
+  raises ``UnsupportedTokenizer`` (a ``ValueError``) saying why, so the caller can fall back.
 - ``for_openai_model(name)`` counts with ``cl100k_base`` or ``o200k_base``, loaded from the rank
   files shipped in ``gateway/encodings`` (never downloaded), following OpenAI's cookbook rules.
 
@@ -48,9 +50,41 @@ TOKENS_PER_REPLY = 3
 
 
 class TokenCounter(Protocol):
-    def count_text(self, text: str) -> int: ...
+    """Prompt tokens as the model's server counts them, for reservations and limits."""
 
-    def count_chat(self, messages: Messages) -> int: ...
+    @property
+    def fingerprint(self) -> str:
+        """Equal for two counters that count every prompt the same (a shared tokenizer)."""
+        ...
+
+    def count_text(self, text: str) -> int:
+        """Tokens of plain text, nothing added."""
+        ...
+
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        """A ``/v1/completions`` text prompt as the server encodes it.
+
+        ``limit``: a prompt whose length alone shows it has more tokens is not tokenized; the
+        answer is then that lower bound (above ``limit``), not its count.
+        """
+        ...
+
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
+        """A ``/v1/chat/completions`` conversation, rendered as the server renders it;
+        ``limit`` as for ``count_prompt``."""
+        ...
+
+
+def _longest_token_bytes(encoding: tiktoken.Encoding) -> int:
+    """The most bytes one token stands for, special tokens included."""
+    specials = (len(s.encode("utf-8")) for s in encoding.special_tokens_set)
+    return max(max(map(len, encoding.token_byte_values())), *specials, 1)
+
+
+def _fewest_tokens(num_chars: int, max_chars_per_token: int) -> int:
+    """No text of ``num_chars`` characters encodes to fewer tokens: a character is at least
+    one byte, a token at most ``max_chars_per_token`` of them."""
+    return -(-num_chars // max_chars_per_token)
 
 
 class UnsupportedTokenizer(ValueError):
@@ -116,11 +150,22 @@ class OpenAITokenCounter:
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
+        self._max_chars_per_token = _longest_token_bytes(encoding)
+
+    @property
+    def fingerprint(self) -> str:
+        return f"openai:{self.encoding.name}"
 
     def count_text(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))
 
-    def count_chat(self, messages: Messages) -> int:
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        fewest = _fewest_tokens(len(prompt), self._max_chars_per_token)
+        if limit is not None and fewest > limit:
+            return fewest
+        return self.count_text(prompt)
+
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
         num_tokens = TOKENS_PER_REPLY
         for message in messages:
             num_tokens += TOKENS_PER_MESSAGE
@@ -292,10 +337,42 @@ def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
     return TiktokenVocabulary(ranks, specials, pat_str, rank_to_id, normalize)
 
 
+def _engine_messages(messages: Messages) -> Messages:
+    """Messages as the engine's server hands them to the template: role and text only
+    (``ChatMessage.text``: text parts joined, no content an empty string)."""
+    return [{"role": m.get("role"), "content": _content_text(m.get("content"))} for m in messages]
+
+
+def _content_text(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else "" for p in content)
+    return content  # a string, or something the engine refuses anyway
+
+
+def _fingerprint(tokenizer: Tokenizer) -> str:
+    """The files' content that decides a count: the tokenizer, its template, special tokens."""
+    parts = [
+        tokenizer.backend.to_str(),
+        tokenizer.chat_template or "",
+        *(t or "" for t in (tokenizer.bos_token, tokenizer.eos_token)),
+        *(t or "" for t in (tokenizer.pad_token, tokenizer.unk_token)),
+    ]
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+
+
 class CheckpointTokenCounter:
     """Counts exactly as the engine's ``Tokenizer`` does, with a tiktoken ``Encoding``."""
 
     def __init__(self, tokenizer: Tokenizer, vocabulary: TiktokenVocabulary, name: str) -> None:
+        backend = tokenizer.backend
+        if backend.truncation is not None or backend.padding is not None:
+            raise UnsupportedTokenizer("the tokenizer truncates or pads what it encodes")
+        # What the post-processor adds to one sequence (Llama's BOS; Qwen2's nothing), always
+        # the same tokens whatever the text.
+        self._num_added_tokens: int = backend.num_special_tokens_to_add(is_pair=False)
+        self.fingerprint = _fingerprint(tokenizer)
         try:
             self.encoding = tiktoken.Encoding(
                 name=name,
@@ -309,6 +386,11 @@ class CheckpointTokenCounter:
         self._normalize = vocabulary.normalize
         self._rank_to_id = vocabulary.rank_to_id
         self._special_ranks = vocabulary.special_tokens
+        # A character is at least one byte and a token at most the longest token's bytes; NFC
+        # may compose up to 4 characters into one (e.g. U+1F87), so a normalized text is read
+        # as 4 times shorter.
+        shrink = 4 if vocabulary.normalize is not None else 1
+        self._max_chars_per_token = _longest_token_bytes(self.encoding) * shrink
         # HF matches added tokens leftmost-longest before normalizing; tiktoken's own matching
         # is leftmost-first in no set order, so it only serves when no token prefixes another.
         contents = sorted(vocabulary.special_tokens)
@@ -350,14 +432,24 @@ class CheckpointTokenCounter:
         return [self._rank_to_id[rank] for rank in ranks]
 
     def encode_chat(self, messages: Messages) -> list[int]:
-        return self.encode_text(self._render(messages))
+        return self.encode_text(self._render(_engine_messages(messages)))
 
     def count_text(self, text: str) -> int:
         return len(self._encode_ranks(text))
 
-    def count_chat(self, messages: Messages) -> int:
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        """``len(Tokenizer.encode(prompt))``: the text and what the post-processor adds."""
+        return self._count_within(prompt, limit) + self._num_added_tokens
+
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
         """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
-        return self.count_text(self._render(messages))
+        return self._count_within(self._render(_engine_messages(messages)), limit)
+
+    def _count_within(self, text: str, limit: int | None) -> int:
+        fewest = _fewest_tokens(len(text), self._max_chars_per_token)
+        if limit is not None and fewest > limit:
+            return fewest
+        return self.count_text(text)
 
 
 def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:

@@ -7,9 +7,12 @@ from policies.quota import TenantQuota
 
 
 def check_prompt_length(
-    prompt_tokens: int, quota: TenantQuota, context_window: int
+    prompt_tokens: int, quota: TenantQuota, context_window: int, *, is_lower_bound: bool = False
 ) -> Rejection | None:
     """None if the prompt fits, else a 400 ``context_length_exceeded``.
+
+    ``is_lower_bound``: the prompt has at least ``prompt_tokens`` tokens (a bound from its
+    length, checked before it is tokenized); the message then says "at least".
 
     A prompt of exactly ``max_prompt_tokens`` is allowed. The context window must
     leave room for at least one completion token, so the longest prompt it admits
@@ -23,16 +26,17 @@ def check_prompt_length(
         limit = quota.max_prompt_tokens
     if prompt_tokens <= limit:
         return None
+    counted = f"at least {prompt_tokens}" if is_lower_bound else str(prompt_tokens)
     if limit == context_window - 1:
         message = (
             f"This model's maximum context length is {context_window} tokens. However, your "
-            f"messages resulted in {prompt_tokens} tokens, leaving no room for a completion. "
+            f"messages resulted in {counted} tokens, leaving no room for a completion. "
             "Please reduce the length of the messages."
         )
     else:
         message = (
             f"Your plan allows prompts of at most {limit} tokens. However, your messages "
-            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+            f"resulted in {counted} tokens. Please reduce the length of the messages."
         )
     return Rejection(
         status=400,

@@ -140,17 +140,33 @@ def _at_least(value: int, threshold: int | None) -> bool:
     return threshold is not None and value >= threshold
 
 
-# Code: a fence, or one line that only code looks like.
+# Every pattern runs in time linear in its input: a match can only start where its first
+# token starts (a word, a line, a keyword, a "$"), whitespace before a line's end never
+# crosses it ([^\S\n] rather than \s), and no quantified part can match the same text two
+# ways. Python's re backtracks, so a pattern such as r"\w+\(" would otherwise be tried from
+# every letter of a long word (quadratic: 16k characters took seconds). Each rewrite matches
+# the same texts as the plain form in its comment.
 _CODE_PATTERNS = [
     re.compile(r"```"),
-    re.compile(r"^\s*(def|class)\s+\w+\s*[(:].*:\s*$", re.MULTILINE),  # Python def / class
-    re.compile(r"^\s*(from\s+[\w.]+\s+)?import\s+[\w.]+(\s+as\s+\w+)?\s*;?\s*$", re.MULTILINE),
+    # Python def / class: ^\s*(def|class)\s+\w+\s*[(:].*:\s*$
+    re.compile(r"^[^\S\n]*(def|class)\s+\w+\s*[(:].*:[^\S\n]*$", re.MULTILINE),
+    # ^\s*(from\s+[\w.]+\s+)?import\s+[\w.]+(\s+as\s+\w+)?\s*;?\s*$
+    re.compile(
+        r"^[^\S\n]*(from\s+[\w.]+\s+)?import\s+[\w.]+(\s+as\s+\w+)?[^\S\n]*;?[^\S\n]*$",
+        re.MULTILINE,
+    ),
     re.compile(r"\b(function|func|fn)\s+\w+\s*\("),  # JS, Go, Rust
-    re.compile(r"^\s*#include\s*[<\"]", re.MULTILINE),
+    re.compile(r"^[^\S\n]*#include\s*[<\"]", re.MULTILINE),
     re.compile(r"\b(const|let|var)\s+\w+\s*=[^=]"),
-    re.compile(r"\w+\([^()\n]*\)\s*(\{|=>)"),  # C-like body or arrow function
-    re.compile(r"\b(SELECT|UPDATE|DELETE)\b[^\n]*\b(FROM|SET|WHERE)\b"),  # SQL, upper case
-    re.compile(r"\w+(\.\w+)*\([^()\n]*\);\s*$", re.MULTILINE),  # a call ending in ';'
+    re.compile(r"\b\w+\([^()\n]*\)\s*(\{|=>)"),  # C-like body or arrow function
+    # SQL, upper case: \b(SELECT|UPDATE|DELETE)\b[^\n]*\b(FROM|SET|WHERE)\b. The lookahead
+    # finds a line's first verb once and is never re-entered (the atomic group of 3.10's re).
+    re.compile(
+        r"^(?=([^\n]*?\b(SELECT|UPDATE|DELETE)\b))\1[^\n]*\b(FROM|SET|WHERE)\b", re.MULTILINE
+    ),
+    # A call ending in ';': \w+(\.\w+)*\([^()\n]*\);\s*$ (a match of the dotted name's
+    # last part is a match of the whole)
+    re.compile(r"\b\w+\([^()\n]*\);[^\S\n]*$", re.MULTILINE),
 ]
 _OPERAND = r"(\d+(\.\d+)?[a-zA-Z]?|[a-zA-Z])"  # 2, 1.5, 3x, x
 # Math: LaTeX commands or environments, $...$ holding math symbols, Unicode math,
@@ -160,7 +176,8 @@ _MATH_PATTERNS = [
         r"\\(frac|sqrt|sum|int|prod|lim|infty|cdot|times|leq|geq|neq|alpha|beta|theta|pi"
         r"|partial|mathbb|begin\{(equation|align))"
     ),
-    re.compile(r"\$\$[^$]+\$\$|\$[^$\n]*[\\^_=][^$\n]*\$"),
+    # \$\$[^$]+\$\$|\$[^$\n]*[\\^_=][^$\n]*\$: the span up to the first symbol is taken once
+    re.compile(r"\$\$[^$]+\$\$|\$[^$\n\\^_=]*[\\^_=][^$\n]*\$"),
     re.compile(r"[∑∫√∞≤≥≠±∂π]"),
     re.compile(rf"\b{_OPERAND}\s*[-+*/×÷]\s*{_OPERAND}\b\s*=(?!=)"),  # 2 + 2 =, 3x - 1 = y
     re.compile(r"\b[a-zA-Z0-9]\^\d"),  # x^2
@@ -169,14 +186,26 @@ _MATH_PATTERNS = [
         re.IGNORECASE,
     ),
 ]
+# The heuristics read at most this many characters at each end of a prompt: work per request
+# stays bounded whatever its size (the question, or a pasted snippet, is usually at one end;
+# a prompt long enough to hide code in its middle is usually routed by long_prompt first).
+ROUTING_WINDOW_CHARS = 8192
 
 
-def detect_code_or_math(text: str) -> tuple[bool, bool]:
+def detect_code_or_math(
+    text: str, window_chars: int | None = ROUTING_WINDOW_CHARS
+) -> tuple[bool, bool]:
     """``(has_code, has_math)`` for a prompt, by the cheap heuristics listed above.
 
     Tuned to miss rather than to over-trigger on prose: a word like "class" or
-    "import" alone is not code, and a price like "$5 or $10" is not math.
+    "import" alone is not code, and a price like "$5 or $10" is not math. Reads the first
+    and the last ``window_chars`` characters (``None``: all of them), in time linear in what
+    it reads.
     """
-    has_code = any(p.search(text) for p in _CODE_PATTERNS)
-    has_math = any(p.search(text) for p in _MATH_PATTERNS)
+    if window_chars is not None and len(text) > 2 * window_chars:
+        parts = [text[:window_chars], text[-window_chars:]]
+    else:
+        parts = [text]
+    has_code = any(p.search(part) for p in _CODE_PATTERNS for part in parts)
+    has_math = any(p.search(part) for p in _MATH_PATTERNS for part in parts)
     return has_code, has_math

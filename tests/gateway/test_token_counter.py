@@ -356,3 +356,38 @@ def test_gateway_module_imports_neither_torch_nor_transformers() -> None:
         "assert 'transformers' not in sys.modules, 'transformers'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+# --- a limit: prompts longer than it by their length alone are not tokenized -------------------
+
+COMPOSING = ["a\u0308\u0304", "\u1100\u1161\u11a8", "\u03b1\u0313\u0300\u0345", "e\u0301"]
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_the_bound_from_length_never_exceeds_the_count(
+    demo_checkpoint: Callable[..., Path], architecture: str
+) -> None:
+    counter = from_checkpoint(demo_checkpoint(architecture=architecture, size="tiny"))
+    texts = TEXTS + _random_texts(200, seed=1) + [c * 50 for c in COMPOSING]
+    texts += ["<|reserved_special_token_0|>" * 40, "a" * 5000]
+    openai = for_openai_model("gpt-4")
+    for text in texts:
+        # limit 0: every non-empty prompt is "too long", so the answer is the bound alone
+        assert counter.count_prompt(text, limit=0) <= counter.count_prompt(text), repr(text)
+        assert openai.count_prompt(text, limit=0) <= openai.count_prompt(text), repr(text)
+        chat = [{"role": "user", "content": text}]
+        assert counter.count_chat(chat, limit=0) <= counter.count_chat(chat), repr(text)
+        # a limit the prompt fits in changes nothing
+        assert counter.count_prompt(text, limit=10**9) == counter.count_prompt(text)
+
+
+def test_a_prompt_too_long_by_its_length_is_not_tokenized(
+    demo_checkpoint: Callable[..., Path],
+) -> None:
+    counter = from_checkpoint(demo_checkpoint(architecture="LlamaForCausalLM", size="tiny"))
+    word = "a" * (1 << 20)
+    counter.encoding = None  # type: ignore[assignment]  # tokenizing now raises
+    assert counter.count_prompt(word, limit=2047) > 2047
+    assert counter.count_chat([{"role": "user", "content": word}], limit=2047) > 2047
+    with pytest.raises(AttributeError):
+        counter.count_prompt(word[:100], limit=2047)

@@ -32,3 +32,11 @@ def test_smaller_of_the_two_applies():
     q = TenantQuota(max_prompt_tokens=100_000)
     r = check_prompt_length(5000, q, context_window=4096)
     assert r is not None and "maximum context length is 4096" in r.message
+
+
+def test_a_lower_bound_says_at_least():
+    q = TenantQuota(max_prompt_tokens=1000)
+    r = check_prompt_length(37_000, q, context_window=2048, is_lower_bound=True)
+    assert r is not None and "resulted in at least 37000 tokens" in r.message
+    r = check_prompt_length(37_000, TenantQuota(), context_window=2048, is_lower_bound=True)
+    assert r is not None and "resulted in at least 37000 tokens" in r.message

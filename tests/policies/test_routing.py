@@ -1,8 +1,15 @@
+import re
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.routing import (
+    ROUTING_WINDOW_CHARS,
     ModelPair,
     PoolLoad,
     RequestFeatures,
@@ -10,6 +17,8 @@ from policies.routing import (
     detect_code_or_math,
     route,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 POLICY = RoutingPolicy(
     aliases={"auto": ModelPair("small-1b", "large-8b"), "fast": ModelPair("tiny", "small-1b")},
@@ -195,3 +204,114 @@ def test_prose_is_neither(text):
 
 def test_comparison_is_not_an_equation():
     assert detect_code_or_math("if a + b == c: stop")[1] is False
+
+
+# The heuristics in their plain (backtracking) form, as first written: the linear rewrites in
+# policies/routing.py must decide every text the same way.
+_OPERAND = r"(\d+(\.\d+)?[a-zA-Z]?|[a-zA-Z])"
+PLAIN_CODE = [
+    r"```",
+    r"(?m)^\s*(def|class)\s+\w+\s*[(:].*:\s*$",
+    r"(?m)^\s*(from\s+[\w.]+\s+)?import\s+[\w.]+(\s+as\s+\w+)?\s*;?\s*$",
+    r"\b(function|func|fn)\s+\w+\s*\(",
+    r"(?m)^\s*#include\s*[<\"]",
+    r"\b(const|let|var)\s+\w+\s*=[^=]",
+    r"\w+\([^()\n]*\)\s*(\{|=>)",
+    r"\b(SELECT|UPDATE|DELETE)\b[^\n]*\b(FROM|SET|WHERE)\b",
+    r"(?m)\w+(\.\w+)*\([^()\n]*\);\s*$",
+]
+PLAIN_MATH = [
+    r"\\(frac|sqrt|sum|int|prod|lim|infty|cdot|times|leq|geq|neq|alpha|beta|theta|pi"
+    r"|partial|mathbb|begin\{(equation|align))",
+    r"\$\$[^$]+\$\$|\$[^$\n]*[\\^_=][^$\n]*\$",
+    r"[∑∫√∞≤≥≠±∂π]",
+    rf"\b{_OPERAND}\s*[-+*/×÷]\s*{_OPERAND}\b\s*=(?!=)",
+    r"\b[a-zA-Z0-9]\^\d",
+    r"(?i)\b(integral|derivative|equation|theorem|polynomial|solve for|prove that)\b",
+]
+
+# Short texts drawn from the characters and words the patterns care about.
+_PIECES = st.sampled_from(
+    [" ", "\n", "\t", "\r", "\u00a0", "(", ")", ";", ":", "{", "}", "=>", "=", "==", "$", "$$",
+     "\\", "^", "_", ".", "+", "-", "*", "/", "×", "<", '"', "#include", "```", "a", "x", "1",
+     "2.5", "3x", "def", "class", "import", "from", "as", "fn", "func", "function", "const",
+     "let", "var", "SELECT", "FROM", "UPDATE", "SET", "DELETE", "WHERE", "\\frac", "∫",
+     "solve for", "Theorem", "é", "中"]
+)  # fmt: skip
+_TEXTS = st.lists(_PIECES, max_size=24).map("".join) | st.text(max_size=60)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_TEXTS)
+def test_linear_patterns_decide_as_the_plain_ones(text):
+    expected = (
+        any(re.search(p, text) for p in PLAIN_CODE),
+        any(re.search(p, text) for p in PLAIN_MATH),
+    )
+    assert detect_code_or_math(text) == expected
+
+
+# One long word, long runs of what a pattern loops on, or many starts that each fail late:
+# the plain forms take seconds on 16 k characters of these and hours on 1 MiB.
+ADVERSARIAL = {
+    "word": "a",
+    "digits": "1",
+    "newlines": "\n",
+    "spaces": " ",
+    "dotted": "a.",
+    "calls": "a(",
+    "equals": "=",
+    "selects": "SELECT ",
+    "keywords": "def fn const ",
+    "sums": "1 + ",
+    "semicolons": ");\n ",
+}
+_TIME_ONE_MIB = """
+import sys, time
+from policies.routing import detect_code_or_math
+text = ("$" + sys.argv[1] * (1 << 20))[: 1 << 20]  # "$": where the $...$ pattern starts
+started = time.perf_counter()
+if sys.argv[2] == "default":
+    detect_code_or_math(text)
+else:
+    detect_code_or_math(text, window_chars=None)
+print(time.perf_counter() - started)
+"""
+
+
+def _seconds_for_one_mib(unit: str, window: str) -> float:
+    """Time one call on 1 MiB in a child process: a quadratic scan could not be stopped here."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _TIME_ONE_MIB, unit, window],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO_ROOT,
+            check=True,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"detect_code_or_math ran over 60 s on 1 MiB of {unit!r}")
+    return float(done.stdout)
+
+
+@pytest.mark.parametrize("unit", ADVERSARIAL.values(), ids=ADVERSARIAL.keys())
+def test_every_pattern_is_linear_in_the_whole_text(unit):
+    # Linear: about a second for all fifteen patterns on a busy machine (quadratic: hours).
+    assert _seconds_for_one_mib(unit, "whole") < 10.0
+
+
+@pytest.mark.parametrize("unit", ["a", "\n", "a."], ids=["word", "newlines", "dotted"])
+def test_a_one_mib_prompt_reads_only_its_ends(unit):
+    assert _seconds_for_one_mib(unit, "default") < 1.0
+
+
+def test_the_window_reads_both_ends_of_a_long_prompt():
+    prose = "All work and no play makes Jack a dull boy. " * 1000
+    assert len(prose) > 2 * ROUTING_WINDOW_CHARS
+    assert detect_code_or_math("import numpy as np\n" + prose) == (True, False)
+    assert detect_code_or_math(prose + "\nSolve 3x + 2 = 11") == (False, True)
+    # the middle of a long prompt is not read (long_prompt usually routes such a prompt)
+    half = len(prose) // 2
+    assert detect_code_or_math(prose[:half] + "\nimport numpy\n" + prose[half:]) == (False, False)
+    assert detect_code_or_math(prose[:half] + "\nimport numpy\n" + prose[half:], None)[0]

@@ -1,0 +1,77 @@
+"""A token budget is never exceeded by concurrent requests, on either ledger.
+
+Each request reserves its prompt's tokens plus ``max_tokens`` before it is forwarded and is
+then charged what the engine reports. With ``ignore_eos`` the engine generates exactly
+``max_tokens``, so the budget holds if and only if the reservation counts the prompt exactly
+as the engine does (the Llama tokenizer's BOS on ``/v1/completions`` included). ``max_tokens``
+is chosen so that a reservation one token short would fit the budget exactly: 10 requests
+reserving 17 each, then spending 180 (the issue's case).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import SMALL, Engines, settings_for, tenant_key
+from .test_openai_sdk import usage_records
+
+BUDGET = 170
+NUM_REQUESTS = 30
+BODIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "completions": ("/v1/completions", {"prompt": "Tell me about the sea"}),
+    "completions-ids": ("/v1/completions", {"prompt": [17, 42, 99, 7]}),
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("ledger", ["memory", "redis"])
+@pytest.mark.parametrize("endpoint", list(BODIES))
+async def test_concurrent_requests_never_overspend_the_budget(
+    engines: Engines,
+    gateway: Callable[..., str],
+    db_url: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    ledger: str,
+    endpoint: str,
+) -> None:
+    redis_url = request.getfixturevalue("redis_url") if ledger == "redis" else None
+    base = gateway(settings_for(engines, tmp_path / "gw", db_url, redis_url=redis_url))
+    tenant_id, key = tenant_key(db_url, budget_tokens=BUDGET, budget_period="total")
+    _, unlimited_key = tenant_key(db_url)
+    path, prompt = BODIES[endpoint]
+    body = {"model": SMALL, "ignore_eos": True, **prompt}
+    headers = {"authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120) as client:
+        probe = await client.post(
+            path,
+            json={**body, "max_tokens": 1},
+            headers={"authorization": f"Bearer {unlimited_key}"},
+        )
+        prompt_tokens = probe.json()["usage"]["prompt_tokens"]
+        max_tokens = 18 - prompt_tokens  # one short: 17 = 170 / 10
+        assert max_tokens >= 2
+        body["max_tokens"] = max_tokens
+        answers = await asyncio.gather(*(client.post(path, json=body) for _ in range(NUM_REQUESTS)))
+        statuses = sorted({a.status_code for a in answers})
+        assert statuses == [200, 429], [a.text for a in answers if a.status_code not in (200, 429)]
+        served = [a.json()["usage"] for a in answers if a.status_code == 200]
+        records = usage_records(db_url, tenant_id, NUM_REQUESTS)
+        budget = (await client.get("/v1/budget")).json()
+
+    assert all(u == {**served[0], "completion_tokens": max_tokens} for u in served)
+    charged = sum(r.prompt_tokens + r.completion_tokens for r in records)
+    assert charged == sum(u["total_tokens"] for u in served)
+    assert budget["reserved"] == 0
+    assert budget["used"] == charged <= BUDGET
+    # and the budget was used up, not refused early: no room left for one more request
+    assert BUDGET - charged < served[0]["total_tokens"]
