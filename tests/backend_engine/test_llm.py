@@ -133,3 +133,15 @@ def test_unknown_or_unavailable_device_is_a_clear_error(demo_checkpoint):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             LLM(model=str(demo_checkpoint(size="tiny")), device="cuda")
+
+
+def test_a_request_that_fails_in_the_engine_comes_back_as_an_error_the_others_complete(llm):
+    good = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    bad = SamplingParams(temperature=1.0, max_tokens=6)
+    object.__setattr__(bad, "seed", 2**64)  # past any validation
+    alone = llm.generate(["Hello there"], good)[0]
+    outputs = llm.generate(["Hello there", "Poison", "Hello there"], [good, bad, good])
+    assert [o.finish_reason for o in outputs] == ["length", "error", "length"]
+    assert outputs[1].error and "Overflow" in outputs[1].error and outputs[1].token_ids == []
+    assert outputs[0].token_ids == outputs[2].token_ids == alone.token_ids
+    assert outputs[0].error is None
