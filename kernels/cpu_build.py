@@ -27,7 +27,11 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "TOLLWAY_CPU_KERNELS"
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
+# Linked apart from the compile and without -ffast-math: with it the compiler links
+# crtfastmath.o, whose constructor sets flush-to-zero and denormals-are-zero for the whole
+# process when the library is loaded, changing every other float computation in it.
+LINK_FLAGS = ("-shared", "-fopenmp")
 _BUILD_TIMEOUT_S = 120
 
 
@@ -76,7 +80,8 @@ def build_shared_library(source: Path) -> Path | None:
         logger.info("no C compiler found; CPU kernels fall back to PyTorch")
         return None
     key = hashlib.sha256()
-    for part in (source.read_bytes(), compiler.encode(), " ".join(FLAGS).encode()):
+    flags = " ".join((*COMPILE_FLAGS, "|", *LINK_FLAGS))
+    for part in (source.read_bytes(), compiler.encode(), flags.encode()):
         key.update(part)
         key.update(b"\0")
     key.update(cpu_fingerprint().encode())
@@ -84,22 +89,30 @@ def build_shared_library(source: Path) -> Path | None:
     if target.exists():
         return target
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    command = [compiler, *FLAGS, "-o", str(partial), str(source), "-lm"]
+    objects = partial.with_suffix(".o")
+    steps = (
+        [compiler, *COMPILE_FLAGS, "-c", "-o", str(objects), str(source)],
+        [compiler, *LINK_FLAGS, "-o", str(partial), str(objects), "-lm"],
+    )
     try:
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False
-        )
+        for command in steps:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False
+            )
+            if result.returncode != 0:
+                partial.unlink(missing_ok=True)
+                logger.warning(
+                    "building %s failed; CPU kernels fall back to PyTorch:\n%s",
+                    source.name,
+                    result.stderr.strip()[-2000:],
+                )
+                return None
     except (OSError, subprocess.TimeoutExpired) as error:
+        partial.unlink(missing_ok=True)
         logger.warning("building %s failed (%s); CPU kernels fall back to PyTorch", source, error)
         return None
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        logger.warning(
-            "building %s failed; CPU kernels fall back to PyTorch:\n%s",
-            source.name,
-            result.stderr.strip()[-2000:],
-        )
-        return None
+    finally:
+        objects.unlink(missing_ok=True)
     os.replace(partial, target)
     return target
 

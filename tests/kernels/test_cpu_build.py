@@ -104,3 +104,24 @@ def test_load_kernels_checks_the_abi_and_declares_the_functions(
     assert library is not None
     assert library.tollway_half(5) == 2.5  # declared: a double in, a double out
     assert cpu_build.load_kernels(source, "the test falls back", ("tollway_abi", 4), {}) is None
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+def test_loading_the_kernels_leaves_the_process_float_mode_alone(cache_home: Path) -> None:
+    # -ffast-math at link time adds crtfastmath.o, whose constructor turns on flush-to-zero
+    # for the whole process: subnormal results would then read 0 everywhere, torch included.
+    import subprocess
+    import sys
+
+    sources = sorted((Path(cpu_build.__file__).parent / "csrc").glob("*.c"))
+    libraries = [build_shared_library(source) for source in sources]
+    assert sources and all(library is not None for library in libraries)
+    check = (
+        "import ctypes, sys\n"
+        "for path in sys.argv[1:]: ctypes.CDLL(path)\n"
+        "assert 2.2250738585072014e-308 / 4 > 0, 'subnormals flushed to zero'\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", check, *map(str, libraries)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
