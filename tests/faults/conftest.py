@@ -40,7 +40,7 @@ import uvicorn
 from bench.stand_in_engine import MODEL, StandInEngine
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
-from gateway.storage.api_keys import create_key
+from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.tenants import create_tenant
@@ -214,11 +214,16 @@ def stand_in_engine() -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+METRICS_TOKEN = "metrics-" + "f" * 40
+METRICS_AUTH = {"authorization": f"Bearer {METRICS_TOKEN}"}  # GET /metrics needs a token
+
+
 @pytest.fixture
 def gateway_settings(stand_in_engine: str, tmp_path: Path) -> Callable[..., GatewaySettings]:
     def make(**overrides: Any) -> GatewaySettings:
         data: dict[str, Any] = {
             "data_dir": str(tmp_path / "gateway"),
+            "metrics_token_hash": hash_key(METRICS_TOKEN),
             "models": {MODEL: {"upstreams": [f"unix:{stand_in_engine}"], "context_window": 4096}},
             **overrides,
         }

@@ -24,6 +24,8 @@ from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageRecord, UsageStatus
 from gateway.storage.usage_store import sum_tokens
 
+from .conftest import METRICS_AUTH
+
 CONNECT_TIMEOUT_S = 0.25
 TIMEOUT_S = 0.25
 # An answer may wait for one connect and one call; the rest is a busy 2-core machine's slack.
@@ -266,7 +268,7 @@ async def test_fail_open_admits_and_bills_while_redis_is_down(
     assert_clean(answers)
     assert all(a.status == 200 for a in answers)
     async with httpx.AsyncClient(base_url=base_url) as client:
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get("/metrics", headers=METRICS_AUTH)).text
     uncounted = [
         float(line.split()[-1])
         for line in metrics.splitlines()
