@@ -28,7 +28,8 @@ attempt and share its outcome, so a dead server costs each of them one ``connect
 at most. Replies come back in order, so the oldest call waiting is the first to be late; one
 watchdog timer per connection, set at that call's deadline and moved on to the next oldest
 when it fires early, checks them all (no timer per call or per read). A late reply means a
-stalled connection: it is closed, failing every call still waiting on it (a reply that came
+stalled connection, unless other replies are still arriving (the event loop was busy, not
+Redis): it is closed, failing every call still waiting on it (a reply that came
 afterwards would otherwise answer the wrong call), and the next call connects again. A call
 that timed out may still run on the server once it wakes (callers that care say so: see
 ``AdmissionTimedOut``). Blocking commands (``BLPOP``...) longer than ``timeout_s`` do not fit
@@ -53,6 +54,7 @@ Arg = bytes | str | int | float
 
 DEFAULT_CONNECT_TIMEOUT_S = 0.5
 DEFAULT_TIMEOUT_S = 0.5
+_LOOK_AGAIN = 3  # loop iterations a late call is given to show its reply already came
 
 
 class RedisCommands(Protocol):
@@ -170,7 +172,8 @@ class _Pipe:
         self._loop = asyncio.get_running_loop()
         self._pending: deque[asyncio.Future[Any]] = deque()
         self._deadlines: deque[float] = deque()  # loop time; one per pending future
-        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog: asyncio.Handle | None = None
+        self._num_replies = 0
         self._disconnecting: asyncio.Task[None] | None = None
         self.is_closed = False
         self._reader = self._loop.create_task(self._read_replies())
@@ -224,8 +227,24 @@ class _Pipe:
         if self._loop.time() < deadline:
             self._watchdog = self._loop.call_at(deadline, self._watch)
             return
-        self._fail(RedisTimeoutError(f"Redis did not answer within {self._timeout_s} s"))
-        self._disconnecting = self._loop.create_task(self._connection.disconnect(nowait=True))
+        self._watchdog = self._loop.call_soon(self._confirm_late, self._num_replies, _LOOK_AGAIN)
+
+    def _confirm_late(self, num_replies: int, num_looks: int) -> None:
+        """A deadline passed: close the connection unless replies are still coming in. A
+        reply already received is handed to its caller a loop iteration or two after it
+        arrives, so a busy event loop (a burst of requests) can find a deadline passed with
+        the answer waiting in the socket: look again for a few iterations before blaming
+        Redis."""
+        self._watchdog = None
+        if self.is_closed or not self._deadlines:
+            return
+        if self._num_replies != num_replies:  # Redis answers: the loop was only behind
+            self._watch()
+        elif num_looks > 1:
+            self._watchdog = self._loop.call_soon(self._confirm_late, num_replies, num_looks - 1)
+        else:
+            self._fail(RedisTimeoutError(f"Redis did not answer within {self._timeout_s} s"))
+            self._disconnecting = self._loop.create_task(self._connection.disconnect(nowait=True))
 
     async def _read_replies(self) -> None:
         read_response, pending, deadlines = (
@@ -248,6 +267,7 @@ class _Pipe:
                 return
             future = pending.popleft()
             deadlines.popleft()
+            self._num_replies += 1
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(reply, ResponseError):

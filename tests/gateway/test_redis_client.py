@@ -207,3 +207,17 @@ def test_timeouts_must_be_positive() -> None:
         LeanRedis("redis://localhost", timeout_s=0)
     with pytest.raises(ValueError, match="timeouts must be > 0"):
         LeanRedis("redis://localhost", connect_timeout_s=-1)
+
+
+async def test_a_busy_event_loop_is_not_taken_for_a_stalled_redis(redis_url: str) -> None:
+    # A burst of requests can hold the event loop past a call's deadline while its reply
+    # already waits in the socket: that is not Redis stalling, and must not fail the call.
+    lean = LeanRedis(redis_url, timeout_s=0.05)
+    try:
+        assert await lean.execute_command("PING") == b"PONG"  # connected
+        calls = [asyncio.ensure_future(lean.execute_command("PING")) for _ in range(3)]
+        await asyncio.sleep(0)  # written
+        time.sleep(0.3)  # the loop is busy well past every deadline
+        assert await asyncio.gather(*calls) == [b"PONG"] * 3
+    finally:
+        await lean.aclose()
