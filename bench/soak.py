@@ -19,9 +19,11 @@ the number of requests answered. After ``--warm-up`` requests it reports the RSS
 in MiB per 10,000 requests (the target: under 1). An answer the mix does not expect (any 5xx
 above all) is counted and reported.
 
-``--probe DIR`` runs the servers with tracemalloc (several times slower) and takes a reading
-from each at the end of the warm-up (or a third of the way, if sooner) and at the end
-(`bench.memory_probe`): the source lines and object types that grew in between are printed.
+``--probe DIR`` takes a reading inside each server (`bench.memory_probe`) at the end of the
+warm-up (or a third of the way, if sooner) and at the end, and prints what grew in between:
+RSS, glibc malloc's bytes in use and held free, object counts by type and, with tracemalloc
+on (``--probe-frames``, 1 by default; it makes the servers several times slower), the
+Python source lines that allocated.
 
     python -m bench.soak --seconds 120                  # budgets and rate limits in Redis
     python -m bench.soak --seconds 120 --store memory   # in process, as `tollway serve`
@@ -53,7 +55,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gateway_stack import EngineSpec, Stack, gateway_stack
-from bench.memory_probe import PROBE_DIR_ENV, compare
+from bench.memory_probe import FRAMES_ENV, PROBE_DIR_ENV, compare
 from bench.workloads import command_line, demo_model
 
 MODELS = ("small", "large", "auto")
@@ -269,7 +271,7 @@ def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, elapse
         f"{args.concurrency} clients, engine {args.engine}, max_tokens {args.max_tokens}, "
         f"budgets and rate limits in {args.store}; "
         f"{os.cpu_count()} CPUs shared by everything; MALLOC_ARENA_MAX {arenas}"
-        + ("; tracemalloc on (--probe)" if args.probe else "")
+        + ("; tracemalloc on (--probe)" if args.probe and args.probe_frames > 0 else "")
     )
     outcomes = ", ".join(
         f"{kind} {status}: {n}" for (kind, status), n in sorted(tally.by_kind.items())
@@ -332,7 +334,13 @@ def main() -> None:
         help="where the gateway keeps budgets and rate limits (memory: `tollway serve`'s default)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--probe", help="directory for tracemalloc/gc readings (slower)")
+    parser.add_argument("--probe", help="directory for tracemalloc/gc/malloc readings")
+    parser.add_argument(
+        "--probe-frames",
+        type=int,
+        default=1,
+        help="tracemalloc frames per allocation with --probe (0: no tracemalloc, full speed)",
+    )
     args = parser.parse_args()
 
     small = EngineSpec("small", args.num_chunks, itl_ms=args.itl_ms)
@@ -342,7 +350,8 @@ def main() -> None:
     probe_dir = Path(args.probe or tempfile.mkdtemp(prefix="tw-soak-probe-")).resolve()
     if args.probe:
         probe_dir.mkdir(parents=True, exist_ok=True)
-        os.environ[PROBE_DIR_ENV] = str(probe_dir)  # the spawned servers inherit it
+        os.environ[PROBE_DIR_ENV] = str(probe_dir)  # the spawned servers inherit them
+        os.environ[FRAMES_ENV] = str(args.probe_frames)
     overrides: dict[str, Any] = {"routing": ROUTING}
     if args.store == "memory":
         overrides["redis_url"] = None
