@@ -283,9 +283,14 @@ def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, elapse
         print("unexpected answers: none (no 5xx)")
     after = [s for s in samples if s.num_requests >= args.warm_up]
     names = list(samples[0].rss_mib)
-    print(f"\nRSS (MiB) per {PER_10K:,} requests (warm-up: the first {args.warm_up:,}):")
+    print(
+        f"\nRSS (MiB) per {PER_10K:,} requests, or per tenth of the run if that is too few "
+        f"(warm-up: the first {args.warm_up:,}):"
+    )
     print(f"  {'requests':>9}  {'time':>6}  " + "  ".join(f"{n:>10}" for n in names))
     marks = [0, *range(args.warm_up, samples[-1].num_requests + 1, PER_10K)]
+    if len(marks) < 6:  # a slow engine: every tenth of the run instead
+        marks = sorted({samples[i * (len(samples) - 1) // 10].num_requests for i in range(10)})
     for mark in marks:
         sample = next((s for s in samples if s.num_requests >= mark), None)
         if sample is not None:
@@ -299,7 +304,7 @@ def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, elapse
         + "  ".join(f"{last.rss_mib[n]:>10.1f}" for n in names)
         + "  (end)"
     )
-    if len(after) < 10 or after[-1].num_requests - after[0].num_requests < PER_10K:
+    if len(after) < 10 or after[-1].num_requests - after[0].num_requests < PER_10K // 10:
         print("\nslope: too few requests after the warm-up; run longer or lower --warm-up")
         return
     span = after[-1].num_requests - after[0].num_requests
