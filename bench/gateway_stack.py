@@ -1,8 +1,9 @@
 """The processes a gateway benchmark runs against, each its own process on this machine:
-stand-in engines (`bench.stand_in_engine`, one per model, each on TCP for direct calls and
-on a unix socket for the gateway), a real redis-server, the gateway (uvicorn, one worker,
-uvloop + httptools; budgets and rate limits in Redis, keys in SQLite) and, served the same
-way, the floor proxy (`bench.floor_proxy`). Plus the /proc readings that charge CPU to them.
+engines (one per model, each on TCP for direct calls and on a unix socket for the gateway:
+`bench.stand_in_engine`, or a real engine on a checkpoint), a real redis-server, the gateway
+(uvicorn, one worker, uvloop + httptools; budgets and rate limits in Redis, keys in SQLite)
+and, served the same way, the floor proxy (`bench.floor_proxy`). Plus the /proc readings
+that charge CPU to them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class EngineSpec:
     num_chunks: int
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
+    checkpoint: str | None = None  # a real engine (CPU) on this checkpoint, not a stand-in
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,20 @@ class Stack:
     floor_url: str  # bench.floor_proxy: the least a Python proxy on this stack does
     floor_pid: int
     api_key: str  # a key of a tenant whose quota allows every model, without real limits
+    engine_pids: dict[str, int]  # model -> its engine's pid
+    database_url: str  # the gateway's (SQLite), to add tenants and keys
 
 
 @contextmanager
-def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iterator[Stack]:
+def gateway_stack(
+    engines: list[EngineSpec],
+    profile: str | None = None,
+    gateway_settings: dict[str, Any] | None = None,
+) -> Iterator[Stack]:
     """Start the engines, redis-server and the gateway (one model per engine); stop them on
-    exit. ``profile``: write the gateway process's cProfile stats there."""
+    exit. ``profile``: write the gateway process's cProfile stats there;
+    ``gateway_settings``: settings of the gateway's to set or replace (``routing``, or
+    ``redis_url: None`` for budgets and rate limits in process)."""
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tw-ovh-"))  # short: <108
         engine_urls, engine_pids, models, uds_paths = {}, [], {}, {}
@@ -63,12 +73,14 @@ def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iter
             models[spec.model] = {
                 "upstreams": [f"unix:{uds_path}"],
                 "context_window": 8192,
+                "checkpoint": spec.checkpoint,
                 "prices": {"input": 100_000, "output": 400_000},
             }
         redis_url, redis_pid = stack.enter_context(redis_server(tmp))
         db_url = f"sqlite:///{tmp}/tollway.db"
         api_key = make_tenant_key(db_url)
         settings = {"data_dir": tmp, "database_url": db_url, "redis_url": redis_url}
+        settings.update(gateway_settings or {})
         gateway_sock = _tcp_socket()
         gateway_pid = stack.enter_context(
             child_process(_serve_gateway, {**settings, "models": models}, gateway_sock, profile)
@@ -80,10 +92,21 @@ def gateway_stack(engines: list[EngineSpec], profile: str | None = None) -> Iter
         )
         floor_url = f"http://127.0.0.1:{floor_sock.getsockname()[1]}"
         for url, pid in zip(engine_urls.values(), engine_pids, strict=True):
-            wait_http(f"{url}/health", pid)
+            wait_http(f"{url}/health", pid, timeout_s=600)  # a real engine loads its model
         wait_http(f"{gateway_url}/health", gateway_pid)
         wait_http(f"{floor_url}/health", floor_pid)
-        yield Stack(engine_urls, gateway_url, gateway_pid, redis_pid, floor_url, floor_pid, api_key)
+        pids = dict(zip(engine_urls, engine_pids, strict=True))
+        yield Stack(
+            engine_urls,
+            gateway_url,
+            gateway_pid,
+            redis_pid,
+            floor_url,
+            floor_pid,
+            api_key,
+            pids,
+            db_url,
+        )
 
 
 # --- CPU ---------------------------------------------------------------------------------------
@@ -111,14 +134,34 @@ def cpu_sample(pids: tuple[int, int] | None) -> tuple[float, float, float]:
 
 
 def _serve_engine(sockets: list[socket.socket], spec: EngineSpec) -> None:
-    from bench.stand_in_engine import serve
+    from bench.memory_probe import install_from_environment
 
-    serve(sockets, spec.num_chunks, spec.ttft_ms, spec.itl_ms)
+    install_from_environment("engine")
+    if spec.checkpoint is None:
+        from bench.stand_in_engine import serve
+
+        serve(sockets, spec.num_chunks, spec.ttft_ms, spec.itl_ms)
+        return
+    import gc
+
+    import uvicorn
+
+    from backend_engine.async_engine import AsyncEngine
+    from backend_engine.config import EngineConfig
+    from backend_engine.server.app import build_app, uvicorn_config
+
+    engine = AsyncEngine(EngineConfig(model=spec.checkpoint, device="cpu"), spec.model)
+    config = uvicorn_config(build_app(engine), log_level="warning")
+    config.access_log = False
+    gc.collect()  # as `tollway engine` does
+    gc.freeze()
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: str | None) -> None:
     import cProfile
 
+    from bench.memory_probe import install_from_environment
     from bench.stand_in_engine import bench_server
     from gateway.app import build_gateway
     from gateway.serve import tune_gc_for_serving
@@ -126,6 +169,7 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
 
     app = build_gateway(GatewaySettings.from_dict(settings_data))
     tune_gc_for_serving()  # as `tollway serve` does
+    install_from_environment("gateway")
     server = bench_server(app)
     if profile is None:
         server.run(sockets=[sock])

@@ -2,7 +2,8 @@
 
 ``/v1/chat/completions`` answers streamed (a role chunk, ``num_chunks`` content chunks, a
 finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) or as one JSON
-body, echoing the requested model. By default it answers at once; with pacing it takes as
+body, echoing the requested model; ``/v1/completions`` the same in its own shape (no role
+chunk: its first chunk is the first content). By default it answers at once; with pacing it takes as
 long as a generating engine would: ``ttft_ms`` before the first content and ``itl_ms``
 between content chunks, so a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) *
 itl_ms``. Chunks keep that schedule, counted from the request, however long each write
@@ -62,6 +63,9 @@ class StandInEngine:
         if path == "/v1/chat/completions" and method == "POST":
             request = json.loads(await _read_body(receive))
             await self._chat(request, send)
+        elif path == "/v1/completions" and method == "POST":
+            request = json.loads(await _read_body(receive))
+            await self._completion(request, send)
         elif path == "/v1/models":
             body = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0}]}
             await _answer(send, 200, _JSON, json.dumps(body).encode())
@@ -75,18 +79,12 @@ class StandInEngine:
     async def _chat(self, request: dict[str, Any], send: Send) -> None:
         model = str(request.get("model") or MODEL)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in request["messages"])
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": self.num_chunks,
-            "total_tokens": prompt_tokens + self.num_chunks,
-        }
         head = {"id": "chatcmpl-standin", "created": int(time.time()), "model": model}
         if not request.get("stream"):
             message = {"role": "assistant", "content": " ".join(["word"] * self.num_chunks)}
             choice = {"index": 0, "message": message, "finish_reason": "length"}
-            body = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
-            await _pause(self.ttft_s + max(self.num_chunks - 1, 0) * self.itl_s)
-            await _answer(send, 200, _JSON, json.dumps(body).encode())
+            body = {**head, "object": "chat.completion", "choices": [choice]}
+            await self._answer_whole(body, prompt_tokens, send)
             return
         head["object"] = "chat.completion.chunk"
         deltas = [{"role": "assistant", "content": ""}, *[{"content": "word "}] * self.num_chunks]
@@ -94,16 +92,56 @@ class StandInEngine:
             {**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
         ]
         chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        await self._stream(request, chunks, prompt_tokens, send)
+
+    async def _completion(self, request: dict[str, Any], send: Send) -> None:
+        model = str(request.get("model") or MODEL)
+        prompt_tokens = len(str(request.get("prompt", "")).split())
+        head = {"id": "cmpl-standin", "object": "text_completion", "created": int(time.time())}
+        head["model"] = model
+        if not request.get("stream"):
+            text = " ".join(["word"] * self.num_chunks)
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            await self._answer_whole({**head, "choices": [choice]}, prompt_tokens, send)
+            return
+        chunks = [
+            {**head, "choices": [{"index": 0, "text": t, "logprobs": None, "finish_reason": f}]}
+            for t, f in [*[("word ", None)] * self.num_chunks, ("", "length")]
+        ]
+        # A role-less first chunk: content chunk k is chunks[k - 1]; shift by an empty head.
+        await self._stream(request, [{}, *chunks], prompt_tokens, send)
+
+    def _usage(self, prompt_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.num_chunks,
+            "total_tokens": prompt_tokens + self.num_chunks,
+        }
+
+    async def _answer_whole(self, body: dict[str, Any], prompt_tokens: int, send: Send) -> None:
+        body["usage"] = self._usage(prompt_tokens)
+        await _pause(self.ttft_s + max(self.num_chunks - 1, 0) * self.itl_s)
+        await _answer(send, 200, _JSON, json.dumps(body).encode())
+
+    async def _stream(
+        self, request: dict[str, Any], chunks: list[dict[str, Any]], prompt_tokens: int, send: Send
+    ) -> None:
+        """``chunks``: a head chunk (``{}``: none is sent), ``num_chunks`` content chunks and
+        the finish chunk; the usage chunk and ``[DONE]`` are added here."""
         if (request.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**head, "choices": [], "usage": usage})
+            usage_head = {k: v for k, v in chunks[-1].items() if k != "choices"}
+            chunks = [*chunks, {**usage_head, "choices": [], "usage": self._usage(prompt_tokens)}]
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        # Chunk 0 is the role, 1..num_chunks the content: the role goes with the first content.
-        # Content chunk k is due ttft + (k - 1) * itl after the request, as an engine's steps
-        # come on their own clock: how long a write takes does not push the next token later.
+        # Chunk 0 is the head (a chat role), 1..num_chunks the content: the head goes with the
+        # first content. Content chunk k is due ttft + (k - 1) * itl after the request, as an
+        # engine's steps come on their own clock: how long a write takes does not push the
+        # next token later.
         start = time.monotonic()
         for i, chunk in enumerate(chunks):
             if i == 0:
                 await _pause(self.ttft_s)
+                if not chunk:
+                    continue
             elif 2 <= i <= self.num_chunks:
                 await _pause(start + self.ttft_s + (i - 1) * self.itl_s - time.monotonic())
             event = b"data: " + json.dumps(chunk).encode() + b"\n\n"

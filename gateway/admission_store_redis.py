@@ -4,7 +4,7 @@ The script is the ledger's and the rate-limit store's own Lua functions run back
 after the auth-epoch check, so balances, windows and epochs keep one definition each. Every
 key it touches carries the tenant's hash tag (one cluster slot)::
 
-    KEYS: budget account, reservations, reservation_tokens, finished, auth epoch, hits, tokens
+    KEYS: budget account, reservations, reservation_tokens, lapsed, auth epoch, hits, tokens
     ARGV: epoch, budget limit (-1: none), tokens, ttl_ms, id, now_ms, window_ms, rpm, tpm
           (-1: none), rate-limited (1/0)
 

@@ -28,8 +28,12 @@ the longest request: a reservation that expires early frees budget that a late s
 spends a second time.
 
 ``settle`` and ``release`` are idempotent and terminal: the first of them on a reservation
-wins and later calls are no-ops (the ids of finished reservations are remembered for a
-retention period, an hour by default).
+wins and later calls are no-ops. A ledger forgets a reservation once it is finished, so what
+it holds follows the requests in flight, not the requests served; one that *expired*
+unfinished is remembered for a retention period (an hour by default) so that its late settle
+counts once. A settle the ledger cannot match to a reservation it holds or remembers
+(finished before, lapsed longer ago than the retention, or lost with an emptied Redis) is a
+no-op: the usage record still carries those tokens.
 
 After a restart (memory) or an emptied Redis, a balance is *unknown*: the gateway sums its
 usage records and calls ``rebuild``, which sets ``used`` only if no one rebuilt it first.

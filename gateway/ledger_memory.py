@@ -22,42 +22,59 @@ from gateway.budget_ledger import (
     check_used_tokens,
 )
 
+# The expiry heap is rebuilt from the live reservations once it holds this many entries
+# more than twice their number (entries of finished reservations wait there for their expiry).
+_HEAP_SLACK = 64
+
 
 @dataclass
 class _Account:
-    """One (tenant, period) balance."""
+    """One (tenant, period) balance.
+
+    What it holds is proportional to the reservations in flight, not to the requests
+    served: a finished reservation leaves no trace (its entry in the expiry heap goes when
+    the heap is rebuilt or emptied), and only a reservation that *expired* unfinished is
+    remembered, in ``lapsed``, so that its late settle counts once.
+    """
 
     used: int = 0
     is_known: bool = False
     reserved: int = 0
     live: dict[str, tuple[int, float]] = field(default_factory=dict)  # id -> (tokens, expires)
     expiry_heap: list[tuple[float, str]] = field(default_factory=list)  # may hold finished ids
-    # id -> forget_at, in insertion order: forgotten lazily from the front, never early
-    finished: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    # Expired unfinished: id -> forget_at, in expiry order (forgotten from the front)
+    lapsed: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
-    def purge(self, now: float) -> None:
-        """Drop reservations that expired at or before ``now`` and forget old finished ids."""
-        while self.expiry_heap and self.expiry_heap[0][0] <= now:
-            expires_at, reservation_id = heapq.heappop(self.expiry_heap)
+    def purge(self, now: float, retention_s: float) -> None:
+        """Expire reservations due at or before ``now`` (kept in ``lapsed`` for
+        ``retention_s``) and forget lapsed ones whose time is up."""
+        heap = self.expiry_heap
+        while heap and heap[0][0] <= now:
+            expires_at, reservation_id = heapq.heappop(heap)
             entry = self.live.get(reservation_id)
             if entry is not None and entry[1] == expires_at:
                 del self.live[reservation_id]
                 self.reserved -= entry[0]
-        while self.finished:
-            reservation_id, forget_at = next(iter(self.finished.items()))
+                self.lapsed[reservation_id] = expires_at + retention_s
+        while self.lapsed:
+            reservation_id, forget_at = next(iter(self.lapsed.items()))
             if forget_at > now:
                 break
-            del self.finished[reservation_id]
+            del self.lapsed[reservation_id]
+        if len(heap) > 2 * len(self.live) + _HEAP_SLACK:
+            self.expiry_heap = [(e, rid) for rid, (_, e) in self.live.items()]
+            heapq.heapify(self.expiry_heap)
 
-    def finish(self, reservation_id: str, forget_at: float) -> bool:
-        """Mark the reservation finished and drop it if live; False if it already was."""
-        if reservation_id in self.finished:
-            return False
-        self.finished[reservation_id] = forget_at
+    def finish(self, reservation_id: str) -> bool:
+        """Drop the reservation; True if this call finished it (live, or expired and still
+        remembered), False if it was finished before (or is unknown to this ledger)."""
         entry = self.live.pop(reservation_id, None)
         if entry is not None:
             self.reserved -= entry[0]
-        return True
+            if not self.live:  # every entry left in the heap is stale
+                self.expiry_heap.clear()
+            return True
+        return self.lapsed.pop(reservation_id, None) is not None
 
 
 class MemoryBudgetLedger:
@@ -76,7 +93,7 @@ class MemoryBudgetLedger:
 
     def _account(self, tenant_id: str, period_key: str, now: float) -> _Account:
         account = self._accounts.setdefault((tenant_id, period_key), _Account())
-        account.purge(now)
+        account.purge(now, self._settled_retention_s)
         return account
 
     async def reserve(
@@ -98,19 +115,19 @@ class MemoryBudgetLedger:
         check_used_tokens(used_tokens)
         now = self._clock()
         account = self._account(reservation.tenant_id, reservation.period_key, now)
-        if account.finish(reservation.reservation_id, self._forget_at(reservation, now)):
+        if account.finish(reservation.reservation_id):
             account.used += used_tokens
 
     async def release(self, reservation: Reservation) -> None:
         now = self._clock()
         account = self._account(reservation.tenant_id, reservation.period_key, now)
-        account.finish(reservation.reservation_id, self._forget_at(reservation, now))
+        account.finish(reservation.reservation_id)
 
     async def balance(self, tenant_id: str, period_key: str) -> Balance:
         account = self._accounts.get((tenant_id, period_key))
         if account is None:
             return Balance(used=0, reserved=0)
-        account.purge(self._clock())
+        account.purge(self._clock(), self._settled_retention_s)
         return Balance(used=account.used, reserved=account.reserved)
 
     async def rebuild(self, tenant_id: str, period_key: str, used_tokens: int) -> bool:
@@ -125,7 +142,3 @@ class MemoryBudgetLedger:
     async def is_known(self, tenant_id: str, period_key: str) -> bool:
         account = self._accounts.get((tenant_id, period_key))
         return account is not None and account.is_known
-
-    def _forget_at(self, reservation: Reservation, now: float) -> float:
-        # Counted from expiry too, so a late settle retried soon after still finds the id.
-        return max(now, reservation.expires_at) + self._settled_retention_s

@@ -26,6 +26,7 @@ class Ledgers:
 
     new: Callable[[], BudgetLedger]
     advance: Callable[[float], Awaitable[None]]  # let this much ledger time pass
+    num_held: Callable[[], Awaitable[int]]  # entries kept beside the balances themselves
 
 
 class FakeClock:
@@ -45,7 +46,11 @@ async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
         async def advance_clock(seconds: float) -> None:
             clock.now += seconds
 
-        yield Ledgers(new=lambda: ledger, advance=advance_clock)
+        async def num_held_in_memory() -> int:
+            accounts = ledger._accounts.values()  # every container an account keeps
+            return sum(len(v) for a in accounts for v in vars(a).values() if hasattr(v, "__len__"))
+
+        yield Ledgers(new=lambda: ledger, advance=advance_clock, num_held=num_held_in_memory)
         return
     url: str = request.getfixturevalue("redis_url")
     clients: list[Redis | LeanRedis] = []
@@ -57,7 +62,23 @@ async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
             clients.append(LeanRedis(url))
         return RedisBudgetLedger(clients[-1])
 
-    yield Ledgers(new=new_redis_ledger, advance=asyncio.sleep)  # Redis runs on server time
+    async def num_held_in_redis() -> int:
+        """Members of every budget key but the balances' own hashes."""
+        client = Redis.from_url(url)
+        try:
+            total = 0
+            async for key in client.scan_iter(match="tollway:budget:*"):
+                kind = (await client.type(key)).decode()
+                if kind == "zset":
+                    total += await client.zcard(key)
+                elif kind == "hash" and key.endswith(b":reservation_tokens"):
+                    total += await client.hlen(key)
+            return total
+        finally:
+            await client.aclose()
+
+    # Redis runs on server time
+    yield Ledgers(new=new_redis_ledger, advance=asyncio.sleep, num_held=num_held_in_redis)
     for client in clients:
         await client.aclose()
 
@@ -103,6 +124,37 @@ async def test_settle_is_idempotent_and_terminal(ledger: BudgetLedger) -> None:
     await ledger.settle(reservation, 7)
     await ledger.release(reservation)
     assert await ledger.balance(TENANT, DAY) == Balance(used=40, reserved=0)
+
+
+async def test_finished_reservations_leave_nothing_behind(ledgers: Ledgers) -> None:
+    """What a ledger holds follows the requests in flight, not the requests served: a
+    gateway's memory (or Redis's) must not grow with every request it has answered."""
+    ledger = ledgers.new()
+    for n in range(1, 301):
+        held = [await reserve(ledger, 1, limit=10**6) for _ in range(3)]
+        assert all(held)
+        for reservation in held[:2]:
+            assert reservation is not None
+            await ledger.settle(reservation, 1)
+        assert held[2] is not None
+        await ledger.release(held[2])
+        if n in (150, 300):
+            assert await ledgers.num_held() == 0
+    assert await ledger.balance(TENANT, DAY) == Balance(used=600, reserved=0)
+
+
+async def test_many_requests_in_flight_hold_entries_in_proportion(ledgers: Ledgers) -> None:
+    ledger = ledgers.new()
+    in_flight = [await reserve(ledger, 1, limit=10**6) for _ in range(10)]
+    for _ in range(500):  # one finishes, one arrives: always ten in flight
+        finished = in_flight.pop(0)
+        assert finished is not None
+        await ledger.settle(finished, 1)
+        in_flight.append(await reserve(ledger, 1, limit=10**6))
+    # Each live reservation costs a few entries (Redis: its expiry and its tokens; memory:
+    # those and its place in the expiry heap, rebuilt once stale entries pile up).
+    assert await ledgers.num_held() <= 3 * 10 + 64 + 2
+    assert await ledger.balance(TENANT, DAY) == Balance(used=500, reserved=10)
 
 
 async def test_release_frees_the_reservation_without_usage(ledger: BudgetLedger) -> None:

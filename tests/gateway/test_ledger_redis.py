@@ -3,6 +3,7 @@ equal the sum of the live reservations (the shared suite is ``test_budget_ledger
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from gateway.budget_ledger import Balance, Reservation
@@ -93,5 +94,29 @@ async def test_many_expired_reservations_are_purged_at_once(redis_url: str) -> N
         await client.execute_command("HINCRBY", keys.account, "reserved", 2 * len(stale))
         assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=5)
         assert await client.execute_command("HLEN", keys.reservation_tokens) == 1
+    finally:
+        await client.aclose()
+
+
+async def test_a_lapsed_reservation_counts_once_then_is_forgotten(redis_url: str) -> None:
+    """An expired reservation is remembered for the retention period (its late settle
+    counts, once), then forgotten: no key keeps it."""
+    client = LeanRedis(redis_url)
+    ledger = RedisBudgetLedger(client, settled_retention_s=0.3)
+    keys = BudgetKeys.of(TENANT, DAY)
+    try:
+        late = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=0.05)
+        lost = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=0.05)
+        assert late is not None and lost is not None
+        await asyncio.sleep(0.1)
+        assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
+        assert await client.execute_command("ZCARD", keys.lapsed) == 2
+        await ledger.settle(late, 7)
+        await ledger.settle(late, 7)
+        assert await ledger.balance(TENANT, DAY) == Balance(used=7, reserved=0)
+        await asyncio.sleep(0.4)
+        await ledger.settle(lost, 5)  # past the retention: forgotten, a no-op
+        assert await ledger.balance(TENANT, DAY) == Balance(used=7, reserved=0)
+        assert await client.execute_command("EXISTS", keys.lapsed) == 0
     finally:
         await client.aclose()
