@@ -4,9 +4,9 @@ authenticate (key cache) ─401─► (no record: no tenant to charge)
      │
 read + parse body ─400/413─┐
 admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record; a key revoked
-     │ Admission           │                        meanwhile is a 401 without one)
-UpstreamPool.open ─503─────┤
-engine's 4xx (as is) ──────┼─► Accountant.finish   (released; one "upstream_error" record)
+engine's 4xx (as is) ──────┤                        meanwhile is a 401 without one; the
+     │ Admission           │                        engine's: its code, reservation released)
+UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
 engine's 5xx ─502──────────┤
      │                     │
 relay (stream or JSON) ────┴─► Accountant.record   (one record, durable in the spill file)
@@ -53,6 +53,7 @@ from policies.decision import Rejection
 ROUTE_HEADER = "x-tollway-route"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
+MAX_REASON_CHARS = 200  # the usage record's reject_reason column
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
 ENGINE_FAILED = Rejection(
@@ -175,11 +176,14 @@ async def _forward(
     response_headers = dict(admission.headers)
     if admission.route is not None:
         response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
-    if call.status_code >= 400:  # the engine refused (4xx: relayed as is) or failed (502)
+    if call.status_code >= 500:  # the engine failed: a 502, recorded as its error
         meter.finish(UsageStatus.UPSTREAM_ERROR)
         await ctx.accountant.finish(info, admission, meter, was_answered=False)
-        if call.status_code >= 500:
-            return error_response(ENGINE_FAILED, response_headers)
+        return error_response(ENGINE_FAILED, response_headers)
+    if call.status_code >= 400:  # the engine refused the request: relayed as is, recorded
+        refusal = Refusal(engine_refusal(call), model, admission.route, admission.prompt_tokens)
+        ctx.accountant.reject(info, refusal)  # as a refusal at the door, with the engine's code
+        await ctx.accountant.settle(admission, 0)  # releases the reservation
         return Response(
             call.body, call.status_code, response_headers, media_type="application/json"
         )
@@ -239,6 +243,25 @@ async def _finish_after_departure(
         measure_body(answer, meter)
     await ctx.accountant.finish(info, admission, meter, was_answered=True)
     return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def engine_refusal(call: UpstreamCall) -> Rejection:
+    """An engine's 4xx answer as a `Rejection` (its status, and its error's code, type and
+    message when it sent OpenAI's error format), so the usage record names the reason."""
+    answer = _json_object(call.body) or {}
+    error = answer.get("error")
+    fields = error if isinstance(error, dict) else {}
+
+    def text(name: str, default: str) -> str:
+        value = fields.get(name)
+        return value[:MAX_REASON_CHARS] if isinstance(value, str) and value else default
+
+    return Rejection(
+        call.status_code,
+        text("code", "engine_refused"),
+        text("type", "invalid_request_error"),
+        text("message", "The engine refused the request."),
+    )
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -60,3 +60,26 @@ def test_an_engine_500_reaches_the_client_as_a_502_upstream_error(
     (record,) = usage_records(db_url, tenant_id, 1)
     assert record.status.value == "upstream_error"
     assert record.completion_tokens == 0
+
+
+def test_a_request_the_engine_refuses_is_recorded_as_rejected_with_its_reason(
+    engines: Engines, gateway: Callable[..., str], db_url: str, tmp_path: Path
+) -> None:
+    # An image part passes the gateway's checks (it renders no text to count) but the demo
+    # engine refuses it: the client gets the engine's 400, and the record says why, as for a
+    # refusal at the door, not "upstream_error" (the engine is fine).
+    tenant_id, key = tenant_key(db_url, budget_tokens=10_000, budget_period="total")
+    base = gateway(settings_for(engines, tmp_path / "gw", db_url))
+    image = {"type": "image_url", "image_url": {"url": "https://example.invalid/cat.png"}}
+    body = {"model": SMALL, "messages": [{"role": "user", "content": [image]}], "max_tokens": 4}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base, timeout=60) as client:
+        response = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 400, response.text
+        code = response.json()["error"]["code"]
+        budget = client.get("/v1/budget", headers=headers).json()
+    (record,) = usage_records(db_url, tenant_id, 1)
+    assert record.status.value == "rejected"
+    assert record.reject_reason == (code or "engine_refused")
+    assert (record.prompt_tokens, record.completion_tokens) == (0, 0)
+    assert (budget["used"], budget["reserved"]) == (0, 0)  # the reservation was released
