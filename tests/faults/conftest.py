@@ -44,6 +44,7 @@ from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.tenants import create_tenant
+from tests.uvicorn_thread import start_in_thread, stop_thread
 
 PG_SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 
@@ -183,19 +184,7 @@ def postgres_process() -> Iterator[PostgresProcess]:
 def _serve(app: Any, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
     config = uvicorn.Config(app, loop="asyncio", http="h11", lifespan="on", log_level="warning")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    return server, thread
-
-
-def _stop(server: uvicorn.Server, thread: threading.Thread) -> None:
-    server.should_exit = True
-    thread.join(timeout=30)
+    return server, start_in_thread(server, [sock])
 
 
 @pytest.fixture(scope="session")
@@ -210,7 +199,7 @@ def stand_in_engine() -> Iterator[str]:
     try:
         yield path
     finally:
-        _stop(*running)
+        stop_thread(*running)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -245,7 +234,7 @@ def serve_gateway() -> Iterator[Callable[[GatewaySettings], str]]:
 
     yield start
     for server, thread in running:
-        _stop(server, thread)
+        stop_thread(server, thread)
 
 
 @pytest.fixture

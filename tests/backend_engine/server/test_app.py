@@ -23,6 +23,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.outputs import EngineStats
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.token_text import TokenText
+from tests.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL_NAME = "tiny-demo"
 MAX_MODEL_LEN = 2048  # the tiny demo's whole context: long requests take seconds
@@ -54,18 +55,11 @@ def live_server(demo_checkpoint: Callable[..., Path]) -> Iterator[LiveServer]:
     server = uvicorn.Server(
         uvicorn_config(build_app(engine), host="127.0.0.1", port=port, log_level="warning")
     )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
+    thread = start_in_thread(server, [sock])
     try:
         yield LiveServer(base_url=f"http://127.0.0.1:{port}", engine=engine)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        stop_thread(server, thread)
         sock.close()
 
 

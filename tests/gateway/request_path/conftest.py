@@ -14,7 +14,6 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.tenants import create_tenant
+from tests.uvicorn_thread import start_in_thread, stop_thread
 
 SMALL, LARGE = "tiny", "tiny-large"
 CONTEXT_WINDOW = 2048
@@ -53,20 +53,7 @@ def _serve(
         app, uds=uds, loop="asyncio", http="h11", lifespan="on", log_level="warning"
     )
     server = uvicorn.Server(config)
-    sockets = [sock] if sock is not None else None
-    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    return server, thread
-
-
-def _stop(server: uvicorn.Server, thread: threading.Thread) -> None:
-    server.should_exit = True
-    thread.join(timeout=30)
+    return server, start_in_thread(server, [sock] if sock is not None else None)
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +78,7 @@ def engines(demo_checkpoint: Callable[..., Path]) -> Iterator[Engines]:
         yield Engines(sockets, checkpoint)
     finally:
         for server, thread in running:
-            _stop(server, thread)
+            stop_thread(server, thread)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -150,4 +137,4 @@ def gateway() -> Iterator[Callable[..., str]]:
 
     yield start
     for server, thread in running:
-        _stop(server, thread)
+        stop_thread(server, thread)
