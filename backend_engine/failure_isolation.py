@@ -22,6 +22,7 @@ slots and advance a request's random generator only once its token is chosen.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -41,8 +42,11 @@ def isolate_failures(
         results = attempt(items)
     except Exception as exc:
         if len(items) <= 1:
+            traceback.clear_frames(exc.__traceback__)  # the failed attempt's tensors go now
             return [exc] * len(items)
-        middle = len(items) // 2
+        results = None
+    if results is None:  # retried outside the except block: the failed attempt's frames
+        middle = len(items) // 2  # (its activations) are freed before the halves run
         return isolate_failures(items[:middle], attempt) + isolate_failures(items[middle:], attempt)
     if len(results) != len(items):
         raise RuntimeError(f"an attempt on {len(items)} items gave {len(results)} results")

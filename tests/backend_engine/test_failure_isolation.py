@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import pytest
@@ -47,3 +48,26 @@ def test_every_item_that_fails_alone_fails_and_only_those(bad: set[int]) -> None
 def test_an_attempt_that_answers_for_the_wrong_number_of_items_is_a_bug() -> None:
     with pytest.raises(RuntimeError, match="3 items gave 2 results"):
         isolate_failures([1, 2, 3], lambda items: [0, 0])
+
+
+def test_a_failed_attempts_memory_is_freed_before_the_halves_are_tried() -> None:
+    # Running out of memory is a failure to isolate: the halves must not run while the whole
+    # batch's activations are still held by the failed attempt's traceback.
+    class Activations:
+        pass
+
+    alive: list[weakref.ref[Activations]] = []
+    seen_alive_during_retry = []
+
+    def attempt(items: Sequence[int]) -> list[int]:
+        seen_alive_during_retry.append(any(ref() is not None for ref in alive))
+        activations = Activations()
+        alive.append(weakref.ref(activations))
+        if 3 in items:
+            raise MemoryError("no room")
+        return list(items)
+
+    outcomes = isolate_failures([0, 1, 2, 3], attempt)
+    assert isinstance(outcomes[3], MemoryError) and outcomes[:3] == [0, 1, 2]
+    assert not any(seen_alive_during_retry)
+    assert all(ref() is None for ref in alive)  # the kept exception holds no frames either
