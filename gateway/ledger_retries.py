@@ -74,6 +74,7 @@ class LedgerRetries:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        """Give up the retries still waiting (each settle given up is logged as lost)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -87,13 +88,18 @@ class LedgerRetries:
     async def _retry(self, reservation: Reservation, used_tokens: int) -> None:
         give_up_at = reservation.expires_at + DEFAULT_SETTLED_RETENTION_S / 2
         delay = self._first_delay_s
-        while time.time() + delay < give_up_at:
-            await asyncio.sleep(delay)
-            try:
-                await self._settle(reservation, used_tokens)
-                return
-            except RedisError:
-                delay = min(delay * 2, self._max_delay_s)
+        try:
+            while time.time() + delay < give_up_at:
+                await asyncio.sleep(delay)
+                try:
+                    await self._settle(reservation, used_tokens)
+                    return
+                except RedisError:
+                    delay = min(delay * 2, self._max_delay_s)
+        except asyncio.CancelledError:  # shutting down
+            if used_tokens > 0:
+                _log_lost(reservation, used_tokens)
+            raise
         if used_tokens > 0:
             _log_lost(reservation, used_tokens)
 

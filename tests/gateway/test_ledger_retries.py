@@ -64,7 +64,7 @@ async def test_a_release_in_the_background_frees_the_hold(
 
 
 async def test_retries_are_bounded_in_number_and_dropped_on_close(
-    ledger: RedisBudgetLedger,
+    ledger: RedisBudgetLedger, caplog: pytest.LogCaptureFixture
 ) -> None:
     reservation = await ledger.reserve("acme", "total", 1000, 100, 60)
     assert reservation is not None
@@ -74,6 +74,10 @@ async def test_retries_are_bounded_in_number_and_dropped_on_close(
     waiting = LedgerRetries(ledger, first_delay_s=10, max_delay_s=10)
     waiting.later(reservation, 30)
     assert waiting.num_pending == 1
+    await asyncio.sleep(0)  # the retry is waiting
+    caplog.clear()
     await waiting.aclose()
     assert waiting.num_pending == 0
     assert await ledger.balance("acme", "total") == Balance(used=0, reserved=100)
+    lost = [r for r in caplog.records if "never settled" in r.getMessage()]
+    assert len(lost) == 1 and "30 tokens" in lost[0].getMessage()  # a dropped settle says so
