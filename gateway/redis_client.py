@@ -244,6 +244,11 @@ class _Pipe:
             self._watchdog = self._loop.call_soon(self._confirm_late, num_replies, num_looks - 1)
         else:
             self._fail(RedisTimeoutError(f"Redis did not answer within {self._timeout_s} s"))
+            # Abort, not close: a graceful close waits for unsent bytes that a stalled server
+            # never reads, and a call still writing (drain) would wait with it, unbounded.
+            writer = getattr(self._connection, "_writer", None)
+            if writer is not None:
+                writer.transport.abort()
             self._disconnecting = self._loop.create_task(self._connection.disconnect(nowait=True))
 
     async def _read_replies(self) -> None:

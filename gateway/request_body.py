@@ -57,9 +57,11 @@ class CompletionBody:
 
     @property
     def prompt_chars(self) -> int:
-        """Characters of prompt text (0 for token ids): what counting its tokens costs."""
+        """What counting the prompt's tokens costs, in characters (0 for token ids): for a
+        chat every string of every message (roles, names, parts of any type: the counters
+        render and tokenize them all) plus a little for each message and value."""
         if self.messages is not None:
-            return sum(len(_content_text(m.get("content"))) for m in self.messages)
+            return _size_in_chars(self.messages)
         return len(self.prompt) if isinstance(self.prompt, str) else 0
 
 
@@ -166,6 +168,21 @@ def _prompt(value: Any) -> str | list[int]:
     ):
         return [int(t) for t in value]
     raise _type_error("prompt", "a string or an array of token ids")
+
+
+_VALUE_CHARS = 8  # what a template or a JSON rendering adds around each value
+
+
+def _size_in_chars(value: Any) -> int:
+    """The characters of every string in ``value`` and its keys, plus ``_VALUE_CHARS`` each
+    value (nesting is bounded by the body's depth cap)."""
+    if isinstance(value, str):
+        return len(value) + _VALUE_CHARS
+    if isinstance(value, dict):
+        return _VALUE_CHARS + sum(len(str(k)) + _size_in_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return _VALUE_CHARS + sum(_size_in_chars(v) for v in value)
+    return _VALUE_CHARS
 
 
 def _content_text(content: Any) -> str:

@@ -160,6 +160,29 @@ async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_sta
         await client.aclose()
 
 
+async def test_calls_still_writing_to_a_stalled_server_fail_at_the_timeout(
+    redis_url: str,
+) -> None:
+    # Large commands fill the socket's buffer of a server that reads nothing: their writes
+    # wait for room, and must give up with the call at its deadline, not when it wakes.
+    client = LeanRedis(redis_url, timeout_s=0.3)
+    try:
+        assert await client.execute_command("PING") == b"PONG"
+        stall = asyncio.ensure_future(asyncio.to_thread(pause_server, redis_url, 2.5))
+        await asyncio.sleep(0.2)  # the server is asleep
+        started = time.monotonic()
+        value = b"v" * (8 << 20)
+        calls = [client.execute_command("SET", f"big-{n}", value) for n in range(4)]
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+        waited = time.monotonic() - started
+        assert all(isinstance(r, RedisTimeoutError | RedisConnectionError) for r in results)
+        assert waited < 1.5, waited  # the server sleeps until 2.3 s from here
+        await stall
+        assert await client.execute_command("PING") == b"PONG"  # a new connection
+    finally:
+        await client.aclose()
+
+
 async def test_calls_that_keep_coming_on_a_healthy_server_never_time_out(redis_url: str) -> None:
     client = LeanRedis(redis_url, timeout_s=0.2)
     try:
