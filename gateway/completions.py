@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from backend_engine.server.disconnect import until_client_leaves
+from backend_engine.server.disconnect import run_to_end, until_client_leaves
 from backend_engine.server.sse import EventStreamResponse
 from gateway.accounting import RequestInfo
 from gateway.admission import Admission, Refusal
@@ -197,9 +198,8 @@ async def _forward(
         meter.finish(UsageStatus.COMPLETED)
         # The engine's JSON as it came: recorded before it is sent, settled after.
         num_tokens = ctx.accountant.record(info, admission, meter, was_answered=True)
-        settle = BackgroundTask(ctx.accountant.settle, admission, num_tokens)
-        return Response(
-            call.body, headers=response_headers, media_type="application/json", background=settle
+        return AnswerThenSettle(
+            call.body, response_headers, lambda: ctx.accountant.settle(admission, num_tokens)
         )
 
     recorded: list[int] = []  # the settled tokens, once recorded
@@ -243,6 +243,26 @@ async def _finish_after_departure(
         measure_body(answer, meter)
     await ctx.accountant.finish(info, admission, meter, was_answered=True)
     return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+class AnswerThenSettle(Response):
+    """A JSON answer whose reservation is settled after it is sent, however sending ends:
+    Starlette's background task would be skipped if ``send`` raised (the client gone), and
+    the reservation would then lapse unsettled."""
+
+    def __init__(
+        self, body: bytes, headers: dict[str, str], settle: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(body, headers=headers, media_type="application/json")
+        self._settle = settle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            await run_to_end(self._settle())
+            raise
+        await self._settle()
 
 
 def engine_refusal(call: UpstreamCall) -> Rejection:
