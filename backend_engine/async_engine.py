@@ -181,7 +181,7 @@ class AsyncEngine:
             except Exception as exc:  # no one request to blame: fail those in flight
                 logger.exception("engine step failed; aborting the requests in flight")
                 failed = list(engine.scheduler.requests)
-                engine.abort(failed)
+                engine.abort(failed, reason="error")  # their KV may be unwritten
                 self._fail(failed, EngineError(f"engine step failed: {exc}"))
             self._publish(deltas)
         engine.abort(list(engine.scheduler.requests))

@@ -24,7 +24,7 @@ from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.model_config import ModelConfig
 from backend_engine.model_runner import ModelRunner, engine_dtype, kv_bytes_per_block
 from backend_engine.output_processor import OutputProcessor
-from backend_engine.outputs import EngineStats, RequestOutputDelta
+from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta
 from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
@@ -149,9 +149,13 @@ class LLMEngine:
             priority=priority,
         )
 
-    def abort(self, request_ids: list[str]) -> list[RequestOutputDelta]:
+    def abort(
+        self, request_ids: list[str], reason: FinishReason = "abort"
+    ) -> list[RequestOutputDelta]:
+        """End these requests (``reason``: "error" for requests whose step failed, so blocks
+        they never wrote leave the prefix cache)."""
         deltas = []
-        for request in self.scheduler.finish_many(request_ids, "abort"):
+        for request in self.scheduler.finish_many(request_ids, reason):
             self.runner.release(request.request_id)
             try:
                 deltas.append(self.outputs.finish_without_token(request))

@@ -187,3 +187,31 @@ def test_a_process_that_never_shuts_the_engine_down_still_exits(demo_checkpoint,
     model = str(demo_checkpoint(size="tiny"))
     done = subprocess.run([sys.executable, str(script), model], timeout=120, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+async def test_a_step_that_fails_as_a_whole_leaves_no_unwritten_blocks_in_the_prefix_cache(
+    engine, monkeypatch
+):
+    # A step that raises before its forward pass has written anything fails every request in
+    # flight; the blocks they were allocated (offered to the prefix cache then) hold no KV,
+    # so a later request with the same prompt must not reuse them.
+    prompt = "The same long system prompt, shared by every request of this tenant. " * 3
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    reference = await collect(engine, "reference", prompt, params)
+    llm = engine.engine
+    llm.kv_cache.pool.reset_prefix_cache()  # the engine is idle between requests
+    for keys, values in llm.runner.kv_caches:  # no stale copy of the right KV anywhere
+        keys.zero_()
+        values.zero_()
+
+    def fail(output):
+        raise RuntimeError("the whole step failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(llm.runner, "execute", fail)
+        with pytest.raises(EngineError):
+            await collect(engine, "first", prompt, params)
+    again = await collect(engine, "second", prompt, params)
+    tokens = [t for d in again for t in d.new_token_ids]
+    assert tokens == [t for d in reference for t in d.new_token_ids]
+    assert again[-1].num_cached_tokens == 0  # nothing of the failed step was reused
