@@ -9,22 +9,44 @@ gives the engine is what a Hugging Face directory gives it:
   engine's dtype. llama.cpp's converter permutes the rows of a Llama model's q and k
   projections (so its RoPE can rotate adjacent pairs); that permutation is undone here.
 
-Anything the engine cannot serve exactly is refused with a :class:`GGUFError` that names it:
-a file that is truncated or not GGUF, an architecture other than ``llama`` and ``qwen2``, a
-tensor type outside ``SUPPORTED_TYPES``, Llama-3 frequency factors (``rope_freqs``).
+The metadata side (``open_gguf``, ``hf_config``, ``GGUFError``) lives in the torch-free
+``gguf_metadata.py`` and is re-exported here. Anything the engine cannot serve exactly is
+refused with a :class:`GGUFError` that names it: a file that is truncated or not GGUF, an
+architecture other than ``llama`` and ``qwen2``, a tensor type outside ``SUPPORTED_TYPES``,
+Llama-3 frequency factors (``rope_freqs``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from backend_engine.gguf_metadata import (
+    ARCHITECTURES,
+    GGUFError,
+    architecture,
+    hf_config,
+    is_gguf,
+    open_gguf,
+)
+
+__all__ = [
+    "ARCHITECTURES",
+    "SUPPORTED_TYPES",
+    "GGUFError",
+    "architecture",
+    "hf_config",
+    "hf_name",
+    "is_gguf",
+    "iter_gguf_weights",
+    "open_gguf",
+    "unpermute_rows",
+]
 
 SUPPORTED_TYPES = (
     GGMLQuantizationType.F32,
@@ -37,7 +59,6 @@ SUPPORTED_TYPES = (
     GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
 )
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _PERMUTED_ROPE = {"llama"}  # llama.cpp's converter permutes q/k rows for these
 
 # llama.cpp's tensor names -> Hugging Face's ("{}" is the layer).
@@ -60,73 +81,6 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-
-
-class GGUFError(ValueError):
-    """A GGUF file the engine cannot serve; the message says why."""
-
-
-def is_gguf(path: str | Path) -> bool:
-    return Path(path).suffix.lower() == ".gguf"
-
-
-def open_gguf(path: str | Path) -> GGUFReader:
-    """The file's reader (it maps the file; tensors are read when asked for)."""
-    file = Path(path)
-    if not file.is_file():
-        raise GGUFError(f"no GGUF file at {file}")
-    try:
-        return GGUFReader(file)
-    except Exception as exc:  # the reader's struct, numpy and value errors alike
-        raise GGUFError(
-            f"{file} is not a readable GGUF file (truncated or corrupt?): {exc}"
-        ) from None
-
-
-def architecture(reader: GGUFReader) -> str:
-    name = _string(reader, "general.architecture")
-    if name not in ARCHITECTURES:
-        raise GGUFError(
-            f"unsupported GGUF architecture {name!r}; supported: {', '.join(ARCHITECTURES)}"
-        )
-    return name
-
-
-def hf_config(reader: GGUFReader) -> dict[str, Any]:
-    """The model's ``config.json``, from the file's metadata."""
-    arch = architecture(reader)
-    if _has_tensor(reader, "rope_freqs.weight"):
-        raise GGUFError("Llama-3 RoPE frequency factors (rope_freqs) are not supported yet")
-    hidden_size = _int(reader, f"{arch}.embedding_length")
-    num_heads = _int(reader, f"{arch}.attention.head_count")
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    vocab_size = (
-        _int(reader, f"{arch}.vocab_size")
-        if reader.get_field(f"{arch}.vocab_size") is not None
-        else len(tokens.data)
-        if tokens is not None
-        else _tensor_rows(reader, "token_embd.weight")
-    )
-    config: dict[str, Any] = {
-        "architectures": [ARCHITECTURES[arch]],
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "intermediate_size": _int(reader, f"{arch}.feed_forward_length"),
-        "num_hidden_layers": _int(reader, f"{arch}.block_count"),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": _int(reader, f"{arch}.attention.head_count_kv", num_heads),
-        "head_dim": _int(reader, f"{arch}.attention.key_length", hidden_size // num_heads),
-        "rms_norm_eps": _float(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": _float(reader, f"{arch}.rope.freq_base", 10_000.0),
-        "max_position_embeddings": _int(reader, f"{arch}.context_length", 2048),
-        "tie_word_embeddings": not _has_tensor(reader, "output.weight"),
-        "attention_bias": _has_tensor(reader, "blk.0.attn_q.bias"),
-        "torch_dtype": "float32",
-    }
-    for key, name in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
-        if reader.get_field(f"tokenizer.ggml.{name}") is not None:
-            config[key] = _int(reader, f"tokenizer.ggml.{name}")
-    return config
 
 
 def iter_gguf_weights(
@@ -193,46 +147,3 @@ def _converted(
         if not values.flags.writeable or not values.flags.c_contiguous:
             values = np.array(values)  # a view of the mapped file: the model gets its own copy
         yield hf_name(tensor.name), torch.from_numpy(values).to(dtype)
-
-
-def _has_tensor(reader: GGUFReader, name: str) -> bool:
-    return any(t.name == name for t in reader.tensors)
-
-
-def _tensor_rows(reader: GGUFReader, name: str) -> int:
-    for tensor in reader.tensors:
-        if tensor.name == name:
-            return int(tensor.shape[-1])
-    raise GGUFError(f"the GGUF file has no {name} tensor")
-
-
-def _value(reader: GGUFReader, key: str) -> Any:
-    field = reader.get_field(key)
-    if field is None:
-        raise GGUFError(f"the GGUF file's metadata has no {key!r}")
-    return field.contents()
-
-
-def _string(reader: GGUFReader, key: str) -> str:
-    value = _value(reader, key)
-    if not isinstance(value, str):
-        raise GGUFError(f"GGUF metadata {key!r} must be a string, got {value!r}")
-    return value
-
-
-def _int(reader: GGUFReader, key: str, default: int | None = None) -> int:
-    if default is not None and reader.get_field(key) is None:
-        return default
-    value = _value(reader, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise GGUFError(f"GGUF metadata {key!r} must be an integer, got {value!r}")
-    return value
-
-
-def _float(reader: GGUFReader, key: str, default: float) -> float:
-    if reader.get_field(key) is None:
-        return default
-    value = _value(reader, key)
-    if not isinstance(value, int | float):
-        raise GGUFError(f"GGUF metadata {key!r} must be a number, got {value!r}")
-    return float(value)

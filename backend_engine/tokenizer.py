@@ -2,7 +2,9 @@
 
 Reads what a Hugging Face checkpoint directory ships (``tokenizer.json``,
 ``tokenizer_config.json``, ``generation_config.json``, optionally ``chat_template.jinja``) with
-the ``tokenizers`` library and ``jinja2`` only; ``transformers`` is never imported.
+the ``tokenizers`` library and ``jinja2`` only; ``transformers`` is never imported. A GGUF
+file's tokenizer is rebuilt from its metadata by ``gguf_tokenizer.py`` into the same class;
+``Tokenizer.from_checkpoint`` takes either.
 """
 
 from __future__ import annotations
@@ -171,6 +173,17 @@ class Tokenizer:
             chat_template=chat_template if isinstance(chat_template, str) else None,
             source=str(directory),
         )
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> Tokenizer:
+        """Load from a checkpoint: a Hugging Face directory or a ``.gguf`` file."""
+        if Path(path).suffix.lower() == ".gguf":
+            # Imported here: gguf_tokenizer builds on this module.
+            from backend_engine.gguf_metadata import open_gguf
+            from backend_engine.gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(open_gguf(path), source=str(path))
+        return cls.from_pretrained(path)
 
     @property
     def backend(self) -> HFTokenizer:

