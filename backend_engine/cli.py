@@ -30,7 +30,9 @@ def demo_model(
 
 
 def engine(
-    model: Annotated[str, typer.Option(help="Checkpoint directory (Hugging Face format).")],
+    model: Annotated[
+        str, typer.Option(help="A Hugging Face checkpoint directory or a .gguf file.")
+    ],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8100,
     uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket instead.")] = None,

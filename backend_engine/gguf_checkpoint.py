@@ -22,14 +22,16 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGUFReader
 from gguf.quants import dequantize
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from backend_engine.gguf_metadata import (
     ARCHITECTURES,
+    SUPPORTED_TYPES,
     GGUFError,
     architecture,
+    check_tensor_types,
     hf_config,
     is_gguf,
     open_gguf,
@@ -48,17 +50,6 @@ __all__ = [
     "unpermute_rows",
 ]
 
-SUPPORTED_TYPES = (
-    GGMLQuantizationType.F32,
-    GGMLQuantizationType.F16,
-    GGMLQuantizationType.BF16,
-    GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.Q4_0,
-    GGMLQuantizationType.Q4_1,
-    GGMLQuantizationType.Q4_K,
-    GGMLQuantizationType.Q5_K,
-    GGMLQuantizationType.Q6_K,
-)
 _PERMUTED_ROPE = {"llama"}  # llama.cpp's converter permutes q/k rows for these
 
 # llama.cpp's tensor names -> Hugging Face's ("{}" is the layer).
@@ -93,12 +84,7 @@ def iter_gguf_weights(
         "attn_q": config["num_attention_heads"],
         "attn_k": config["num_key_value_heads"],
     }
-    for tensor in reader.tensors:
-        if tensor.tensor_type not in SUPPORTED_TYPES:
-            raise GGUFError(
-                f"tensor {tensor.name} has type {tensor.tensor_type.name}, which is not "
-                f"supported; supported: {', '.join(t.name for t in SUPPORTED_TYPES)}"
-            )
+    check_tensor_types(reader)
     if not show_progress:
         yield from _converted(reader, arch, heads, dtype)
         return

@@ -13,9 +13,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# The tensor types ``gguf_checkpoint`` dequantizes (with the gguf package's dequantizer).
+SUPPORTED_TYPES = (
+    GGMLQuantizationType.F32,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+)
 
 
 class GGUFError(ValueError):
@@ -37,6 +49,16 @@ def open_gguf(path: str | Path) -> GGUFReader:
         raise GGUFError(
             f"{file} is not a readable GGUF file (truncated or corrupt?): {exc}"
         ) from None
+
+
+def check_tensor_types(reader: GGUFReader) -> None:
+    """Refuse, by name, the first tensor whose type is not in ``SUPPORTED_TYPES``."""
+    for tensor in reader.tensors:
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            raise GGUFError(
+                f"tensor {tensor.name} has type {tensor.tensor_type.name}, which is not "
+                f"supported; supported: {', '.join(t.name for t in SUPPORTED_TYPES)}"
+            )
 
 
 def architecture(reader: GGUFReader) -> str:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from pathlib import Path
 
 import torch
 
+from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
 from backend_engine.cpu_runtime import tune_cpu_runtime
 from backend_engine.kv_cache_manager import KVCacheManager
-from backend_engine.model_config import ModelConfig
 from backend_engine.model_runner import ModelRunner, engine_dtype, kv_bytes_per_block
 from backend_engine.output_processor import OutputProcessor
 from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta
@@ -29,7 +28,6 @@ from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
-from backend_engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +41,9 @@ class LLMEngine:
         elif not torch.cuda.is_available():
             raise ValueError(f"device={config.device!r} was asked for but CUDA is not available")
         self.config = config
-        self.model_config = ModelConfig.from_pretrained(config.model)
-        self.tokenizer = Tokenizer.from_pretrained(config.model)
+        checkpoint = Checkpoint(config.model)
+        self.model_config = checkpoint.check()  # refuses a bad file before anything is built
+        self.tokenizer = checkpoint.tokenizer()
         self.max_model_len = self.model_config.check_max_model_len(config.max_model_len)
         dtype = engine_dtype(config, self.model_config)
         block_bytes = kv_bytes_per_block(self.model_config, config.block_size, dtype)
@@ -58,7 +57,7 @@ class LLMEngine:
             num_blocks,
             config.block_size,
             enable_caching=config.enable_prefix_caching,
-            extra_key=_model_identity(config.model, dtype),
+            extra_key=_model_identity(checkpoint, dtype),
         )
         eos = self.tokenizer.eos_token_ids
         self.scheduler = Scheduler(
@@ -70,7 +69,7 @@ class LLMEngine:
             mode=config.scheduling,
             eos_token_ids=eos,
         )
-        self.runner = ModelRunner(config, self.model_config, num_blocks)
+        self.runner = ModelRunner(config, self.model_config, num_blocks, checkpoint)
         self.outputs = OutputProcessor(self.tokenizer, eos)
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
@@ -221,11 +220,7 @@ class LLMEngine:
         )
 
 
-def _model_identity(model: str, dtype: torch.dtype) -> bytes:
+def _model_identity(checkpoint: Checkpoint, dtype: torch.dtype) -> bytes:
     """Prefix-cache key: blocks from another checkpoint or dtype must never match."""
-    path = Path(model).resolve()
-    stamp = "".join(
-        f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns};"
-        for p in sorted(path.glob("*.safetensors"))
-    )
-    return hashlib.blake2b(f"{path}|{dtype}|{stamp}".encode(), digest_size=16).digest()
+    key = f"{checkpoint.fingerprint()}|{dtype}"
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from backend_engine.attention_metadata import AttentionMetadata
+from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
 from backend_engine.failure_isolation import isolate_failures
 from backend_engine.model_config import ModelConfig
@@ -60,14 +61,20 @@ class PreparedBatch:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        num_blocks: int,
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
         self.dtype = engine_dtype(config, model_config)
         self.block_size = config.block_size
         self.model = load_model(
-            config.model,
+            checkpoint or Checkpoint(config.model),
             model_config,
             dtype=str(self.dtype).removeprefix("torch."),
             device=config.device,

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 30
+_ERROR_PREFIX = "error: "  # how `tollway engine` reports what it refuses
 FIRST_RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 STABLE_UPTIME_S = 60.0  # an engine up this long has recovered: the back-off starts over
@@ -154,12 +155,23 @@ class EngineProcess:
         return "\n".join(lines[-num_lines:])
 
     def check_alive(self) -> None:
+        """Raise `EngineStartError` if the engine has exited: with its own one-line error
+        (``tollway engine`` prints ``error: ...`` for a checkpoint or setting it refuses),
+        else with its log's tail."""
         code = self.process.poll()
-        if code is not None:
+        if code is None:
+            return
+        tail = self.log_tail()
+        errors = [line for line in tail.splitlines() if line.startswith(_ERROR_PREFIX)]
+        if errors:
+            reason = errors[-1].removeprefix(_ERROR_PREFIX)
             raise EngineStartError(
-                f"engine {self.spec.name!r} exited with code {code} "
-                f"(log: {self.log_path}):\n{self.log_tail()}"
+                f"engine {self.spec.name!r} exited with code {code}: {reason} "
+                f"(log: {self.log_path})"
             )
+        raise EngineStartError(
+            f"engine {self.spec.name!r} exited with code {code} (log: {self.log_path}):\n{tail}"
+        )
 
     def signal(self, signum: int) -> None:
         if self.is_running():

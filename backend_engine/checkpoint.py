@@ -1,0 +1,111 @@
+"""A checkpoint the engine can serve, resolved once: a Hugging Face directory or a GGUF file.
+
+Everything that opens a checkpoint goes through `Checkpoint`: the engine (config,
+tokenizer, weights, prefix-cache identity), ``tollway engine --model`` and the plans of
+``tollway serve`` (context window, early checks). The two kinds::
+
+    DIR/            config.json, model.safetensors (or shards + index), tokenizer files
+    FILE.gguf       llama.cpp's format: metadata (config, tokenizer, chat template) + tensors
+
+A GGUF file's reader parses the whole vocabulary when it opens (seconds for 49k tokens), so
+it is opened once per `Checkpoint` and shared by the config, the tokenizer and the weights.
+
+Importing this module, and everything but `iter_weights`, stays free of torch: the gateway
+reads context windows and checks spawned checkpoints through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from backend_engine.gguf_metadata import (
+    GGUFError,
+    check_tensor_types,
+    hf_config,
+    is_gguf,
+    open_gguf,
+)
+from backend_engine.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from gguf import GGUFReader
+
+    from backend_engine.tokenizer import Tokenizer
+
+CONFIG_FILE = "config.json"
+
+
+class Checkpoint:
+    """One checkpoint on disk, checked to exist when made; its parts are read when asked for."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.is_gguf = is_gguf(self.path)
+        if self.is_gguf:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"no GGUF file at {self.path}")
+        elif not (self.path / CONFIG_FILE).is_file():
+            raise FileNotFoundError(
+                f"no config.json found at {self.path / CONFIG_FILE}: a checkpoint is a "
+                "Hugging Face directory or a .gguf file"
+            )
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.path)!r})"
+
+    @cached_property
+    def reader(self) -> GGUFReader:
+        """The GGUF file's reader (GGUF checkpoints only)."""
+        if not self.is_gguf:
+            raise ValueError(f"{self.path} is not a GGUF file")
+        return open_gguf(self.path)
+
+    def model_config(self) -> ModelConfig:
+        if self.is_gguf:
+            return ModelConfig.from_dict(hf_config(self.reader))
+        return ModelConfig.from_pretrained(self.path)
+
+    def tokenizer(self) -> Tokenizer:
+        if self.is_gguf:
+            from backend_engine.gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(self.reader, source=str(self.path))
+        from backend_engine.tokenizer import Tokenizer
+
+        return Tokenizer.from_pretrained(self.path)
+
+    def check(self) -> ModelConfig:
+        """The config, after checking what can be checked without torch or the weights: the
+        config itself and, for a GGUF file, every tensor's type. Raises `GGUFError` (a
+        `ValueError`), another `ValueError` or `FileNotFoundError`, naming what is wrong."""
+        config = self.model_config()
+        if self.is_gguf:
+            check_tensor_types(self.reader)
+        return config
+
+    def iter_weights(
+        self, dtype: torch.dtype, show_progress: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor under its Hugging Face name, in ``dtype`` (a GGUF file's dequantized)."""
+        if self.is_gguf:
+            from backend_engine.gguf_checkpoint import iter_gguf_weights
+
+            return iter_gguf_weights(self.reader, dtype, show_progress)
+        from backend_engine.weights import iter_weights
+
+        return iter_weights(self.path, dtype, show_progress)
+
+    def fingerprint(self) -> str:
+        """Which files, as they are now: the resolved path, and each weight file's name, size
+        and modification time. Two checkpoints with the same fingerprint hold the same model."""
+        path = self.path.resolve()
+        files = [path] if self.is_gguf else sorted(path.glob("*.safetensors"))
+        stamps = "".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns};" for p in files)
+        return f"{path}|{stamps}"
+
+
+__all__ = ["CONFIG_FILE", "Checkpoint", "GGUFError"]
