@@ -125,7 +125,10 @@ def _converted(
     reader: GGUFReader, arch: str, heads: dict[str, int], dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for tensor in reader.tensors:
-        values = dequantize(tensor.data, tensor.tensor_type)  # float32 (or the raw floats)
+        # A plain ndarray view of the mapped bytes: the dequantizer slices its input per
+        # group of rows, and every slice of a np.memmap runs a Python-level hook.
+        data = np.asarray(tensor.data)
+        values = dequantize(data, tensor.tensor_type)  # float32 (or the raw floats)
         values = values.reshape([int(n) for n in reversed(tensor.shape)])  # rows first
         kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         if arch in _PERMUTED_ROPE and kind in heads:
