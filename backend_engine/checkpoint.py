@@ -70,6 +70,11 @@ class Checkpoint:
         return ModelConfig.from_pretrained(self.path)
 
     def tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer (built once: `check` builds it too)."""
+        return self._tokenizer
+
+    @cached_property
+    def _tokenizer(self) -> Tokenizer:
         if self.is_gguf:
             from backend_engine.gguf_tokenizer import tokenizer_from_gguf
 
@@ -80,9 +85,14 @@ class Checkpoint:
 
     def check(self) -> ModelConfig:
         """The config, after checking what can be checked without torch or the weights: the
-        config itself and, for a GGUF file, every tensor's type. Raises `GGUFError` (a
-        `ValueError`), another `ValueError` or `FileNotFoundError`, naming what is wrong."""
+        config, the tokenizer and, for a GGUF file, every tensor's type. Raises `GGUFError` (a
+        `ValueError`), another `ValueError` or `FileNotFoundError`, naming what is wrong.
+
+        ``tollway serve`` checks its checkpoints so, before starting anything, and the engine
+        before it builds anything: a file either refuses in one line, not from a child's log.
+        """
         config = self.model_config()
+        self.tokenizer()
         if self.is_gguf:
             check_tensor_types(self.reader)
         return config

@@ -18,8 +18,8 @@ Two sources, one result (`ServePlan`):
 
   A spawned engine's socket is put first in ``upstreams``; ``checkpoint`` and
   ``context_window`` default to the spawned checkpoint's, a Hugging Face directory or a
-  ``.gguf`` file, which is checked here (config, tensor types) so that a file the engine
-  would refuse is refused before anything starts. Models without ``spawn:`` are remote
+  ``.gguf`` file, which is checked here (config, tokenizer, tensor types) so that a file the
+  engine would refuse is refused before anything starts. Models without ``spawn:`` are remote
   engines that must already be running.
 
 In both cases ``TOLLWAY_*`` environment variables override the scalar settings, and the

@@ -21,110 +21,19 @@ from backend_engine.gguf_checkpoint import (
     unpermute_rows,
 )
 from backend_engine.model_config import ModelConfig
-
-HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, VOCAB = 64, 4, 2, 128, 2, 256
-HEAD_DIM = HIDDEN // HEADS
-
-
-def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """llama.cpp's converter (``LlamaModel.permute``), written out independently."""
-    shape = weight.shape
-    return (
-        weight.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
-        .swapaxes(1, 2)
-        .reshape(shape)
-    )
-
-
-def hf_tensors(*, tied: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-
-    def w(*shape: int) -> np.ndarray:
-        return rng.standard_normal(shape).astype(np.float32)
-
-    tensors = {"model.embed_tokens.weight": w(VOCAB, HIDDEN), "model.norm.weight": w(HIDDEN)}
-    if not tied:
-        tensors["lm_head.weight"] = w(VOCAB, HIDDEN)
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        tensors |= {
-            p + "input_layernorm.weight": w(HIDDEN),
-            p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
-            p + "post_attention_layernorm.weight": w(HIDDEN),
-            p + "mlp.gate_proj.weight": w(FFN, HIDDEN),
-            p + "mlp.up_proj.weight": w(FFN, HIDDEN),
-            p + "mlp.down_proj.weight": w(HIDDEN, FFN),
-        }
-    return tensors
-
-
-def llama_cpp_name(name: str) -> str:
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    if name in names:
-        return names[name]
-    layer, rest = name.removeprefix("model.layers.").split(".", 1)
-    short = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
-    return f"blk.{layer}.{short[rest]}"
-
-
-def write_gguf(
-    path: Path,
-    tensors: dict[str, np.ndarray],
-    *,
-    arch: str = "llama",
-    qtype: Q = Q.F32,
-    raw: dict[str, tuple[np.ndarray, Q]] | None = None,
-) -> Path:
-    """``tensors`` (HF names, HF layout) as llama.cpp's converter writes them: its names,
-    q/k rows permuted, 2-D weights in ``qtype`` (norms stay F32); ``raw`` adds tensors as
-    given (llama.cpp name: (bytes or values, type))."""
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(512)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(100_000.0)
-    writer.add_vocab_size(VOCAB)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    for name, values in tensors.items():
-        if name.endswith("q_proj.weight"):
-            values = llama_cpp_permute(values, HEADS)
-        elif name.endswith("k_proj.weight"):
-            values = llama_cpp_permute(values, KV_HEADS)
-        if values.ndim == 2 and qtype != Q.F32:
-            writer.add_tensor(
-                llama_cpp_name(name), gguf.quants.quantize(values, qtype), raw_dtype=qtype
-            )
-        else:
-            writer.add_tensor(llama_cpp_name(name), values)
-    for name, (data, kind) in (raw or {}).items():
-        writer.add_tensor(name, data, raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from tests.gguf_files import (
+    CONTEXT,
+    FFN,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    LAYERS,
+    VOCAB,
+    hf_tensors,
+    llama_cpp_permute,
+    write_gguf,
+)
 
 
 def loaded(path: Path) -> dict[str, torch.Tensor]:
@@ -147,7 +56,7 @@ def test_the_metadata_becomes_the_models_config(tmp_path: Path) -> None:
         KV_HEADS,
         HEAD_DIM,
     )
-    assert (config.vocab_size, config.max_position_embeddings) == (VOCAB, 512)
+    assert (config.vocab_size, config.max_position_embeddings) == (VOCAB, CONTEXT)
     assert config.rope_theta == 100_000.0 and config.rms_norm_eps == pytest.approx(1e-5)
     assert config.tie_word_embeddings and not config.attention_bias
     assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
@@ -171,6 +80,29 @@ def test_unpermute_inverts_llama_cpps_permutation() -> None:
     assert not np.array_equal(llama_cpp_permute(rows, 4), rows)
 
 
+# The most a value may move, as a fraction of the largest magnitude in its block of 32. F16
+# and BF16 round to half an ulp of the value itself (2^-11, 2^-8 of it). A block type rounds
+# to steps d (Q8_0: absmax/127; Q4_0: absmax/8; Q4_1: (max - min)/15 <= 2 absmax/15), half a
+# step away at most, except Q4_0's side opposite the largest value, which clamps at +7, up to
+# a whole step away. Its float16 scale adds up to 2^-11 d per quantized unit (127, 8, 15), and
+# Q4_1's float16 minimum up to 2^-11 absmax.
+_F16_ULP = 2.0**-11
+QUANTIZATION_ERROR = {
+    Q.F16: _F16_ULP,
+    Q.BF16: 2.0**-8,
+    Q.Q8_0: (0.5 + 127 * _F16_ULP) / 127,
+    Q.Q4_0: (1 + 8 * _F16_ULP) / 8,
+    Q.Q4_1: (0.5 + 15 * _F16_ULP) * 2 / 15 + _F16_ULP,
+}
+
+
+def _block_scale(values: np.ndarray, block: int = 32) -> np.ndarray:
+    """Each value's block's largest magnitude (blocks of ``block`` along a row)."""
+    rows, cols = values.shape
+    blocks = np.abs(values).reshape(rows, cols // block, block).max(axis=-1, keepdims=True)
+    return np.broadcast_to(blocks, (rows, cols // block, block)).reshape(rows, cols)
+
+
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
 def test_quantized_tensors_equal_the_gguf_reference_dequantizer(tmp_path: Path, qtype: Q) -> None:
     original = hf_tensors()
@@ -186,8 +118,11 @@ def test_quantized_tensors_equal_the_gguf_reference_dequantizer(tmp_path: Path, 
         else:
             reference = gguf.quants.dequantize(gguf.quants.quantize(values, qtype), qtype)
         assert torch.equal(weights[name], torch.from_numpy(reference.reshape(values.shape)))
-        if qtype != Q.F16:  # a real quantization: not the original values
-            assert not torch.equal(weights[name], torch.from_numpy(values))
+        # ...and within the type's rounding error of the original floats.
+        error = np.abs(weights[name].numpy() - values)
+        bound = QUANTIZATION_ERROR[qtype] * (1 + 1e-5) * _block_scale(values)
+        assert (error <= bound).all(), name
+        assert error.max() > 0, name  # a real rounding: not the original values
 
 
 def k_quant_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
