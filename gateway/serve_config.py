@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from backend_engine.gguf_metadata import hf_config, is_gguf, open_gguf
 from backend_engine.model_config import ModelConfig
 from gateway.engine_processes import MAX_SOCKET_PATH_BYTES, EngineSpec
 from gateway.settings import GatewaySettings
@@ -61,7 +62,10 @@ class ServePlan:
 
 
 def context_window(checkpoint: Path) -> int:
-    """The longest sequence the engine will serve for this checkpoint (from ``config.json``)."""
+    """The longest sequence the engine will serve for this checkpoint: from ``config.json``, or
+    from a ``.gguf`` file's metadata (opening it takes seconds: once per file)."""
+    if is_gguf(checkpoint):
+        return ModelConfig.from_dict(hf_config(open_gguf(checkpoint))).max_model_len
     return ModelConfig.from_pretrained(checkpoint).max_model_len
 
 
@@ -96,10 +100,11 @@ def embedded_plan(
         EngineSpec(name, path.resolve(), sockets / f"{name}.sock", env=threads)
         for name, path in checkpoints.items()
     )
+    windows = {path: context_window(path) for path in {spec.checkpoint for spec in engines}}
     models = {
         spec.name: {
             "upstreams": [f"unix:{spec.socket_path}"],
-            "context_window": context_window(spec.checkpoint),
+            "context_window": windows[spec.checkpoint],
             "checkpoint": str(spec.checkpoint),
             "prices": dict(DEMO_PRICES.get(spec.name, {})),
         }
