@@ -169,3 +169,49 @@ def write_tokenizer_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+LLAMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + "
+    "eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def write_sentencepiece_gguf(path: Path, *, add_space_prefix: bool | None = None) -> Path:
+    """A llama.cpp SentencePiece (``llama``) vocabulary: ``<unk>``, ``<s>``, ``</s>``, the 256
+    ``<0xXX>`` byte tokens, then pieces learned by BPE over ``▁``-spelled words, each merged
+    piece scored by its merge's rank (as SentencePiece's BPE scores them); no merges stored."""
+    backend = HFTokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False)
+    backend.train_from_iterator([*_EXTRA_TRAINING_TEXT[:2], *iter_demo_corpus(20_000)], trainer)
+    spec = json.loads(backend.to_str())
+    merged = ["".join(m.split(" ") if isinstance(m, str) else m) for m in spec["model"]["merges"]]
+    rank = {token: n for n, token in enumerate(merged)}
+    learned = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].__getitem__)
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, *[TokenType.BYTE] * 256]
+    scores = [0.0] * len(tokens)
+    for token in learned:
+        if token not in tokens:
+            tokens.append(token)
+            types.append(TokenType.NORMAL)
+            scores.append(-float(rank[token]) if token in rank else -1e6)
+    writer = gguf.GGUFWriter(path, "llama")
+    add_llama_metadata(writer, len(tokens))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_types([int(t) for t in types])
+    writer.add_token_scores(scores)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    if add_space_prefix is not None:
+        writer.add_add_space_prefix(add_space_prefix)
+    writer.add_chat_template(LLAMA_CHAT_TEMPLATE)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
