@@ -324,9 +324,14 @@ def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
         merged_ids.append(merged_id)
     if len(set(merged_ids)) != len(merged_ids):
         raise UnsupportedTokenizer("some token is made by two different merges")
+    # A token no merge makes (llama.cpp's [PAD123] fillers) is never produced by HF's merges,
+    # and tiktoken never sees it: it gets no rank. With ignore_merges HF would still take a
+    # piece that is one whole, so there it cannot be left out.
     unreachable = set(vocab.values()) - set(merged_ids) - set(byte_ids) - added_ids
-    if unreachable:
-        raise UnsupportedTokenizer(f"{len(unreachable)} tokens are not made by any merge")
+    if unreachable and model.get("ignore_merges"):
+        raise UnsupportedTokenizer(
+            f"{len(unreachable)} tokens are not made by any merge, and ignore_merges is set"
+        )
 
     token_of = {token_id: token for token, token_id in vocab.items()}
     bpe_ids = [i for i in byte_ids if i is not None] + merged_ids

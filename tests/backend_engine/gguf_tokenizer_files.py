@@ -108,8 +108,10 @@ def add_byte_level_tokenizer(
     *,
     add_bos_token: bool | None = None,
     chat_template: str | None = CHATML_TEMPLATE,
+    num_unused: int = 0,
 ) -> None:
-    """Write ``backend``'s vocabulary under llama.cpp's tokenizer keys."""
+    """Write ``backend``'s vocabulary under llama.cpp's tokenizer keys, plus ``num_unused``
+    ``[PAD<id>]`` fillers typed UNUSED (as llama.cpp pads Qwen2's vocabulary)."""
     spec = json.loads(backend.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.__getitem__)
@@ -122,6 +124,8 @@ def add_byte_level_tokenizer(
         else TokenType.NORMAL
         for t in tokens
     ]
+    tokens += [f"[PAD{len(tokens) + n}]" for n in range(num_unused)]
+    types += [TokenType.UNUSED] * num_unused
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
@@ -156,13 +160,19 @@ def write_tokenizer_gguf(
     add_bos_token: bool | None = None,
     chat_template: str | None = CHATML_TEMPLATE,
     backend: HFTokenizer | None = None,
+    num_unused: int = 0,
 ) -> Path:
     """A GGUF file with a trained tokenizer and a tiny Llama's metadata, no tensors."""
     backend = backend or train_byte_level_bpe(pre)
     writer = gguf.GGUFWriter(path, "llama")
-    add_llama_metadata(writer, backend.get_vocab_size())
+    add_llama_metadata(writer, backend.get_vocab_size() + num_unused)
     add_byte_level_tokenizer(
-        writer, backend, pre, add_bos_token=add_bos_token, chat_template=chat_template
+        writer,
+        backend,
+        pre,
+        add_bos_token=add_bos_token,
+        chat_template=chat_template,
+        num_unused=num_unused,
     )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -68,7 +68,8 @@ def pair(
     if pre == "sentencepiece":
         write_sentencepiece_gguf(path)
     else:
-        write_tokenizer_gguf(path, pre, add_bos_token=pre == "llama-bpe")
+        unused = 3 if pre == "qwen2" else 0  # llama.cpp's [PAD<id>] fillers
+        write_tokenizer_gguf(path, pre, add_bos_token=pre == "llama-bpe", num_unused=unused)
     return Tokenizer.from_checkpoint(path), referee(path, pre)
 
 
@@ -203,6 +204,12 @@ def test_byte_level_bpe_without_merges_is_refused(tmp_path: Path) -> None:
     path = write_with(tmp_path / "n.gguf", "gpt-2", **{"tokenizer.ggml.merges": None})
     with pytest.raises(GGUFError, match=r"no tokenizer\.ggml\.merges"):
         Tokenizer.from_checkpoint(path)
+
+
+def test_a_file_without_a_chat_template_says_so(tmp_path: Path) -> None:
+    path = write_tokenizer_gguf(tmp_path / "t.gguf", "gpt-2", chat_template=None)
+    with pytest.raises(ValueError, match=r"t\.gguf has no tokenizer\.chat_template"):
+        Tokenizer.from_checkpoint(path).apply_chat_template([{"role": "user", "content": "hi"}])
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:

@@ -163,6 +163,22 @@ def test_ids_out_of_merge_order_use_merge_ranks(
     assert counter.encode_text("the engine") != counter.encoding.encode("the engine")
 
 
+def test_tokens_no_merge_makes_are_left_out(
+    demo_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Without ignore_merges HF never produces such a token (llama.cpp's [PAD123] fillers)."""
+    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    spec = _spec(source)
+    *spec["model"]["merges"], last = spec["model"]["merges"]
+    assert not spec["model"].get("ignore_merges")
+    counter = _assert_variant_matches(_variant(source, tmp_path / "unmade", spec))
+    unmade = "".join(last) if isinstance(last, list) else last.replace(" ", "")
+    tokenizer = Tokenizer.from_pretrained(tmp_path / "unmade")
+    assert tokenizer.backend.token_to_id(unmade) is not None
+    text = tokenizer.decode([tokenizer.backend.token_to_id(unmade)], False)
+    assert counter.encode_text(text) == tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_byte_level_regex_pre_tokenizer(
     demo_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -267,6 +283,7 @@ def _break_byte_alphabet(spec: dict[str, Any]) -> None:
 
 def _break_unreachable_token(spec: dict[str, Any]) -> None:
     spec["model"]["merges"] = spec["model"]["merges"][:-1]
+    spec["model"]["ignore_merges"] = True
 
 
 @pytest.mark.parametrize(
@@ -279,7 +296,7 @@ def _break_unreachable_token(spec: dict[str, Any]) -> None:
         (_break_normalizer, r"normalizer \['Lowercase'\] is not NFC"),
         (_break_added_token, "sets lstrip"),
         (_break_byte_alphabet, "lacks the token of byte 0x80"),
-        (_break_unreachable_token, "1 tokens are not made by any merge"),
+        (_break_unreachable_token, "1 tokens are not made by any merge, and ignore_merges"),
     ],
 )
 def test_unrepresentable_tokenizers_say_why(
@@ -410,7 +427,13 @@ def _assert_counts_like_engine(counter: CheckpointTokenCounter, tokenizer: Token
 
 @pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
 def test_a_gguf_files_prompts_count_as_its_engine_tokenizer(tmp_path: Path, pre: str) -> None:
-    path = write_tokenizer_gguf(tmp_path / f"{pre}.gguf", pre, add_bos_token=pre == "llama-bpe")
+    """Qwen2's file also carries llama.cpp's [PAD<id>] fillers, which no merge makes."""
+    path = write_tokenizer_gguf(
+        tmp_path / f"{pre}.gguf",
+        pre,
+        add_bos_token=pre == "llama-bpe",
+        num_unused=3 if pre == "qwen2" else 0,
+    )
     counter, tokenizer = from_checkpoint(path), Tokenizer.from_checkpoint(path)
     assert counter.count_prompt("hi") == counter.count_text("hi") + (pre == "llama-bpe")  # BOS
     _assert_counts_like_engine(counter, tokenizer)
