@@ -1,4 +1,4 @@
-"""Engine subcommands of the ``tollway`` CLI: ``demo-model`` and ``engine``."""
+"""Engine subcommands of the ``tollway`` CLI: ``demo-model``, ``convert`` and ``engine``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 
 def register_engine_commands(app: typer.Typer) -> None:
     app.command("demo-model")(demo_model)
+    app.command("convert")(convert)
     app.command("engine")(engine)
 
 
@@ -27,6 +28,23 @@ def demo_model(
         )
     path = write_demo_checkpoint(directory, size=size, seed=seed, show_progress=True)
     typer.echo(f"wrote {size} demo checkpoint to {path}")
+
+
+def convert(
+    source: Annotated[Path, typer.Argument(help="The GGUF file to convert.")],
+    out_dir: Annotated[Path, typer.Argument(help="The Hugging Face directory to write.")],
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
+    force: Annotated[bool, typer.Option(help="Write into a directory that holds files.")] = False,
+) -> None:
+    """Convert a GGUF file into a Hugging Face checkpoint directory (weights dequantized)."""
+    from backend_engine.gguf_convert import convert_gguf
+
+    try:
+        convert_gguf(source, out_dir, dtype=dtype, overwrite=force, show_progress=True)
+    except (ValueError, OSError) as exc:  # GGUFError is a ValueError
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(f"wrote {out_dir} from {source} ({dtype})")
 
 
 def engine(

@@ -87,6 +87,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     )
     config: dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,  # transformers' name for both is llama.cpp's
+        "hidden_act": "silu",
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": metadata_int(reader, f"{arch}.feed_forward_length"),
@@ -101,6 +103,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         "attention_bias": has_tensor(reader, "blk.0.attn_q.bias"),
         "torch_dtype": "float32",
     }
+    if arch == "qwen2":
+        config.update(use_sliding_window=False, sliding_window=None)
     for key, name in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
         if reader.get_field(f"tokenizer.ggml.{name}") is not None:
             config[key] = metadata_int(reader, f"tokenizer.ggml.{name}")

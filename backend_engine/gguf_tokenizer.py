@@ -29,7 +29,7 @@ from enum import IntEnum
 from typing import Any
 
 from gguf import GGUFReader
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.processors import TemplateProcessing
 
@@ -97,6 +97,7 @@ class GGUFVocabulary:
     special_ids: dict[str, int]  # "bos", "eos", "unk", "pad", "eot", "eom" -> id
     add_bos_token: bool
     add_eos_token: bool
+    add_space_prefix: bool  # SentencePiece: a "▁" before the text
     chat_template: str | None
 
     def token(self, role: str) -> str | None:
@@ -164,6 +165,7 @@ def read_vocabulary(reader: GGUFReader) -> GGUFVocabulary:
         special_ids=special_ids,
         add_bos_token=default_bos if add_bos is None else add_bos,
         add_eos_token=bool(add_eos),
+        add_space_prefix=_optional(reader, "tokenizer.ggml.add_space_prefix", bool) is not False,
         chat_template=_optional(reader, "tokenizer.chat_template", str),
     )
 
@@ -219,8 +221,11 @@ def _byte_level_bpe(vocabulary: GGUFVocabulary) -> HFTokenizer:
 
 
 def _sentencepiece_bpe(vocabulary: GGUFVocabulary) -> HFTokenizer:
-    """llama.cpp's SPM tokenizer as a byte-fallback BPE (what transformers' Llama converter
-    builds): a ``▁`` before the text, spaces spelled ``▁``, unknown characters as byte tokens."""
+    """A SentencePiece vocabulary as a byte-fallback BPE, as transformers' Llama tokenizer
+    builds it: spaces spelled ``▁``, one ``▁`` before the text (unless
+    ``tokenizer.ggml.add_space_prefix`` is false), characters without a token as ``<0xXX>``
+    byte tokens. SentencePiece files carry scores, not merges: the merges are every split of a
+    token into two tokens, ranked by the token's score."""
     vocab = {token: token_id for token_id, token in enumerate(vocabulary.tokens)}
     if vocabulary.merges is not None:
         pairs = _merge_pairs(vocabulary.merges)
@@ -232,17 +237,14 @@ def _sentencepiece_bpe(vocabulary: GGUFVocabulary) -> HFTokenizer:
     backend = HFTokenizer(
         models.BPE(vocab, pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
-    backend.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    prefix = "first" if vocabulary.add_space_prefix else "never"
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme=prefix, split=False
     )
-    backend.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(content=" ", left=1, right=0),
-        ]
-    )
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if vocabulary.add_space_prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
     return backend
 
 
@@ -259,15 +261,21 @@ def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
 def _merges_from_scores(
     tokens: Sequence[str], scores: Sequence[float], vocab: dict[str, int]
 ) -> list[tuple[str, str]]:
-    """SentencePiece merges: every split of a token into two tokens, best score first."""
-    found: list[tuple[float, int, int, str, str]] = []
-    for merged, token_id in vocab.items():
-        for cut in range(1, len(merged)):
-            left, right = merged[:cut], merged[cut:]
-            if left in vocab and right in vocab:
-                found.append((-scores[token_id], vocab[left], vocab[right], left, right))
-    found.sort()
-    return [(left, right) for _, _, _, left, right in found]
+    """Every split of a token into two tokens, best score first; ties: the longer left part,
+    then the longer right part, then id order (transformers' ``generate_merges`` order)."""
+    found: list[tuple[str, str, float]] = []
+    for token_id, merged in enumerate(tokens):
+        if vocab.get(merged) != token_id:
+            continue  # a duplicate spelling: the last id wins, as in vocab
+        splits = [
+            (merged[:cut], merged[cut:])
+            for cut in range(1, len(merged))
+            if merged[:cut] in vocab and merged[cut:] in vocab
+        ]
+        splits.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        found += [(left, right, scores[token_id]) for left, right in splits]
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
 
 
 def _add_tokens(backend: HFTokenizer, vocabulary: GGUFVocabulary) -> None:

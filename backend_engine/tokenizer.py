@@ -221,6 +221,8 @@ class Tokenizer:
         Extra keyword arguments (``tools``, ``documents``, ...) are passed to the template.
         """
         if self.chat_template is None:
+            if self._source.lower().endswith(".gguf"):
+                raise ValueError(f"no chat template: {self._source} has no tokenizer.chat_template")
             raise ValueError(
                 f"no chat template: neither {TOKENIZER_CONFIG_FILE} nor {CHAT_TEMPLATE_FILE} "
                 f"in {self._source} defines one"

@@ -205,12 +205,17 @@ def management_routes(
 
 
 def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounter]:
-    """Exact counters for our checkpoints; ``cl100k_base`` (by model name) for the rest."""
+    """Exact counters for our checkpoints; ``cl100k_base`` (by model name) for the rest.
+
+    Models on the same checkpoint share one counter (a GGUF file takes seconds to open)."""
     counters: dict[str, TokenCounter] = {}
+    by_checkpoint: dict[Path, TokenCounter] = {}
     for name, model in models.items():
         if model.checkpoint is not None:
             try:
-                counters[name] = from_checkpoint(model.checkpoint)
+                if model.checkpoint not in by_checkpoint:
+                    by_checkpoint[model.checkpoint] = from_checkpoint(model.checkpoint)
+                counters[name] = by_checkpoint[model.checkpoint]
                 continue
             except UnsupportedTokenizer as exc:
                 logger.warning("model %s: %s; counting with cl100k_base", name, exc)

@@ -3,16 +3,18 @@
 Two builders, both offline:
 
 - ``from_checkpoint(path)`` converts one of our checkpoints' byte-level BPE ``tokenizer.json``
-  into a ``tiktoken.Encoding`` and renders the checkpoint's chat template with the engine's own
-  code. It counts what the engine's server counts (``backend_engine/server/routes.py``): a
-  completions prompt is ``Tokenizer.encode(prompt)``, so with the tokens the tokenizer's
-  post-processor adds (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of each message's role
-  and text, the template writing its own BOS. A tokenizer tiktoken cannot reproduce exactly
-  raises ``UnsupportedTokenizer`` (a ``ValueError``) saying why, so the caller can fall back.
+  (or the one rebuilt from a ``.gguf`` file's metadata) into a ``tiktoken.Encoding`` and
+  renders the checkpoint's chat template with the engine's own code. It counts what the
+  engine's server counts (``backend_engine/server/routes.py``): a completions prompt is
+  ``Tokenizer.encode(prompt)``, so with the tokens the tokenizer's post-processor adds
+  (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of each message's role and text, the
+  template writing its own BOS. A tokenizer tiktoken cannot reproduce exactly raises
+  ``UnsupportedTokenizer`` (a ``ValueError``) saying why, so the caller can fall back.
 - ``for_openai_model(name)`` counts with ``cl100k_base`` or ``o200k_base``, loaded from the rank
   files shipped in ``gateway/encodings`` (never downloaded), following OpenAI's cookbook rules.
 
-Only ``tiktoken``, ``tokenizers`` and ``jinja2`` are imported: never torch or transformers.
+Only ``tiktoken``, ``tokenizers``, ``jinja2`` (and ``gguf`` for a GGUF file) are imported:
+never torch or transformers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import hashlib
 import itertools
 import json
 import re
+import sys
 import types
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
@@ -260,6 +263,8 @@ class TiktokenVocabulary:
     pat_str: str
     rank_to_id: tuple[int, ...] | None
     normalize: Callable[[str], str] | None
+    # The characters with a byte the vocabulary has no token for (a regex class), or None.
+    unencodable: str | None = None
 
 
 def _merge_pairs(merges: list[Any]) -> list[tuple[str, str]]:
@@ -309,8 +314,7 @@ def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
             raise UnsupportedTokenizer(f"token {token!r} is not byte-level") from None
 
     byte_ids = [vocab.get(c) for c in byte_of]
-    if None in byte_ids:
-        raise UnsupportedTokenizer("the vocabulary lacks some of the 256 single-byte tokens")
+    unencodable = _unencodable_chars([byte_of[c] for c in byte_of if c not in vocab])
     merged_ids = []
     pairs = _merge_pairs(model.get("merges", []))
     for left, right in pairs:
@@ -320,9 +324,14 @@ def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
         merged_ids.append(merged_id)
     if len(set(merged_ids)) != len(merged_ids):
         raise UnsupportedTokenizer("some token is made by two different merges")
+    # A token no merge makes (llama.cpp's [PAD123] fillers) is never produced by HF's merges,
+    # and tiktoken never sees it: it gets no rank. With ignore_merges HF would still take a
+    # piece that is one whole, so there it cannot be left out.
     unreachable = set(vocab.values()) - set(merged_ids) - set(byte_ids) - added_ids
-    if unreachable:
-        raise UnsupportedTokenizer(f"{len(unreachable)} tokens are not made by any merge")
+    if unreachable and model.get("ignore_merges"):
+        raise UnsupportedTokenizer(
+            f"{len(unreachable)} tokens are not made by any merge, and ignore_merges is set"
+        )
 
     token_of = {token_id: token for token, token_id in vocab.items()}
     bpe_ids = [i for i in byte_ids if i is not None] + merged_ids
@@ -330,11 +339,38 @@ def tiktoken_vocabulary(spec: dict[str, Any]) -> TiktokenVocabulary:
     if all(a < b for a, b in itertools.pairwise(merged_ids)):
         ranks = {to_bytes(token_of[i]): i for i in bpe_ids}
         specials = {content: token["id"] for content, token in added.items()}
-        return TiktokenVocabulary(ranks, specials, pat_str, None, normalize)
+        return TiktokenVocabulary(ranks, specials, pat_str, None, normalize, unencodable)
     ranks = {to_bytes(token_of[i]): rank for rank, i in enumerate(bpe_ids)}
     specials = {content: len(bpe_ids) + n for n, content in enumerate(added)}
     rank_to_id = (*bpe_ids, *(token["id"] for token in added.values()))
-    return TiktokenVocabulary(ranks, specials, pat_str, rank_to_id, normalize)
+    return TiktokenVocabulary(ranks, specials, pat_str, rank_to_id, normalize, unencodable)
+
+
+def _unencodable_chars(missing_bytes: Iterable[int]) -> str | None:
+    """A regex class of the characters whose UTF-8 holds one of ``missing_bytes``.
+
+    HF's byte-level BPE (without ``unk_token``) drops such a byte and merges its neighbours
+    across the gap, which tiktoken cannot do: texts holding one are encoded by HF instead.
+    SmolLM2 lacks 21 bytes: 6 control characters, the lead bytes of planes 4 to 11 and bytes
+    UTF-8 never uses. A missing continuation byte would touch most characters: refused.
+    """
+    ranges = []
+    for byte in sorted(missing_bytes):
+        if byte < 0x80:
+            first, size = byte, 1
+        elif byte < 0xC0:
+            raise UnsupportedTokenizer(f"the vocabulary lacks the token of byte {byte:#x}")
+        elif 0xC2 <= byte <= 0xDF:
+            first, size = (byte & 0x1F) << 6, 1 << 6
+        elif 0xE0 <= byte <= 0xEF:
+            first, size = (byte & 0x0F) << 12, 1 << 12
+        elif 0xF0 <= byte <= 0xF4:
+            first, size = (byte & 0x07) << 18, 1 << 18
+        else:
+            continue  # 0xC0, 0xC1, 0xF5-0xFF: not in any UTF-8 text
+        last = min(first + size - 1, sys.maxunicode)
+        ranges.append(f"\\U{first:08x}-\\U{last:08x}")
+    return f"[{''.join(ranges)}]" if ranges else None
 
 
 def _engine_messages(messages: Messages) -> Messages:
@@ -383,6 +419,10 @@ class CheckpointTokenCounter:
         except ValueError as exc:  # the Rust side rejects the regex
             raise UnsupportedTokenizer(f"tiktoken cannot use the pattern: {exc}") from exc
         self._render = tokenizer.apply_chat_template
+        self._backend = backend
+        self._unencodable = (
+            re.compile(vocabulary.unencodable) if vocabulary.unencodable is not None else None
+        )
         self._normalize = vocabulary.normalize
         self._rank_to_id = vocabulary.rank_to_id
         self._special_ranks = vocabulary.special_tokens
@@ -424,8 +464,13 @@ class CheckpointTokenCounter:
                 )
         return ranks
 
+    def _has_unencodable(self, text: str) -> bool:
+        return self._unencodable is not None and self._unencodable.search(text) is not None
+
     def encode_text(self, text: str) -> list[int]:
         """Token ids, as ``Tokenizer.encode(text, add_special_tokens=False)``."""
+        if self._has_unencodable(text):
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         ranks = self._encode_ranks(text)
         if self._rank_to_id is None:
             return ranks
@@ -435,6 +480,8 @@ class CheckpointTokenCounter:
         return self.encode_text(self._render(_engine_messages(messages)))
 
     def count_text(self, text: str) -> int:
+        if self._has_unencodable(text):
+            return len(self._backend.encode(text, add_special_tokens=False).ids)
         return len(self._encode_ranks(text))
 
     def count_prompt(self, prompt: str, limit: int | None = None) -> int:
@@ -447,13 +494,18 @@ class CheckpointTokenCounter:
 
     def _count_within(self, text: str, limit: int | None) -> int:
         fewest = _fewest_tokens(len(text), self._max_chars_per_token)
-        if limit is not None and fewest > limit:
+        # A dropped character (see _unencodable_chars) makes no token: no lower bound then.
+        if limit is not None and fewest > limit and not self._has_unencodable(text):
             return fewest
         return self.count_text(text)
 
 
 def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:
-    """A counter for one checkpoint directory; ``UnsupportedTokenizer`` if tiktoken can't."""
-    tokenizer = Tokenizer.from_pretrained(path)
+    """A counter for a checkpoint directory or ``.gguf`` file (its tokenizer rebuilt from the
+    metadata, as the engine does); ``UnsupportedTokenizer`` if tiktoken can't.
+
+    Opening a GGUF file takes seconds (its reader parses the whole vocabulary): call this once
+    per file, at start-up, not on the event loop."""
+    tokenizer = Tokenizer.from_checkpoint(path)
     vocabulary = tiktoken_vocabulary(json.loads(tokenizer.backend.to_str()))
     return CheckpointTokenCounter(tokenizer, vocabulary, name=Path(path).name)

@@ -27,6 +27,8 @@ from gateway.token_counter import (
     openai_encoding_name,
     tiktoken_vocabulary,
 )
+from tests.backend_engine.gguf_tokenizer_files import AWKWARD_TEXTS, write_tokenizer_gguf
+from tests.backend_engine.gguf_tokenizer_files import CONVERSATIONS as GGUF_CONVERSATIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -161,6 +163,22 @@ def test_ids_out_of_merge_order_use_merge_ranks(
     assert counter.encode_text("the engine") != counter.encoding.encode("the engine")
 
 
+def test_tokens_no_merge_makes_are_left_out(
+    demo_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Without ignore_merges HF never produces such a token (llama.cpp's [PAD123] fillers)."""
+    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    spec = _spec(source)
+    *spec["model"]["merges"], last = spec["model"]["merges"]
+    assert not spec["model"].get("ignore_merges")
+    counter = _assert_variant_matches(_variant(source, tmp_path / "unmade", spec))
+    unmade = "".join(last) if isinstance(last, list) else last.replace(" ", "")
+    tokenizer = Tokenizer.from_pretrained(tmp_path / "unmade")
+    assert tokenizer.backend.token_to_id(unmade) is not None
+    text = tokenizer.decode([tokenizer.backend.token_to_id(unmade)], False)
+    assert counter.encode_text(text) == tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_byte_level_regex_pre_tokenizer(
     demo_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -260,11 +278,12 @@ def _break_added_token(spec: dict[str, Any]) -> None:
 
 
 def _break_byte_alphabet(spec: dict[str, Any]) -> None:
-    del spec["model"]["vocab"]["Ā"]  # the token for byte 0x00
+    del spec["model"]["vocab"]["Ģ"]  # the token for byte 0x80, in most multi-byte characters
 
 
 def _break_unreachable_token(spec: dict[str, Any]) -> None:
     spec["model"]["merges"] = spec["model"]["merges"][:-1]
+    spec["model"]["ignore_merges"] = True
 
 
 @pytest.mark.parametrize(
@@ -276,8 +295,8 @@ def _break_unreachable_token(spec: dict[str, Any]) -> None:
         (_break_split_string, "splits on a string"),
         (_break_normalizer, r"normalizer \['Lowercase'\] is not NFC"),
         (_break_added_token, "sets lstrip"),
-        (_break_byte_alphabet, "lacks some of the 256 single-byte tokens"),
-        (_break_unreachable_token, "1 tokens are not made by any merge"),
+        (_break_byte_alphabet, "lacks the token of byte 0x80"),
+        (_break_unreachable_token, "1 tokens are not made by any merge, and ignore_merges"),
     ],
 )
 def test_unrepresentable_tokenizers_say_why(
@@ -391,3 +410,67 @@ def test_a_prompt_too_long_by_its_length_is_not_tokenized(
     assert counter.count_chat([{"role": "user", "content": word}], limit=2047) > 2047
     with pytest.raises(AttributeError):
         counter.count_prompt(word[:100], limit=2047)
+
+
+# --- GGUF files: the tokenizer rebuilt from the metadata, counted as the engine counts ---------
+
+
+def _assert_counts_like_engine(counter: CheckpointTokenCounter, tokenizer: Tokenizer) -> None:
+    for text in TEXTS + list(AWKWARD_TEXTS) + _random_texts(200, seed=2):
+        _assert_same_text(counter, tokenizer, text)
+        assert counter.count_prompt(text) == len(tokenizer.encode(text)), repr(text)
+    for messages in [*CONVERSATIONS, *GGUF_CONVERSATIONS]:
+        expected = tokenizer.encode_chat(messages)
+        assert counter.encode_chat(messages) == expected
+        assert counter.count_chat(messages) == len(expected)
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
+def test_a_gguf_files_prompts_count_as_its_engine_tokenizer(tmp_path: Path, pre: str) -> None:
+    """Qwen2's file also carries llama.cpp's [PAD<id>] fillers, which no merge makes."""
+    path = write_tokenizer_gguf(
+        tmp_path / f"{pre}.gguf",
+        pre,
+        add_bos_token=pre == "llama-bpe",
+        num_unused=3 if pre == "qwen2" else 0,
+    )
+    counter, tokenizer = from_checkpoint(path), Tokenizer.from_checkpoint(path)
+    assert counter.count_prompt("hi") == counter.count_text("hi") + (pre == "llama-bpe")  # BOS
+    _assert_counts_like_engine(counter, tokenizer)
+    for token_id in range(tokenizer.vocab_size):
+        _assert_same_text(counter, tokenizer, tokenizer.decode([token_id], False))
+
+
+_DROPPED = ["!\x04!", "a\x13b\x16c", "\U00050000x\U000b0000", "\x04" * 5000, " \x1d 1"]
+
+
+def test_smollm2_counts_as_its_engine_tokenizer_without_torch(smollm2_gguf: Path) -> None:
+    """The gateway loads the GGUF's counter with torch blocked, and counts every text and
+    chat as the engine's tokenizer does, also texts with a byte SmolLM2 has no token for
+    (HF drops it and merges across the gap: "!\\x04!" is one token)."""
+    texts = [*TEXTS, *AWKWARD_TEXTS, *_DROPPED]
+    chats = [*CONVERSATIONS, *GGUF_CONVERSATIONS]
+    code = (
+        "import json, sys; sys.modules['torch'] = None\n"
+        "from gateway.token_counter import from_checkpoint\n"
+        "texts, chats = json.load(sys.stdin)\n"
+        f"counter = from_checkpoint({str(smollm2_gguf)!r})\n"
+        "print(json.dumps([[counter.encode_text(t) for t in texts],"
+        " [counter.count_prompt(t, limit=10) for t in texts],"
+        " [counter.encode_chat(c) for c in chats]]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        input=json.dumps([texts, chats]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ids, prompt_counts, chat_ids = json.loads(result.stdout)
+    tokenizer = Tokenizer.from_checkpoint(smollm2_gguf)
+    assert ids == [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    assert ids[texts.index("!\x04!")] == tokenizer.encode("!!", add_special_tokens=False)
+    assert prompt_counts[: len(TEXTS)] == [len(tokenizer.encode(t)) for t in TEXTS]
+    assert prompt_counts[-len(_DROPPED) :] == [len(tokenizer.encode(t)) for t in _DROPPED]
+    assert chat_ids == [tokenizer.encode_chat(c) for c in chats]
