@@ -38,6 +38,7 @@ from gateway.serve_config import (
 from gateway.storage import api_keys, migrate, tenants
 from gateway.storage.database import Database, default_database_url
 from policies.quota import TenantQuota
+from tests.gguf_files import CONTEXT, hf_tensors, write_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -219,6 +220,18 @@ models:
     )
     assert plan.settings.models["local"].context_window == 2048
     assert plan.settings.models["remote"].upstreams == ("http://10.0.0.2:8100",)
+
+
+def test_a_config_may_spawn_an_engine_on_a_gguf_file(short_tmp: Path) -> None:
+    path = write_gguf(short_tmp / "m.gguf", hf_tensors(), tokenizer_pre="smollm")
+    config = short_tmp / "tollway.yaml"
+    config.write_text("models:\n  small:\n    spawn: {checkpoint: m.gguf}\n")  # relative
+    plan = config_plan(config, short_tmp / "data", env={})
+    (engine,) = plan.engines
+    assert engine.checkpoint == path.resolve()
+    assert engine.command()[engine.command().index("--model") + 1] == str(path.resolve())
+    assert plan.settings.models["small"].context_window == CONTEXT
+    assert plan.settings.models["small"].checkpoint == path.resolve()
 
 
 def test_the_example_config_is_valid() -> None:
