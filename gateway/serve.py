@@ -184,6 +184,7 @@ def banner(plan: ServePlan, credentials: Credentials) -> str:
         "",
         f"Tollway is ready: {url}/v1  (OpenAI-compatible)",
         f"  models:   {', '.join(sorted(settings.known_models))}",
+        *(f"  {spec.name + ':':<9} {spec.checkpoint}" for spec in plan.engines),
         f"  data:     {settings.data_dir}",
     ]
     if credentials.is_new:

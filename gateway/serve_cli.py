@@ -56,6 +56,11 @@ def serve(
     from gateway import serve as serving
     from gateway.engine_processes import EngineStartError
 
+    if demo_models and config is not None:
+        raise typer.BadParameter(
+            "the demo models replace the embedded default's; a --config names its own",
+            param_hint="--demo-models",
+        )
     options = serving.ServeOptions(
         config=config,
         data_dir=data_dir,

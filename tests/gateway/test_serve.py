@@ -16,18 +16,21 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from gateway import bundled_model
 from gateway.bundled_model import find_bundled_gguf
+from gateway.cli import app
 from gateway.engine_processes import EngineSpec, EngineStartError, EngineSupervisor
 from gateway.first_run import (
     ADMIN_KEY_FILENAME,
     DEFAULT_TENANT_QUOTA,
+    Credentials,
     ensure_credentials,
     ensure_demo_checkpoints,
     read_admin_key_hash,
 )
-from gateway.serve import ServeOptions, default_checkpoints
+from gateway.serve import ServeOptions, banner, default_checkpoints
 from gateway.serve_config import (
     MAX_SOCKET_PATH_BYTES,
     config_plan,
@@ -297,6 +300,20 @@ def test_demo_models_are_served_on_request_without_looking_for_the_real_model(
     checkpoints = default_checkpoints(short_tmp, options, say=said.append)
     assert checkpoints == {"small": short_tmp / "models" / "small"}
     assert not any("WARNING" in line for line in said)
+
+
+def test_the_banner_says_what_each_engine_serves(short_tmp: Path, tiny: Path) -> None:
+    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert f"  small:    {tiny.resolve()}" in text.splitlines()
+    assert f"  large:    {tiny.resolve()}" in text.splitlines()
+
+
+def test_demo_models_and_a_config_do_not_mix(tmp_path: Path) -> None:
+    config = tmp_path / "tollway.yaml"
+    config.write_text("models: {}\n")
+    result = CliRunner().invoke(app, ["serve", "--config", str(config), "--demo-models"])
+    assert result.exit_code == 2 and "--demo-models" in result.output
 
 
 def test_a_missing_wheel_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
