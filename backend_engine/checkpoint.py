@@ -88,8 +88,8 @@ class Checkpoint:
         config, the tokenizer and, for a GGUF file, every tensor's type. Raises `GGUFError` (a
         `ValueError`), another `ValueError` or `FileNotFoundError`, naming what is wrong.
 
-        ``tollway serve`` checks its checkpoints so, before starting anything, and the engine
-        before it builds anything: a file either refuses in one line, not from a child's log.
+        ``tollway serve`` calls it on every checkpoint before it starts anything, and the
+        engine before it builds anything, so a bad file is refused in one line, by name.
         """
         config = self.model_config()
         self.tokenizer()
