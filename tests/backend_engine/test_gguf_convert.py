@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors import safe_open
 from typer.testing import CliRunner
 
+from backend_engine.gguf_convert import OUTPUT_FILES
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.tokenizer import Tokenizer
@@ -180,6 +181,8 @@ def test_the_files_say_what_the_gguf_says(converted: Converted) -> None:
     with safe_open(str(out_dir / "model.safetensors"), "pt") as weights:
         names = weights.keys()
     assert ("lm_head.weight" in names) is not config["tie_word_embeddings"]
+    modes = {(out_dir / name).stat().st_mode & 0o777 for name in OUTPUT_FILES}
+    assert len(modes) == 1  # the weights are not left private when the rest is readable
 
 
 def test_dtype_chooses_the_weights_type(tmp_path: Path) -> None:
