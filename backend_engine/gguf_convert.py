@@ -82,6 +82,8 @@ def convert_gguf(
     target.mkdir(parents=True, exist_ok=True)
     _write_json(target / CONFIG_FILE, dict(sorted(config.items())))
     save_file(weights, str(target / WEIGHTS_FILE), metadata={"format": "pt"})
+    # safetensors creates the file private (0600); give it the mode the other files got.
+    (target / WEIGHTS_FILE).chmod((target / CONFIG_FILE).stat().st_mode & 0o777)
     backend.save(str(target / TOKENIZER_FILE))
     _write_json(
         target / TOKENIZER_CONFIG_FILE,

@@ -126,9 +126,13 @@ def read_vocabulary(reader: GGUFReader) -> GGUFVocabulary:
         )
     pre = _optional(reader, "tokenizer.ggml.pre", str)
     if model == "gpt2" and pre not in PRE_TOKENIZER_PATTERNS:
+        problem = (
+            "the GGUF file names no pre-tokenizer"
+            if pre is None
+            else f"unknown GGUF pre-tokenizer {pre!r}"
+        )
         raise GGUFError(
-            f"unknown GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
-            f"supported: {', '.join(PRE_TOKENIZER_PATTERNS)}"
+            f"{problem} (tokenizer.ggml.pre); supported: {', '.join(PRE_TOKENIZER_PATTERNS)}"
         )
     tokens = _list(reader, "tokenizer.ggml.tokens", str)
     num_tokens = len(tokens)

@@ -50,12 +50,7 @@ from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
 from gateway.storage.usage_writer import UsageWriter
 from gateway.tenant_api import tenant_routes
-from gateway.token_counter import (
-    TokenCounter,
-    UnsupportedTokenizer,
-    for_openai_model,
-    from_checkpoint,
-)
+from gateway.token_counter import TokenCounter, exact_counter, for_openai_model
 from gateway.tracing import build_tracer_provider, tracer_from
 from gateway.upstreams import UpstreamPool
 from policies.decision import Rejection
@@ -205,21 +200,19 @@ def management_routes(
 
 
 def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounter]:
-    """Exact counters for our checkpoints; ``cl100k_base`` (by model name) for the rest.
+    """Exact counters for our checkpoints (tiktoken, or the engine's tokenizer where tiktoken
+    can't); ``cl100k_base`` (by model name) for the rest.
 
     Models on the same checkpoint share one counter (a GGUF file takes seconds to open)."""
     counters: dict[str, TokenCounter] = {}
     by_checkpoint: dict[Path, TokenCounter] = {}
     for name, model in models.items():
-        if model.checkpoint is not None:
-            try:
-                if model.checkpoint not in by_checkpoint:
-                    by_checkpoint[model.checkpoint] = from_checkpoint(model.checkpoint)
-                counters[name] = by_checkpoint[model.checkpoint]
-                continue
-            except UnsupportedTokenizer as exc:
-                logger.warning("model %s: %s; counting with cl100k_base", name, exc)
-        counters[name] = for_openai_model(name)
+        if model.checkpoint is None:
+            counters[name] = for_openai_model(name)
+            continue
+        if model.checkpoint not in by_checkpoint:
+            by_checkpoint[model.checkpoint] = exact_counter(model.checkpoint)
+        counters[name] = by_checkpoint[model.checkpoint]
     return counters
 
 

@@ -9,7 +9,8 @@ Two builders, both offline:
   ``Tokenizer.encode(prompt)``, so with the tokens the tokenizer's post-processor adds
   (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of each message's role and text, the
   template writing its own BOS. A tokenizer tiktoken cannot reproduce exactly raises
-  ``UnsupportedTokenizer`` (a ``ValueError``) saying why, so the caller can fall back.
+  ``UnsupportedTokenizer`` (a ``ValueError``) saying why; ``exact_counter(path)`` then counts
+  with the engine's own tokenizer (``TokenizerCounter``) instead.
 - ``for_openai_model(name)`` counts with ``cl100k_base`` or ``o200k_base``, loaded from the rank
   files shipped in ``gateway/encodings`` (never downloaded), following OpenAI's cookbook rules.
 
@@ -24,6 +25,7 @@ import functools
 import hashlib
 import itertools
 import json
+import logging
 import re
 import sys
 import types
@@ -41,6 +43,7 @@ from tokenizers import models
 
 from backend_engine.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
 Messages = list[dict[str, Any]]
 OPENAI_ENCODINGS = ("cl100k_base", "o200k_base")
 DEFAULT_OPENAI_ENCODING = "cl100k_base"
@@ -500,12 +503,46 @@ class CheckpointTokenCounter:
         return self.count_text(text)
 
 
+class TokenizerCounter:
+    """Counts with the engine's own ``Tokenizer`` (HF ``tokenizers``), for a tokenizer tiktoken
+    cannot reproduce (a SentencePiece vocabulary with byte fallback): exact, slower, and every
+    prompt is tokenized (no bound from its length)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.fingerprint = "tokenizers:" + _fingerprint(tokenizer)
+
+    def count_text(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        return len(self._tokenizer.encode(prompt))
+
+    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
+        """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
+        return len(self._tokenizer.encode_chat(_engine_messages(messages)))
+
+
+def _tiktoken_counter(tokenizer: Tokenizer, name: str) -> CheckpointTokenCounter:
+    vocabulary = tiktoken_vocabulary(json.loads(tokenizer.backend.to_str()))
+    return CheckpointTokenCounter(tokenizer, vocabulary, name=name)
+
+
 def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:
-    """A counter for a checkpoint directory or ``.gguf`` file (its tokenizer rebuilt from the
-    metadata, as the engine does); ``UnsupportedTokenizer`` if tiktoken can't.
+    """A tiktoken counter for a checkpoint directory or ``.gguf`` file (its tokenizer rebuilt
+    from the metadata, as the engine does); ``UnsupportedTokenizer`` if tiktoken can't.
 
     Opening a GGUF file takes seconds (its reader parses the whole vocabulary): call this once
     per file, at start-up, not on the event loop."""
+    return _tiktoken_counter(Tokenizer.from_checkpoint(path), Path(path).name)
+
+
+def exact_counter(path: str | Path) -> CheckpointTokenCounter | TokenizerCounter:
+    """``from_checkpoint``'s counter, or a ``TokenizerCounter`` where tiktoken can't (the
+    tokenizer is loaded once either way)."""
     tokenizer = Tokenizer.from_checkpoint(path)
-    vocabulary = tiktoken_vocabulary(json.loads(tokenizer.backend.to_str()))
-    return CheckpointTokenCounter(tokenizer, vocabulary, name=Path(path).name)
+    try:
+        return _tiktoken_counter(tokenizer, Path(path).name)
+    except UnsupportedTokenizer as exc:
+        logger.info("%s: %s; counting with its own tokenizer", path, exc)
+        return TokenizerCounter(tokenizer)

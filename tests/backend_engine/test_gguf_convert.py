@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors import safe_open
 from typer.testing import CliRunner
 
+from backend_engine.gguf_convert import OUTPUT_FILES
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.tokenizer import Tokenizer
@@ -32,7 +33,6 @@ from tests.backend_engine.gguf_tokenizer_files import (
     add_byte_level_tokenizer,
     train_byte_level_bpe,
 )
-from tests.backend_engine.test_gguf_checkpoint import llama_cpp_name, llama_cpp_permute
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,8 +42,15 @@ PROMPT_TEXT = "The capital of France is"
 NUM_NEW_TOKENS = 4
 
 
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row permutation (pairs of rows interleaved per head)."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, 2, rows // num_heads // 2, -1).swapaxes(1, 2).reshape(rows, -1)
+
+
 def write_synthetic_model(path: Path) -> Path:
-    """A tiny untied Llama with a trained llama-bpe tokenizer, 2-D weights in Q8_0."""
+    """A tiny untied Llama with a trained llama-bpe tokenizer, 2-D weights in Q8_0, written
+    under llama.cpp's tensor names with q/k rows permuted, as its converter writes them."""
     backend = train_byte_level_bpe("llama-bpe", vocab_size=320)
     vocab = backend.get_vocab_size()
     rng = np.random.default_rng(0)
@@ -51,22 +58,22 @@ def write_synthetic_model(path: Path) -> Path:
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
-    tensors = {"model.embed_tokens.weight": w(vocab, HIDDEN), "model.norm.weight": w(HIDDEN)}
-    tensors["lm_head.weight"] = w(vocab, HIDDEN)
+    tensors = {
+        "token_embd.weight": w(vocab, HIDDEN),
+        "output_norm.weight": w(HIDDEN),
+        "output.weight": w(vocab, HIDDEN),
+    }
     for i in range(LAYERS):
-        p = f"model.layers.{i}."
         tensors |= {
-            p + "input_layernorm.weight": w(HIDDEN),
-            p + "self_attn.q_proj.weight": llama_cpp_permute(w(HEADS * HEAD_DIM, HIDDEN), HEADS),
-            p + "self_attn.k_proj.weight": llama_cpp_permute(
-                w(KV_HEADS * HEAD_DIM, HIDDEN), KV_HEADS
-            ),
-            p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
-            p + "post_attention_layernorm.weight": w(HIDDEN),
-            p + "mlp.gate_proj.weight": w(FFN, HIDDEN),
-            p + "mlp.up_proj.weight": w(FFN, HIDDEN),
-            p + "mlp.down_proj.weight": w(HIDDEN, FFN),
+            f"blk.{i}.attn_norm.weight": w(HIDDEN),
+            f"blk.{i}.attn_q.weight": llama_cpp_permute(w(HEADS * HEAD_DIM, HIDDEN), HEADS),
+            f"blk.{i}.attn_k.weight": llama_cpp_permute(w(KV_HEADS * HEAD_DIM, HIDDEN), KV_HEADS),
+            f"blk.{i}.attn_v.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
+            f"blk.{i}.attn_output.weight": w(HIDDEN, HEADS * HEAD_DIM),
+            f"blk.{i}.ffn_norm.weight": w(HIDDEN),
+            f"blk.{i}.ffn_gate.weight": w(FFN, HIDDEN),
+            f"blk.{i}.ffn_up.weight": w(FFN, HIDDEN),
+            f"blk.{i}.ffn_down.weight": w(HIDDEN, FFN),
         }
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(LAYERS)
@@ -81,11 +88,9 @@ def write_synthetic_model(path: Path) -> Path:
     add_byte_level_tokenizer(writer, backend, "llama-bpe", add_bos_token=True)
     for name, values in tensors.items():
         if values.ndim == 2:
-            writer.add_tensor(
-                llama_cpp_name(name), gguf.quants.quantize(values, Q.Q8_0), raw_dtype=Q.Q8_0
-            )
+            writer.add_tensor(name, gguf.quants.quantize(values, Q.Q8_0), raw_dtype=Q.Q8_0)
         else:
-            writer.add_tensor(llama_cpp_name(name), values)
+            writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -180,6 +185,8 @@ def test_the_files_say_what_the_gguf_says(converted: Converted) -> None:
     with safe_open(str(out_dir / "model.safetensors"), "pt") as weights:
         names = weights.keys()
     assert ("lm_head.weight" in names) is not config["tie_word_embeddings"]
+    modes = {(out_dir / name).stat().st_mode & 0o777 for name in OUTPUT_FILES}
+    assert len(modes) == 1  # the weights are not left private when the rest is readable
 
 
 def test_dtype_chooses_the_weights_type(tmp_path: Path) -> None:

@@ -194,6 +194,12 @@ def test_an_unknown_pre_tokenizer_is_named_with_the_supported_ones(tmp_path: Pat
     assert all(name in str(error.value) for name in PRE_TOKENIZER_PATTERNS)
 
 
+def test_a_byte_level_file_without_a_pre_tokenizer_says_so(tmp_path: Path) -> None:
+    path = write_with(tmp_path / "p.gguf", "gpt-2", **{"tokenizer.ggml.pre": None})
+    with pytest.raises(GGUFError, match="names no pre-tokenizer"):
+        Tokenizer.from_checkpoint(path)
+
+
 def test_an_unsupported_tokenizer_model_is_named(tmp_path: Path) -> None:
     path = write_with(tmp_path / "m.gguf", "gpt-2", **{"tokenizer.ggml.model": "bert"})
     with pytest.raises(GGUFError, match="unsupported GGUF tokenizer model 'bert'"):

@@ -18,16 +18,24 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from backend_engine.demo_corpus import iter_demo_corpus
 from backend_engine.tokenizer import Tokenizer
+from gateway.app import token_counters
+from gateway.settings import ModelSettings
 from gateway.token_counter import (
     CheckpointTokenCounter,
+    TokenizerCounter,
     UnsupportedTokenizer,
+    exact_counter,
     for_openai_model,
     from_checkpoint,
     load_openai_encoding,
     openai_encoding_name,
     tiktoken_vocabulary,
 )
-from tests.backend_engine.gguf_tokenizer_files import AWKWARD_TEXTS, write_tokenizer_gguf
+from tests.backend_engine.gguf_tokenizer_files import (
+    AWKWARD_TEXTS,
+    write_sentencepiece_gguf,
+    write_tokenizer_gguf,
+)
 from tests.backend_engine.gguf_tokenizer_files import CONVERSATIONS as GGUF_CONVERSATIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -474,3 +482,39 @@ def test_smollm2_counts_as_its_engine_tokenizer_without_torch(smollm2_gguf: Path
     assert prompt_counts[: len(TEXTS)] == [len(tokenizer.encode(t)) for t in TEXTS]
     assert prompt_counts[-len(_DROPPED) :] == [len(tokenizer.encode(t)) for t in _DROPPED]
     assert chat_ids == [tokenizer.encode_chat(c) for c in chats]
+
+
+def test_a_tokenizer_tiktoken_cannot_reproduce_is_counted_with_the_engines_own(
+    tmp_path: Path,
+) -> None:
+    """A SentencePiece GGUF (byte fallback): the gateway counts exactly with HF tokenizers."""
+    path = write_sentencepiece_gguf(tmp_path / "spm.gguf")
+    with pytest.raises(UnsupportedTokenizer, match="byte_fallback"):
+        from_checkpoint(path)
+    counter, tokenizer = exact_counter(path), Tokenizer.from_checkpoint(path)
+    assert isinstance(counter, TokenizerCounter)
+    for text in [*TEXTS, *AWKWARD_TEXTS]:
+        assert counter.count_text(text) == len(tokenizer.encode(text, add_special_tokens=False))
+        assert counter.count_prompt(text, limit=1) == len(tokenizer.encode(text))  # with BOS
+    for messages in [*CONVERSATIONS, *GGUF_CONVERSATIONS]:
+        assert counter.count_chat(messages) == len(tokenizer.encode_chat(messages))
+
+
+def test_models_on_one_checkpoint_share_one_counter(tmp_path: Path) -> None:
+    gguf_path = write_tokenizer_gguf(tmp_path / "m.gguf", "qwen2")
+    spm_path = write_sentencepiece_gguf(tmp_path / "spm.gguf")
+
+    def model(name: str, checkpoint: Path | None) -> ModelSettings:
+        return ModelSettings(name, ("http://127.0.0.1:1",), 256, checkpoint)
+
+    models = {
+        "small": model("small", gguf_path),
+        "large": model("large", gguf_path),
+        "spm": model("spm", spm_path),
+        "gpt-4o": model("gpt-4o", None),
+    }
+    counters = token_counters(models)
+    assert counters["small"] is counters["large"]
+    assert isinstance(counters["small"], CheckpointTokenCounter)
+    assert isinstance(counters["spm"], TokenizerCounter)
+    assert counters["gpt-4o"].fingerprint == "openai:o200k_base"
