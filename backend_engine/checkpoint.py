@@ -7,7 +7,7 @@ tokenizer, weights, prefix-cache identity), ``tollway engine --model`` and the p
     DIR/            config.json, model.safetensors (or shards + index), tokenizer files
     FILE.gguf       llama.cpp's format: metadata (config, tokenizer, chat template) + tensors
 
-A GGUF file's reader parses the whole vocabulary when it opens (seconds for 49k tokens), so
+A GGUF file's reader parses the whole vocabulary when it opens (a second for 49k tokens), so
 it is opened once per `Checkpoint` and shared by the config, the tokenizer and the weights.
 
 Importing this module, and everything but `iter_weights`, stays free of torch: the gateway

@@ -125,8 +125,9 @@ def _converted(
     reader: GGUFReader, arch: str, heads: dict[str, int], dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for tensor in reader.tensors:
-        # A plain ndarray view of the mapped bytes: the dequantizer slices its input per
-        # group of rows, and every slice of a np.memmap runs a Python-level hook.
+        # A plain ndarray view of the mapped bytes (open_gguf's reader gives one already): the
+        # dequantizer slices its input per group of rows, and every slice of a np.memmap runs
+        # a Python-level hook.
         data = np.asarray(tensor.data)
         values = dequantize(data, tensor.tensor_type)  # float32 (or the raw floats)
         values = values.reshape([int(n) for n in reversed(tensor.shape)])  # rows first

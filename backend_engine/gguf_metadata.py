@@ -4,7 +4,7 @@ Torch-free on purpose: the gateway reads a GGUF model's tokenizer and context wi
 this module (with the ``gguf`` package, llama.cpp's own reader), and the gateway never imports
 torch. The weights, which need torch, are in ``gguf_checkpoint.py``.
 
-A file is opened once with :func:`open_gguf` (about 5 s for a 49k-token vocabulary: the reader
+A file is opened once with :func:`open_gguf` (about 1 s for a 49k-token vocabulary: the reader
 parses every metadata array) and the reader is passed to whatever needs it.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -34,6 +35,23 @@ class GGUFError(ValueError):
     """A GGUF file the engine cannot serve; the message says why."""
 
 
+class _PlainViewReader(GGUFReader):
+    """``GGUFReader`` over a plain ndarray view of its memory map (still mapped, not read).
+
+    The reader slices its ``data`` once per metadata string (about a million slices for a
+    49k-token vocabulary with merges), and every slice of an ``np.memmap`` runs
+    Python-level hooks: over a plain view the same parse takes a quarter of the time.
+    """
+
+    @property  # type: ignore[override]  # a plain view of the map, where the base has the memmap
+    def data(self) -> np.ndarray:
+        return self._plain_data
+
+    @data.setter
+    def data(self, mapped: np.ndarray) -> None:
+        self._plain_data = mapped.view(np.ndarray)
+
+
 def is_gguf(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".gguf"
 
@@ -44,7 +62,7 @@ def open_gguf(path: str | Path) -> GGUFReader:
     if not file.is_file():
         raise GGUFError(f"no GGUF file at {file}")
     try:
-        return GGUFReader(file)
+        return _PlainViewReader(file)
     except Exception as exc:  # the reader's struct, numpy and value errors alike
         raise GGUFError(
             f"{file} is not a readable GGUF file (truncated or corrupt?): {exc}"
