@@ -183,6 +183,7 @@ def main() -> None:
     if not servers:
         print(missing_binary_note() if binary is None else "llama.cpp arm skipped")
         return
+    print("llama.cpp flags: " + "; ".join(server.settings for server in servers.values()))
     for kind in ("cold", "cached"):
         ours = statistics.median(
             ttft["tollway cold" if kind == "cold" else "tollway system prompt cached"]

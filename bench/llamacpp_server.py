@@ -9,11 +9,18 @@ the engine's threads, one slot per concurrent request (``-np``), a context of
 
     with LlamaServer(binary, "model.gguf", slots=48, context_per_slot=768) as server:
         reply = server.complete([1, 2, 3], max_tokens=16)   # greedy, ignore_eos
+
+A build for ``-march=native`` on a processor that lists AMX uses AMX tiles for quantized
+matmuls (its "repacked" weight buffers); where the kernel does not grant the process AMX
+state (this project's VMs), the server dies of SIGILL while warming up. It is then
+restarted once with ``--no-repack``, which keeps its AVX-512 kernels, and
+:attr:`LlamaServer.settings` says so.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -97,13 +104,17 @@ class LlamaServer:
         )
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                stderr = (
-                    self._process.stderr.read().decode(errors="replace")
-                    if self._process.stderr
-                    else ""
-                )
-                raise RuntimeError(f"llama-server exited at start: {stderr[-2000:]}")
+            status = self._process.poll()
+            if status == -signal.SIGILL and "--no-repack" not in self.command:
+                if self._process.stderr is not None:
+                    self._process.stderr.close()
+                self.command.append("--no-repack")  # see the module docstring
+                self.settings += " --no-repack (AMX: SIGILL)"
+                return self.__enter__()
+            if status is not None:
+                stderr = self._process.stderr.read() if self._process.stderr else b""
+                tail = stderr.decode(errors="replace")[-2000:]
+                raise RuntimeError(f"llama-server exited at start ({status}): {tail}")
             try:
                 if self._client.get("/health").status_code == 200:
                     return self

@@ -147,6 +147,7 @@ def main() -> None:
     ours: list[float] = []
     theirs: list[float] = []
     llamacpp: dict[bool, list[float]] = {fa: [] for fa in fa_settings_run}
+    flags: dict[bool, str] = {}
     for _ in range(args.repeats):
         ours.append(useful / run_ours(llm, requests))
         theirs.append(useful / run_transformers(hf, requests, args.hf_batch_size))
@@ -156,6 +157,7 @@ def main() -> None:
                 binary, gguf, len(requests), context_per_slot, fa, num_threads
             ) as server:
                 llamacpp[fa].append(useful / run_llamacpp(server, requests))
+                flags[fa] = server.settings
 
     ours_med, theirs_med = statistics.median(ours), statistics.median(theirs)
     print(f"command: {command_line()}")
@@ -173,8 +175,7 @@ def main() -> None:
         print(missing_binary_note() if binary is None else "llama.cpp arm skipped")
         return
     for fa, values in llamacpp.items():
-        label = f"llama.cpp -np {len(requests)} -fa {'on' if fa else 'off'}:"
-        print(f"{label:26s}{_runs(values)}")
+        print(f"llama.cpp {flags[fa]}: {_runs(values)}")
     best = max(statistics.median(v) for v in llamacpp.values())
     met = "met" if ours_med >= best else "NOT met"
     print(f"ratio (ours / llama.cpp's best, {gguf}): {ours_med / best:.2f}x  (target >= 1x: {met})")

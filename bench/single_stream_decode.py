@@ -173,6 +173,7 @@ def main() -> None:
     if not servers:
         print(missing_binary_note() if binary is None else "llama.cpp arm skipped")
         return
+    print("llama.cpp flags: " + "; ".join(server.settings for server in servers.values()))
     for fa, rates in theirs.items():
         print(
             f"llama.cpp -np 1 -fa {'on ' if fa else 'off'}:  {statistics.median(rates):7.1f} "
