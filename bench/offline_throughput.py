@@ -1,11 +1,17 @@
 """Offline throughput: our engine against transformers ``generate`` (static, padded
-batches) on the same checkpoint and requests, side by side in one run.
+batches) and llama.cpp's ``llama-server`` (one slot per request) on the same checkpoint and
+requests, side by side in one run.
 
-    python -m bench.offline_throughput                 # large demo model, 64 requests
-    python -m bench.offline_throughput --model DIR --num-requests 48
+    python -m bench.offline_throughput                    # SmolLM2-135M GGUF, 48 requests
+    python -m bench.offline_throughput --model DIR --gguf FILE.gguf --repeats 3
+    python -m bench.offline_throughput --model demo --num-requests 64   # the demo model
 
 Useful tokens are each request's own output tokens (padding and tokens generated
-past a request's length in a static batch do not count).
+past a request's length in a static batch do not count). The llama.cpp arm runs the GGUF
+file (``--model`` when it is one, else ``--gguf``, else the shipped SmolLM2 GGUF): it reads
+the quantized weights, we and transformers read them dequantized to float32. It is tried
+with flash attention off and on and its best setting is compared; without the binary
+(``bench/llamacpp_server.py``) it is skipped with a note.
 """
 
 from __future__ import annotations
@@ -14,26 +20,49 @@ import argparse
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.workloads import BenchRequest, add_common_args, command_line, demo_model, mixed_requests
+from bench.llamacpp_server import LlamaServer, find_llama_server, missing_binary_note
+from bench.workloads import (
+    BenchRequest,
+    add_common_args,
+    checkpoint,
+    command_line,
+    is_gguf,
+    load_transformers_model,
+    mixed_requests,
+    shipped_gguf,
+)
+
+if TYPE_CHECKING:
+    from backend_engine import LLM
 
 
-def run_ours(model: str, requests: list[BenchRequest], max_num_seqs: int) -> float:
-    from backend_engine import LLM, SamplingParams
+def build_ours(model: str, max_num_seqs: int, num_threads: int) -> LLM:
+    from backend_engine import LLM
 
-    llm = LLM(
-        model=model, dtype="float32", max_num_seqs=max_num_seqs, kv_cache_memory_bytes=1 << 30
+    return LLM(
+        model=model,
+        dtype="float32",
+        max_num_seqs=max_num_seqs,
+        kv_cache_memory_bytes=1 << 30,
+        num_threads=num_threads or None,
     )
+
+
+def run_ours(llm: LLM, requests: list[BenchRequest]) -> float:
+    from backend_engine import SamplingParams
+
     params = [
         SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
     ]
-    llm.generate([requests[0].prompt_token_ids], params[0])  # warm-up
     start = time.perf_counter()
     outputs = llm.generate([r.prompt_token_ids for r in requests], params)
     elapsed = time.perf_counter() - start
@@ -41,11 +70,7 @@ def run_ours(model: str, requests: list[BenchRequest], max_num_seqs: int) -> flo
     return elapsed
 
 
-def run_transformers(model: str, requests: list[BenchRequest], batch_size: int) -> float:
-    import transformers
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
+def run_transformers(hf: torch.nn.Module, requests: list[BenchRequest], batch_size: int) -> float:
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(requests), batch_size):
@@ -56,7 +81,7 @@ def run_transformers(model: str, requests: list[BenchRequest], batch_size: int) 
             for row, r in enumerate(batch):  # left padding
                 ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
                 mask[row, width - len(r.prompt_token_ids) :] = 1
-            hf.generate(
+            hf.generate(  # type: ignore[operator]
                 ids,
                 attention_mask=mask,
                 do_sample=False,
@@ -66,45 +91,101 @@ def run_transformers(model: str, requests: list[BenchRequest], batch_size: int) 
     return time.perf_counter() - start
 
 
+def run_llamacpp(server: LlamaServer, requests: list[BenchRequest]) -> float:
+    """All requests at once, one slot each; seconds until the last one finishes."""
+    server.complete(requests[0].prompt_token_ids[:8], max_tokens=2)  # warm-up
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        replies = list(
+            pool.map(lambda r: server.complete(r.prompt_token_ids, r.max_tokens), requests)
+        )
+    elapsed = time.perf_counter() - start
+    assert [len(c.token_ids) for c in replies] == [r.max_tokens for r in requests]
+    return elapsed
+
+
+def _runs(values: list[float]) -> str:
+    return f"{statistics.median(values):8.1f} output tokens/s  (runs: " + (
+        ", ".join(f"{x:.0f}" for x in values) + ")"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--num-requests", type=int, default=48)
     parser.add_argument("--prompt-lens", type=int, nargs=2, default=(32, 512))
     parser.add_argument("--output-lens", type=int, nargs=2, default=(16, 256))
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--hf-batch-size", type=int, default=16)
-    add_common_args(parser)
+    parser.add_argument("--gguf", help="GGUF file for the llama.cpp arm (see above)")
+    parser.add_argument(
+        "--llamacpp-fa",
+        choices=("both", "off", "on", "skip"),
+        default="both",
+        help="llama.cpp flash-attention settings to try ('skip': no llama.cpp arm)",
+    )
+    parser.add_argument(
+        "--skip-transformers",
+        action="store_true",
+        help="no transformers arm (it is the slowest: minutes on 2 cores)",
+    )
+    add_common_args(parser, default_model="smollm2")
     args = parser.parse_args()
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    num_threads = torch.get_num_threads()
 
-    from backend_engine.model_config import ModelConfig
-
-    model = demo_model(args.size, args.model)
-    vocab = ModelConfig.from_pretrained(model).vocab_size
+    model = checkpoint(args.model, args.size)
+    llm = build_ours(model, args.max_num_seqs, args.num_threads)
+    vocab = llm.engine.model_config.vocab_size
     requests = mixed_requests(args.num_requests, vocab, args.prompt_lens, args.output_lens)
     useful = sum(r.max_tokens for r in requests)
-    ours, theirs = [], []
+    run_ours(llm, requests[:1])  # warm-up
+    hf = None if args.skip_transformers else load_transformers_model(model)
+
+    gguf = model if is_gguf(model) else args.gguf or (str(shipped_gguf() or "") or None)
+    binary = find_llama_server()
+    fa_settings = {"both": (False, True), "off": (False,), "on": (True,), "skip": ()}
+    fa_settings_run = fa_settings[args.llamacpp_fa] if binary and gguf else ()
+    context_per_slot = args.prompt_lens[1] + args.output_lens[1] + 16
+
+    ours: list[float] = []
+    theirs: list[float] = []
+    llamacpp: dict[bool, list[float]] = {fa: [] for fa in fa_settings_run}
+    flags: dict[bool, str] = {}
     for _ in range(args.repeats):
-        ours.append(useful / run_ours(model, requests, args.max_num_seqs))
-        theirs.append(useful / run_transformers(model, requests, args.hf_batch_size))
-    ours_med, theirs_med = statistics.median(ours), statistics.median(theirs)
+        ours.append(useful / run_ours(llm, requests))
+        if hf is not None:
+            theirs.append(useful / run_transformers(hf, requests, args.hf_batch_size))
+        for fa in fa_settings_run:
+            assert binary is not None and gguf is not None
+            with LlamaServer(
+                binary, gguf, len(requests), context_per_slot, fa, num_threads
+            ) as server:
+                llamacpp[fa].append(useful / run_llamacpp(server, requests))
+                flags[fa] = server.settings
+
+    ours_med = statistics.median(ours)
     print(f"command: {command_line()}")
+    print(f"model: {model}; torch threads: {num_threads}")
     print(
         f"requests: {len(requests)}, useful output tokens: {useful}, "
         f"prompt tokens: {sum(len(r.prompt_token_ids) for r in requests)}"
     )
-    print(
-        f"tollway engine:           {ours_med:8.1f} output tokens/s  (runs: "
-        + ", ".join(f"{x:.0f}" for x in ours)
-        + ")"
-    )
-    print(
-        f"transformers generate:    {theirs_med:8.1f} output tokens/s  (runs: "
-        + ", ".join(f"{x:.0f}" for x in theirs)
-        + ")"
-    )
-    print(f"ratio (ours / transformers): {ours_med / theirs_med:.2f}x  (target >= 3x)")
+    print(f"tollway engine:           {_runs(ours)}")
+    if theirs:
+        print(f"transformers generate:    {_runs(theirs)}")
+        ratio = ours_med / statistics.median(theirs)
+        met = "met" if ratio >= 3 else "NOT met"
+        print(f"ratio (ours / transformers): {ratio:.2f}x  (target >= 3x: {met})")
+    if not llamacpp:
+        print(missing_binary_note() if binary is None else "llama.cpp arm skipped")
+        return
+    for fa, values in llamacpp.items():
+        print(f"llama.cpp {flags[fa]}: {_runs(values)}")
+    best = max(statistics.median(v) for v in llamacpp.values())
+    met = "met" if ours_med >= best else "NOT met"
+    print(f"ratio (ours / llama.cpp's best, {gguf}): {ours_med / best:.2f}x  (target >= 1x: {met})")
 
 
 if __name__ == "__main__":

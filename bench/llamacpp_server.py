@@ -1,0 +1,176 @@
+"""llama.cpp's ``llama-server`` as a peer arm: find the binary, run it on a GGUF file, and
+send it token-id prompts on its native ``/completion`` endpoint.
+
+The binary comes from ``../shared/peers/llamacpp/build.sh`` (``$TOLLWAY_LLAMA_SERVER``
+overrides where it is looked for). A bench whose binary is missing skips the arm and
+says so. Fair running, as ``shared/peers/README.md`` describes: ``-t``/``-tb`` equal to
+the engine's threads, one slot per concurrent request (``-np``), a context of
+``slots x per-slot context``, and both flash-attention settings tried, the best one kept.
+
+    with LlamaServer(binary, "model.gguf", slots=48, context_per_slot=768) as server:
+        reply = server.complete([1, 2, 3], max_tokens=16)   # greedy, ignore_eos
+
+A build for ``-march=native`` on a processor that lists AMX uses AMX tiles for quantized
+matmuls (its "repacked" weight buffers); where the kernel does not grant the process AMX
+state (this project's VMs), the server dies of SIGILL while warming up. It is then
+restarted once with ``--no-repack``, which keeps its AVX-512 kernels, and
+:attr:`LlamaServer.settings` says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+DEFAULT_BINARY = Path.home() / ".cache" / "tollway-peers" / "llamacpp" / "llama-server"
+BINARY_VARIABLE = "TOLLWAY_LLAMA_SERVER"
+_START_TIMEOUT_S = 120.0
+_REQUEST_TIMEOUT_S = 600.0
+
+
+def find_llama_server() -> Path | None:
+    """The ``llama-server`` binary, or ``None`` when it has not been built."""
+    path = Path(os.environ.get(BINARY_VARIABLE) or DEFAULT_BINARY)
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def missing_binary_note() -> str:
+    return (
+        f"llama.cpp arm skipped: no llama-server at {DEFAULT_BINARY} (build it with "
+        f"../shared/peers/llamacpp/build.sh, or set {BINARY_VARIABLE})"
+    )
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    num_prompt_tokens: int  # what the server evaluated (the part not reused from its cache)
+    prompt_ms: float  # the server's own prefill time
+    decode_tokens_per_s: float  # the server's own decode rate (0 for a single token)
+
+
+class LlamaServer:
+    """One ``llama-server`` process on a free local port, stopped on exit."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model: str,
+        slots: int,
+        context_per_slot: int,
+        flash_attention: bool = False,
+        num_threads: int = 2,
+    ) -> None:
+        self.port = _free_port()
+        self.command = [
+            str(binary),
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-np",
+            str(slots),
+            "-c",
+            str(slots * context_per_slot),
+            "-t",
+            str(num_threads),
+            "-tb",
+            str(num_threads),
+            "-fa",
+            "on" if flash_attention else "off",
+            "--no-webui",
+        ]
+        self.settings = f"-np {slots} -fa {'on' if flash_attention else 'off'} -t {num_threads}"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}",
+            timeout=_REQUEST_TIMEOUT_S,
+            limits=httpx.Limits(max_connections=slots + 4),
+        )
+
+    def __enter__(self) -> LlamaServer:
+        self._process = subprocess.Popen(
+            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = self._process.poll()
+            if status == -signal.SIGILL and "--no-repack" not in self.command:
+                if self._process.stderr is not None:
+                    self._process.stderr.close()
+                self.command.append("--no-repack")  # see the module docstring
+                self.settings += " --no-repack (AMX: SIGILL)"
+                return self.__enter__()
+            if status is not None:
+                stderr = self._process.stderr.read() if self._process.stderr else b""
+                tail = stderr.decode(errors="replace")[-2000:]
+                raise RuntimeError(f"llama-server exited at start ({status}): {tail}")
+            try:
+                if self._client.get("/health").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"llama-server did not become healthy in {_START_TIMEOUT_S:.0f} s")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._client.close()
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            if self._process.stderr is not None:
+                self._process.stderr.close()
+            self._process = None
+
+    def complete(
+        self, prompt_token_ids: list[int], max_tokens: int, cache_prompt: bool = False
+    ) -> Completion:
+        """Greedy completion of exactly ``max_tokens`` tokens (end of sequence ignored)."""
+        response = self._client.post(
+            "/completion",
+            json={
+                "prompt": prompt_token_ids,
+                "n_predict": max_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+                "top_k": 1,
+                "cache_prompt": cache_prompt,
+                "return_tokens": True,
+            },
+        )
+        response.raise_for_status()
+        body = response.json()
+        timings = body.get("timings", {})
+        return Completion(
+            token_ids=list(body.get("tokens", [])),
+            num_prompt_tokens=int(timings.get("prompt_n", body.get("tokens_evaluated", 0))),
+            prompt_ms=float(timings.get("prompt_ms", 0.0)),
+            decode_tokens_per_s=float(timings.get("predicted_per_second", 0.0) or 0.0),
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
