@@ -34,8 +34,13 @@ import torch
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.llamacpp_server import LlamaServer, find_llama_server, missing_binary_note
-from bench.workloads import add_common_args, checkpoint, command_line, is_gguf, shipped_gguf
+from bench.llamacpp_server import (
+    LlamaServer,
+    add_llamacpp_args,
+    llamacpp_arm,
+    missing_binary_note,
+)
+from bench.workloads import add_common_args, checkpoint, command_line, shipped_gguf
 
 if TYPE_CHECKING:
     from backend_engine import LLM
@@ -118,8 +123,7 @@ def _line(label: str, seconds: list[float], cached: list[int]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=1000)
-    parser.add_argument("--gguf", help="GGUF file for the llama.cpp arm (default: --model's)")
-    parser.add_argument("--llamacpp-fa", choices=("both", "off", "on", "skip"), default="both")
+    add_llamacpp_args(parser)
     add_common_args(parser, repeats=5, default_model="smollm2")
     args = parser.parse_args()
     if args.num_threads:
@@ -135,10 +139,7 @@ def main() -> None:
         chat_prompts(llm.tokenizer, rng, args.prompt_tokens, i) for i in range(1 + args.repeats)
     ]
 
-    gguf = model if is_gguf(model) else args.gguf or (str(shipped_gguf() or "") or None)
-    binary = find_llama_server()
-    fa_all = {"both": (False, True), "off": (False,), "on": (True,), "skip": ()}
-    fa_run = fa_all[args.llamacpp_fa] if binary and gguf else ()
+    binary, gguf, fa_run = llamacpp_arm(args, model, shipped_gguf())
     context = max(len(p) for s in sessions for p in s[:2]) + 16
     servers = {
         fa: LlamaServer(binary, gguf, 1, context, fa, num_threads)

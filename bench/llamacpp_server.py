@@ -19,6 +19,7 @@ restarted once with ``--no-repack``, which keeps its AVX-512 kernels, and
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -34,6 +35,34 @@ DEFAULT_BINARY = Path.home() / ".cache" / "tollway-peers" / "llamacpp" / "llama-
 BINARY_VARIABLE = "TOLLWAY_LLAMA_SERVER"
 _START_TIMEOUT_S = 120.0
 _REQUEST_TIMEOUT_S = 600.0
+
+
+FLASH_ATTENTION_CHOICES = {"both": (False, True), "off": (False,), "on": (True,), "skip": ()}
+
+
+def add_llamacpp_args(parser: argparse.ArgumentParser) -> None:
+    """--gguf and --llamacpp-fa, the same in every benchmark with a llama.cpp arm."""
+    parser.add_argument(
+        "--gguf", help="GGUF file for the llama.cpp arm (default: --model's, or the shipped one)"
+    )
+    parser.add_argument(
+        "--llamacpp-fa",
+        choices=tuple(FLASH_ATTENTION_CHOICES),
+        default="both",
+        help="llama.cpp flash-attention settings to try ('skip': no llama.cpp arm)",
+    )
+
+
+def llamacpp_arm(
+    args: argparse.Namespace, model: str, shipped: Path | None
+) -> tuple[Path | None, str | None, tuple[bool, ...]]:
+    """``(binary, gguf, flash-attention settings to run)`` for a benchmark of ``model``: the
+    GGUF is ``model`` itself, else ``--gguf``, else ``shipped``; no settings run when the
+    binary or the file is missing, or ``--llamacpp-fa skip``."""
+    gguf = model if Path(model).suffix == ".gguf" else args.gguf or (str(shipped or "") or None)
+    binary = find_llama_server()
+    settings = FLASH_ATTENTION_CHOICES[args.llamacpp_fa] if binary and gguf else ()
+    return binary, gguf, settings
 
 
 def find_llama_server() -> Path | None:

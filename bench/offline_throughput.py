@@ -29,13 +29,17 @@ import torch
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.llamacpp_server import LlamaServer, find_llama_server, missing_binary_note
+from bench.llamacpp_server import (
+    LlamaServer,
+    add_llamacpp_args,
+    llamacpp_arm,
+    missing_binary_note,
+)
 from bench.workloads import (
     BenchRequest,
     add_common_args,
     checkpoint,
     command_line,
-    is_gguf,
     load_transformers_model,
     mixed_requests,
     shipped_gguf,
@@ -117,13 +121,7 @@ def main() -> None:
     parser.add_argument("--output-lens", type=int, nargs=2, default=(16, 256))
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--gguf", help="GGUF file for the llama.cpp arm (see above)")
-    parser.add_argument(
-        "--llamacpp-fa",
-        choices=("both", "off", "on", "skip"),
-        default="both",
-        help="llama.cpp flash-attention settings to try ('skip': no llama.cpp arm)",
-    )
+    add_llamacpp_args(parser)
     parser.add_argument(
         "--skip-transformers",
         action="store_true",
@@ -143,10 +141,7 @@ def main() -> None:
     run_ours(llm, requests[:1])  # warm-up
     hf = None if args.skip_transformers else load_transformers_model(model)
 
-    gguf = model if is_gguf(model) else args.gguf or (str(shipped_gguf() or "") or None)
-    binary = find_llama_server()
-    fa_settings = {"both": (False, True), "off": (False,), "on": (True,), "skip": ()}
-    fa_settings_run = fa_settings[args.llamacpp_fa] if binary and gguf else ()
+    binary, gguf, fa_settings_run = llamacpp_arm(args, model, shipped_gguf())
     context_per_slot = args.prompt_lens[1] + args.output_lens[1] + 16
 
     ours: list[float] = []

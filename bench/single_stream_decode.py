@@ -35,8 +35,13 @@ import torch
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.llamacpp_server import LlamaServer, find_llama_server, missing_binary_note
-from bench.workloads import add_common_args, checkpoint, command_line, is_gguf, shipped_gguf
+from bench.llamacpp_server import (
+    LlamaServer,
+    add_llamacpp_args,
+    llamacpp_arm,
+    missing_binary_note,
+)
+from bench.workloads import add_common_args, checkpoint, command_line, shipped_gguf
 
 if TYPE_CHECKING:
     from backend_engine import LLM
@@ -97,8 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--gguf", help="GGUF file for the llama.cpp arm (default: --model's)")
-    parser.add_argument("--llamacpp-fa", choices=("both", "off", "on", "skip"), default="both")
+    add_llamacpp_args(parser)
     add_common_args(parser, repeats=5, default_model="smollm2")
     args = parser.parse_args()
     if args.num_threads:
@@ -114,10 +118,7 @@ def main() -> None:
     our_decode_rate(llm, prompt, 8)  # warm-up
     per_token = bytes_per_token(config, args.prompt_len + args.output_len / 2)
 
-    gguf = model if is_gguf(model) else args.gguf or (str(shipped_gguf() or "") or None)
-    binary = find_llama_server()
-    fa_all = {"both": (False, True), "off": (False,), "on": (True,), "skip": ()}
-    fa_run = fa_all[args.llamacpp_fa] if binary and gguf else ()
+    binary, gguf, fa_run = llamacpp_arm(args, model, shipped_gguf())
     servers = {
         fa: LlamaServer(binary, gguf, 1, args.prompt_len + args.output_len + 16, fa, num_threads)
         for fa in fa_run

