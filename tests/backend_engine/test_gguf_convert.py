@@ -33,6 +33,7 @@ from tests.backend_engine.gguf_tokenizer_files import (
     add_byte_level_tokenizer,
     train_byte_level_bpe,
 )
+from tests.gguf_files import llama_cpp_permute
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,12 +41,6 @@ HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
 HEAD_DIM = HIDDEN // HEADS
 PROMPT_TEXT = "The capital of France is"
 NUM_NEW_TOKENS = 4
-
-
-def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """llama.cpp's converter's q/k row permutation (pairs of rows interleaved per head)."""
-    rows = weight.shape[0]
-    return weight.reshape(num_heads, 2, rows // num_heads // 2, -1).swapaxes(1, 2).reshape(rows, -1)
 
 
 def write_synthetic_model(path: Path) -> Path:
