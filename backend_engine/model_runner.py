@@ -95,6 +95,8 @@ class ModelRunner:
             )
             for _ in range(model_config.num_hidden_layers)
         ]
+        if self.device.type == "cpu":
+            self.model.bind_native_decoder(self.kv_caches)  # decode steps in one native call
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self._generators: dict[str, torch.Generator] = {}
 

@@ -1,8 +1,9 @@
 """Compile a C source shipped with the package into a shared library, once per machine.
 
 The CPU kernels (``kernels/csrc``) are plain C with OpenMP, built with the system's C
-compiler the first time they are needed and cached, keyed by the source, the compiler, the
-flags and the processor (``-march=native`` code must not run on another CPU model). The
+compiler the first time they are needed and cached, keyed by the source and the headers
+beside it (``kernels/csrc/*.h``, code shared between libraries), the compiler, the flags and
+the processor (``-march=native`` code must not run on another CPU model). The
 build is atomic (compile to a temporary name, then rename), so concurrent processes are
 safe. No compiler, or a failed build, means ``None``: callers fall back to PyTorch.
 
@@ -81,7 +82,8 @@ def build_shared_library(source: Path) -> Path | None:
         return None
     key = hashlib.sha256()
     flags = " ".join((*COMPILE_FLAGS, "|", *LINK_FLAGS))
-    for part in (source.read_bytes(), compiler.encode(), flags.encode()):
+    headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, compiler.encode(), flags.encode()):
         key.update(part)
         key.update(b"\0")
     key.update(cpu_fingerprint().encode())

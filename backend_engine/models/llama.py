@@ -15,6 +15,7 @@ checkpoints, except that q/k/v and gate/up are fused into one matmul each at loa
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +24,11 @@ from torch import nn
 import kernels
 from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.model_config import ModelConfig
+from backend_engine.models.packed_linear import PackedLinear
 from backend_engine.rotary import RotaryEmbedding
 from backend_engine.weights import check_weight_names
-from kernels import rms_norm
+from kernels import cpu_decoder, rms_norm
+from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
 from kernels.rotary import apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # 2 x [num_blocks, block_size, num_kv_heads, head_dim]
@@ -174,6 +177,31 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
         return self.mlp(x), residual
 
+    def native_weights(self, kv_cache: KVCache) -> LayerWeights | None:
+        """This layer as :mod:`kernels.cpu_decoder` reads it, or ``None`` unless its four
+        linears run the native small-batch kernel and only q/k/v have a bias."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        qkv, o, gate_up, down = (
+            linear.native_weight if isinstance(linear, PackedLinear) else None for linear in linears
+        )
+        if qkv is None or o is None or gate_up is None or down is None:
+            return None
+        if any(linear.bias is not None for linear in linears[1:]):
+            return None
+        key_cache, value_cache = kv_cache
+        return LayerWeights(
+            input_norm=self.input_layernorm.weight.detach(),
+            qkv=qkv,
+            qkv_bias=attn.qkv_proj.bias,
+            o=o,
+            post_norm=self.post_attention_layernorm.weight.detach(),
+            gate_up=gate_up,
+            down=down,
+            key_cache=key_cache,
+            value_cache=value_cache,
+        )
+
 
 class Backbone(nn.Module):
     """The ``model.`` prefix of checkpoint names."""
@@ -203,6 +231,9 @@ class CausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_model_len, config.rope_theta, config.rope_scaling, device
         )
+        # Decode-only steps' layers in one native call (see bind_native_decoder).
+        self.native_decoder: NativeDecoder | None = None
+        self._native_kv_caches: Sequence[KVCache] | None = None
 
     @torch.inference_mode()
     def forward(
@@ -214,12 +245,46 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
         cos, sin = self.rotary(positions, self.dtype)  # 2 x [num_tokens, 1, head_dim // 2]
         h = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
+        md = attn_metadata
+        num_tokens = h.shape[0]
+        if (
+            self.native_decoder is not None
+            and kv_caches is self._native_kv_caches
+            and 0 < md.num_decode_tokens == num_tokens <= cpu_decoder.MAX_TOKENS
+        ):
+            return self.native_decoder(
+                h, cos, sin, md.slot_mapping, md.decode_block_tables, md.decode_seq_lens
+            )
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin, kv_cache, attn_metadata)
         if residual is None:  # no layers
             return self.model.norm(h)
         return self.model.norm.add_and_norm(h, residual)[0]
+
+    def bind_native_decoder(self, kv_caches: Sequence[KVCache]) -> bool:
+        """Run decode-only steps of up to ``kernels.cpu_decoder.MAX_TOKENS`` sequences on
+        ``kv_caches`` as one native call (:mod:`kernels.cpu_decoder`), when the model fits it:
+        float32 on the CPU, every linear on the native small-batch kernel (see
+        ``packed_linear``). Returns whether it does; other steps run layer by layer."""
+        decoder_layers = cast(Sequence[DecoderLayer], self.model.layers)
+        layers = [
+            layer.native_weights(kv_cache)
+            for layer, kv_cache in zip(decoder_layers, kv_caches, strict=True)
+        ]
+        if not all(layers):
+            return False
+        c = self.config
+        shape = DecoderShape(
+            c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+        )
+        self.native_decoder = NativeDecoder.build(
+            [layer for layer in layers if layer is not None],
+            self.model.norm.weight.detach(),
+            shape,
+        )
+        self._native_kv_caches = kv_caches if self.native_decoder is not None else None
+        return self.native_decoder is not None
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, vocab] float32

@@ -38,283 +38,15 @@
  * The same library holds store_kv (at the end): the new tokens' key and value rows copied
  * into their slots.
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "paged_attention.h"
+
 #define TOLLWAY_ABI_VERSION 5
 
 int tollway_abi_version(void) { return TOLLWAY_ABI_VERSION; }
-
-enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 };
-
-static inline float f32_of_bf16(uint16_t x) {
-    const uint32_t bits = (uint32_t)x << 16;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static inline uint16_t bf16_of_f32(float x) { /* round to nearest even; NaN stays NaN */
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-/* One layer's K or V cache as this kernel reads it: where an item's heads start in a
-   token's row, and how to step between blocks and tokens (in elements). */
-typedef struct {
-    const void *base;
-    int dtype;
-    int64_t block_stride, token_stride, head_offset;
-} CacheView;
-
-/* How many blocks ahead of the one being read to prefetch (1, 2 and 4 measured within a
-   few percent of each other; none was 10-20% slower on contexts past the L3). */
-#define PREFETCH_BLOCKS 2
-
-static inline size_t element_size(int dtype) { return dtype == DTYPE_BFLOAT16 ? 2 : 4; }
-
-/* Ask for every cache line of tokens [first, end) of a block's rows (this item's heads).
-   Blocks lie anywhere in the cache, so the hardware prefetcher loses the stream at every
-   block boundary; callers spread these requests over the work on the block before, as a
-   burst of a whole block's lines would stall on the core's few outstanding-miss slots. */
-static inline void prefetch_tokens(const CacheView *cache, int64_t block, int64_t first,
-                                   int64_t end, int64_t width) {
-    const size_t size = element_size(cache->dtype);
-    const char *start =
-        (const char *)cache->base + (block * cache->block_stride + cache->head_offset) * size;
-    const int64_t row_bytes = width * (int64_t)size;
-    for (int64_t j = first; j < end; ++j) {
-        const char *row = start + j * cache->token_stride * (int64_t)size;
-        for (int64_t offset = 0; offset < row_bytes; offset += 64)
-            __builtin_prefetch(row + offset, 0, 3);
-    }
-}
-
-/* The first n tokens of a block as float rows of `width` values, `*stride` apart: the cache
-   itself for float32, else widened into `scratch` ([block_size, width] floats). */
-static inline const float *block_rows(const CacheView *cache, int64_t block, int64_t n,
-                                      int64_t width, float *restrict scratch, int64_t *stride) {
-    const int64_t offset = block * cache->block_stride + cache->head_offset;
-    if (cache->dtype == DTYPE_FLOAT32) {
-        *stride = cache->token_stride;
-        return (const float *)cache->base + offset;
-    }
-    const uint16_t *src = (const uint16_t *)cache->base + offset;
-    for (int64_t j = 0; j < n; ++j) {
-        const uint16_t *row = src + j * cache->token_stride;
-        float *dst = scratch + j * width;
-#pragma omp simd
-        for (int64_t e = 0; e < width; ++e) dst[e] = f32_of_bf16(row[e]);
-    }
-    *stride = width;
-    return scratch;
-}
-
-/* 16 floats: one AVX-512 register, two AVX2 ones, four NEON ones. */
-typedef float Lanes __attribute__((vector_size(64)));
-
-static inline Lanes load_lanes(const float *src) {
-    Lanes x;
-    memcpy(&x, src, sizeof x);
-    return x;
-}
-
-static inline float sum_lanes(Lanes x) {
-    float total = 0.0f;
-    for (int i = 0; i < 16; ++i) total += x[i];
-    return total;
-}
-
-/* out[0:CHUNKS*16] += sum_j p[j] * v[j * stride + ...], the sums held in registers. */
-#define DEFINE_ACCUMULATE(CHUNKS)                                                            \
-    static void accumulate_##CHUNKS(const float *restrict p, const float *restrict v,       \
-                                    int64_t stride, int64_t n, float *restrict out) {        \
-        Lanes sums[CHUNKS];                                                                  \
-        for (int c = 0; c < CHUNKS; ++c) sums[c] = (Lanes){0};                               \
-        for (int64_t j = 0; j < n; ++j) {                                                    \
-            const float pj = p[j];                                                           \
-            const float *row = v + j * stride;                                               \
-            for (int c = 0; c < CHUNKS; ++c) sums[c] += pj * load_lanes(row + 16 * c);       \
-        }                                                                                    \
-        for (int c = 0; c < CHUNKS; ++c) {                                                   \
-            const Lanes total = load_lanes(out + 16 * c) + sums[c];                          \
-            memcpy(out + 16 * c, &total, sizeof total);                                      \
-        }                                                                                    \
-    }
-DEFINE_ACCUMULATE(4)
-DEFINE_ACCUMULATE(8)
-
-/* Sixteen dot products' partial-sum vectors reduced to one vector of their sums, in order:
-   a tree of lane shuffles and adds (46 operations) instead of sixteen horizontal sums. Each
-   level halves the partial sums per product and doubles the products per vector. */
-#define SHUFFLE __builtin_shufflevector
-static inline Lanes sum_each_of_16(const Lanes d[16]) {
-    Lanes w[8], x[4], y[2];
-    for (int i = 0; i < 8; ++i) /* lanes 0-7: d[2i]'s partials, 8-15: d[2i+1]'s */
-        w[i] = SHUFFLE(d[2 * i], d[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                       22, 23) +
-               SHUFFLE(d[2 * i], d[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28,
-                       29, 30, 31);
-    for (int i = 0; i < 4; ++i) /* four lanes each: d[4i], d[4i+2], d[4i+1], d[4i+3] */
-        x[i] = SHUFFLE(w[2 * i], w[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25,
-                       26, 27) +
-               SHUFFLE(w[2 * i], w[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29,
-                       30, 31);
-    for (int i = 0; i < 2; ++i) /* two lanes each */
-        y[i] = SHUFFLE(x[2 * i], x[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13,
-                       28, 29) +
-               SHUFFLE(x[2 * i], x[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15,
-                       30, 31);
-    const Lanes z = /* one lane each, lane i holding d[bit-reversed i] */
-        SHUFFLE(y[0], y[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
-        SHUFFLE(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-    return SHUFFLE(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
-}
-
-/* scores[j] = scale * q . k[j * stride + ...] for the n keys of a block, sixteen at a time. */
-#define DEFINE_SCORE(CHUNKS)                                                                 \
-    static void score_##CHUNKS(const float *restrict q, const float *restrict k,            \
-                               int64_t stride, int64_t n, float scale,                       \
-                               float *restrict scores) {                                     \
-        Lanes query[CHUNKS];                                                                 \
-        for (int c = 0; c < CHUNKS; ++c) query[c] = load_lanes(q + 16 * c);                  \
-        int64_t j = 0;                                                                       \
-        for (; j + 16 <= n; j += 16) {                                                       \
-            Lanes dots[16];                                                                  \
-            for (int t = 0; t < 16; ++t) {                                                   \
-                const float *row = k + (j + t) * stride;                                     \
-                dots[t] = query[0] * load_lanes(row);                                        \
-                for (int c = 1; c < CHUNKS; ++c)                                             \
-                    dots[t] += query[c] * load_lanes(row + 16 * c);                          \
-            }                                                                                \
-            const Lanes sums = sum_each_of_16(dots) * scale;                                 \
-            memcpy(scores + j, &sums, sizeof sums);                                          \
-        }                                                                                    \
-        for (; j < n; ++j) {                                                                 \
-            const float *row = k + j * stride;                                               \
-            Lanes dot = query[0] * load_lanes(row);                                          \
-            for (int c = 1; c < CHUNKS; ++c) dot += query[c] * load_lanes(row + 16 * c);     \
-            scores[j] = sum_lanes(dot) * scale;                                              \
-        }                                                                                    \
-    }
-DEFINE_SCORE(4)
-DEFINE_SCORE(8)
-
-static void score_keys(const float *restrict q, const float *restrict k, int64_t stride,
-                       int64_t n, int64_t head_dim, float scale, float *restrict scores) {
-    if (head_dim == 64) {
-        score_4(q, k, stride, n, scale, scores);
-    } else if (head_dim == 128) {
-        score_8(q, k, stride, n, scale, scores);
-    } else {
-        for (int64_t j = 0; j < n; ++j) {
-            const float *row = k + j * stride;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * row[d];
-            scores[j] = dot * scale;
-        }
-    }
-}
-
-static void accumulate_values(const float *restrict p, const float *restrict v,
-                              int64_t stride, int64_t n, int64_t head_dim,
-                              float *restrict out) {
-    if (head_dim == 64) {
-        accumulate_4(p, v, stride, n, out);
-    } else if (head_dim == 128) {
-        accumulate_8(p, v, stride, n, out);
-    } else {
-        for (int64_t j = 0; j < n; ++j) {
-            const float pj = p[j];
-            const float *row = v + j * stride;
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) out[d] += pj * row[d];
-        }
-    }
-}
-
-/*
- * Attention of the query heads that read KV heads [first_kv_head, first_kv_head + num_kv)
- * of one sequence. Tokens are the outer loop, so when an item covers all KV heads each
- * token's keys (and values) are one contiguous run of bytes and a block is read front to
- * back; the next block is prefetched while the current one is processed.
- */
-static void attend(const float *restrict q, /* this item's queries: [rows, head_dim] */
-                   const CacheView *keys, const CacheView *values,
-                   const int32_t *restrict table, int64_t len, int64_t num_kv,
-                   int64_t group, int64_t head_dim, int64_t block_size, float scale,
-                   float *restrict scores,  /* [rows, len] */
-                   float *restrict scratch, /* [block_size, num_kv * head_dim] */
-                   float *restrict out /* [rows, head_dim] */) {
-    const int64_t rows = num_kv * group;
-    const int64_t width = num_kv * head_dim;
-    const int64_t num_blocks = (len + block_size - 1) / block_size;
-    int64_t stride;
-    /* Pass 1: scores[r][t] = scale * q[r] . k[t] for query row r = kv * group + g */
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        const int64_t start = b * block_size;
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const int64_t ahead = b + PREFETCH_BLOCKS < num_blocks ? table[b + PREFETCH_BLOCKS] : -1;
-        const float *k_block = block_rows(keys, table[b], n, width, scratch, &stride);
-        for (int64_t r = 0; r < rows; ++r) {
-            if (ahead >= 0)  /* this row's share of the block ahead */
-                prefetch_tokens(keys, ahead, r * block_size / rows, (r + 1) * block_size / rows,
-                                width);
-            score_keys(q + r * head_dim, k_block + (r / group) * head_dim, stride, n, head_dim,
-                       scale, scores + r * len + start);
-        }
-    }
-    /* Softmax over each query's row; rows of out start at zero. */
-    for (int64_t r = 0; r < rows; ++r) {
-        float *row = scores + r * len;
-        float max_score = row[0];
-        for (int64_t t = 1; t < len; ++t) max_score = row[t] > max_score ? row[t] : max_score;
-        float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < len; ++t) {
-            row[t] = expf(row[t] - max_score);
-            total += row[t];
-        }
-        const float inv_total = 1.0f / total;
-        for (int64_t t = 0; t < len; ++t) row[t] *= inv_total;
-    }
-    memset(out, 0, (size_t)(rows * head_dim) * sizeof(float));
-    /* Pass 2: out[r] = sum_t p[r][t] * v[t] */
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        const int64_t start = b * block_size;
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const int64_t ahead = b + PREFETCH_BLOCKS < num_blocks ? table[b + PREFETCH_BLOCKS] : -1;
-        const float *v_block = block_rows(values, table[b], n, width, scratch, &stride);
-        for (int64_t r = 0; r < rows; ++r) {
-            if (ahead >= 0)  /* this row's share of the block ahead */
-                prefetch_tokens(values, ahead, r * block_size / rows,
-                                (r + 1) * block_size / rows, width);
-            accumulate_values(scores + r * len + start, v_block + (r / group) * head_dim,
-                              stride, n, head_dim, out + r * head_dim);
-        }
-    }
-}
-
-/* Every block a sequence's context needs is listed and lies inside the cache. */
-static int tables_are_valid(const int32_t *block_tables, const int32_t *seq_lens,
-                            int64_t num_seqs, int64_t num_blocks, int64_t block_size,
-                            int64_t max_blocks) {
-    for (int64_t s = 0; s < num_seqs; ++s) {
-        const int64_t needed = ((int64_t)seq_lens[s] + block_size - 1) / block_size;
-        if (seq_lens[s] < 0 || needed > max_blocks) return 0;
-        for (int64_t b = 0; b < needed; ++b) {
-            const int32_t block = block_tables[s * max_blocks + b];
-            if (block < 0 || block >= num_blocks) return 0;
-        }
-    }
-    return 1;
-}
 
 /*
  * dtype: DTYPE_FLOAT32 or DTYPE_BFLOAT16, for q, the caches and out alike.
@@ -329,59 +61,20 @@ int tollway_paged_decode_attention(const void *q, const void *key_cache, const v
                                    float scale, int num_threads) {
     if (!tables_are_valid(block_tables, seq_lens, num_seqs, num_blocks, block_size, max_blocks))
         return -2;
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t token_stride = num_kv_heads * head_dim;
-    const int64_t block_stride = block_size * token_stride;
-    int64_t max_len = 1;
-    for (int64_t s = 0; s < num_seqs; ++s) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
-    /* Work items: whole sequences (contiguous reads) when there are enough of them to keep
-       every thread busy, else (sequence, KV head) pairs. */
-    const int64_t kv_per_item = num_seqs >= 2 * (int64_t)num_threads ? num_kv_heads : 1;
-    const int64_t items_per_seq = num_kv_heads / kv_per_item;
-    const int64_t rows_per_item = kv_per_item * group;
-    const int64_t item_values = rows_per_item * head_dim; /* query (and output) values */
+    const AttentionItems items =
+        attention_items(seq_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size,
+                        max_blocks, scale, num_threads);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        /* scores [rows, max_len] | scratch [block_size, kv_per_item * head_dim] | q | out */
-        const int64_t scratch_values = block_size * kv_per_item * head_dim;
-        float *scores = malloc(
-            (size_t)(rows_per_item * max_len + scratch_values + 2 * item_values) * sizeof(float));
-        if (scores == NULL) failed = 1;
+        float *buffer = malloc(attention_buffer_floats(&items) * sizeof(float));
+        if (buffer == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
-            if (scores == NULL) continue;
-            float *scratch = scores + rows_per_item * max_len;
-            float *q_item = scratch + scratch_values;
-            float *out_item = q_item + item_values;
-            const int64_t s = item / items_per_seq;
-            const int64_t first_kv = (item % items_per_seq) * kv_per_item;
-            const int64_t q_offset = s * q_row_stride + first_kv * group * head_dim;
-            const int64_t out_offset = (s * num_heads + first_kv * group) * head_dim;
-            if (dtype == DTYPE_FLOAT32) {
-                memcpy(q_item, (const float *)q + q_offset, (size_t)item_values * sizeof(float));
-            } else {
-                const uint16_t *q_bf16 = (const uint16_t *)q + q_offset;
-                for (int64_t e = 0; e < item_values; ++e) q_item[e] = f32_of_bf16(q_bf16[e]);
-            }
-            const CacheView keys = {key_cache, dtype, block_stride, token_stride,
-                                    first_kv * head_dim};
-            const CacheView values = {value_cache, dtype, block_stride, token_stride,
-                                      first_kv * head_dim};
-            if (seq_lens[s] <= 0)
-                memset(out_item, 0, (size_t)item_values * sizeof(float));
-            else
-                attend(q_item, &keys, &values, block_tables + s * max_blocks, seq_lens[s],
-                       kv_per_item, group, head_dim, block_size, scale, scores, scratch,
-                       out_item);
-            if (dtype == DTYPE_FLOAT32) {
-                memcpy((float *)out + out_offset, out_item, (size_t)item_values * sizeof(float));
-            } else {
-                uint16_t *out_bf16 = (uint16_t *)out + out_offset;
-                for (int64_t e = 0; e < item_values; ++e) out_bf16[e] = bf16_of_f32(out_item[e]);
-            }
-        }
-        free(scores);
+        for (int64_t item = 0; item < num_seqs * items.items_per_seq; ++item)
+            if (buffer != NULL)
+                attend_item(&items, item, q, q_row_stride, key_cache, value_cache, dtype,
+                            block_tables, seq_lens, out, buffer);
+        free(buffer);
     }
     return failed ? -1 : 0;
 }

@@ -13,33 +13,14 @@
  * only the order of the sum of squares differs (it is vectorised). Rows are spread over
  * OpenMP threads (PyTorch's runtime) once there are enough of them to pay for it.
  */
-#include <math.h>
-#include <stddef.h>
 #include <stdint.h>
+
+#include "rms_norm_row.h"
 
 #define TOLLWAY_NORM_ABI_VERSION 1
 #define ROWS_PER_THREAD 32 /* fewer rows than this per thread: one thread does them all */
 
 int tollway_norm_abi_version(void) { return TOLLWAY_NORM_ABI_VERSION; }
-
-static void norm_row(float *restrict out, float *restrict residual, const float *restrict addend,
-                     const float *restrict weight, int64_t hidden, float eps) {
-    float sum = 0.0f;
-    if (addend != NULL) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < hidden; ++i) {
-            const float x = residual[i] + addend[i];
-            residual[i] = x;
-            sum += x * x;
-        }
-    } else {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < hidden; ++i) sum += residual[i] * residual[i];
-    }
-    const float inv_rms = 1.0f / sqrtf(sum / (float)hidden + eps);
-#pragma omp simd
-    for (int64_t i = 0; i < hidden; ++i) out[i] = residual[i] * inv_rms * weight[i];
-}
 
 /* out, residual, addend: [rows, hidden] contiguous (addend may be NULL); weight: [hidden]. */
 void tollway_add_rms_norm(float *out, float *residual, const float *addend, const float *weight,

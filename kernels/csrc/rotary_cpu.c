@@ -17,26 +17,12 @@
  */
 #include <stdint.h>
 
+#include "rotary_token.h"
+
 #define TOLLWAY_ROTARY_ABI_VERSION 1
 #define TOKENS_PER_THREAD 32 /* fewer tokens than this per thread: one thread does them all */
 
 int tollway_rotary_abi_version(void) { return TOLLWAY_ROTARY_ABI_VERSION; }
-
-__attribute__((optimize("fp-contract=off", "no-fast-math"))) static void rotate_token(
-    float *restrict x, const float *restrict cos, const float *restrict sin, int64_t heads,
-    int64_t head_dim) {
-    const int64_t half = head_dim / 2;
-    for (int64_t h = 0; h < heads; ++h) {
-        float *restrict first = x + h * head_dim;
-        float *restrict second = first + half;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-            const float a = first[i], b = second[i];
-            first[i] = a * cos[i] - b * sin[i];
-            second[i] = b * cos[i] + a * sin[i];
-        }
-    }
-}
 
 void tollway_rotary_in_place(float *x, const float *cos, const float *sin, int64_t tokens,
                              int64_t heads, int64_t head_dim, int64_t x_stride, int64_t cs_stride,

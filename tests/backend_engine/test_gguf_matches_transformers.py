@@ -4,7 +4,8 @@ gives transformers' greedy output on the same file, token for token.
 transformers (the referee) dequantizes the GGUF with the gguf package too and runs it in
 float32, one prompt at a time (no padding), stopping at eos as we do. The prompts are chats
 of mixed lengths rendered with the model's own chat template; two share a long prefix, so
-prefix caching has blocks to reuse.
+prefix caching has blocks to reuse. Decode-only steps run the native decoder
+(``kernels.cpu_decoder``); the layer-by-layer path is checked on its own too.
 """
 
 from __future__ import annotations
@@ -84,10 +85,15 @@ def test_the_referee_answers_like_the_real_model(
     assert tokenizer.decode(expected[0]) == "The capital of France is Paris."
 
 
+@pytest.mark.parametrize("native_decoder", [True, False], ids=["native decoder", "layer by layer"])
 def test_greedy_matches_transformers_with_prefix_caching_off(
-    smollm2_gguf: Path, prompts: list[list[int]], expected: list[list[int]]
+    smollm2_gguf: Path, prompts: list[list[int]], expected: list[list[int]], native_decoder: bool
 ) -> None:
     llm = LLM(model=str(smollm2_gguf), dtype="float32", enable_prefix_caching=False)
+    model = llm.engine.runner.model
+    assert model.native_decoder is not None  # decode steps run every layer in one call
+    if not native_decoder:
+        model.native_decoder = None
     outputs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     assert llm.engine.kv_cache.prefix_cache_hits == 0

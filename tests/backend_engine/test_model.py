@@ -2,7 +2,9 @@
 
 Every comparison runs our model through a real paged KV cache with shuffled,
 non-contiguous block tables: a full prefill, a prefix then decodes one by one, chunked
-prefill after a cached prefix, and mixed decode + prefill batches.
+prefill after a cached prefix, and mixed decode + prefill batches. With packed linears on
+the CPU, decode-only steps run every layer in one native call (``kernels.cpu_decoder``),
+checked against transformers here too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from transformers import (
 from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.model_config import ModelConfig
 from backend_engine.models import CausalLM, load_model
+from backend_engine.models.packed_linear import pack_linears
+from kernels import cpu_decoder
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 64
@@ -219,6 +223,43 @@ def test_mixed_decode_and_prefill_batch_matches_hf(checkpoints: dict[str, Path])
     for key, exp in zip("abcd", expected, strict=True):
         n = got[key].shape[0]
         torch.testing.assert_close(got[key], exp[:n], atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("kind", list(CHECKPOINTS))
+def test_native_decoder_steps_match_hf(
+    checkpoints: dict[str, Path], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = checkpoints[kind]
+    prompts = [prompt(n, seed=20 + n) for n in (26, 19, 40)]
+    expected = [hf_logits(path, p) for p in prompts]
+    model = load(path)
+    pack_linears(model)
+    runner = PagedRunner(model)
+    if not model.bind_native_decoder(runner.kv_caches):
+        pytest.skip("the native decoder cannot run here (no compiler, or another oneDNN layout)")
+    native_steps: list[int] = []
+    call = cpu_decoder.NativeDecoder.__call__
+    monkeypatch.setattr(
+        cpu_decoder.NativeDecoder,
+        "__call__",
+        lambda self, *args: native_steps.append(args[0].shape[0]) or call(self, *args),
+    )
+    seqs = [runner.new_sequence(p) for p in prompts]
+    got: list[list[torch.Tensor]] = [[] for _ in seqs]
+
+    def step(work: list[tuple[int, int]]) -> None:  # (sequence, new tokens)
+        logits = runner.step([(seqs[i], n) for i, n in work])
+        for (i, _), rows in zip(work, logits, strict=True):
+            got[i].append(rows)
+
+    step([(0, 12), (1, 12), (2, 12)])  # prefills: layer by layer
+    step([(0, 1), (1, 1), (2, 9)])  # mixed: likewise
+    while seqs[2].num_computed < len(prompts[2]):  # decodes only: the native decoder
+        step([(i, 1) for i, s in enumerate(seqs) if s.num_computed < len(s.tokens)])
+    assert native_steps[:2] == [3, 3] and native_steps[-1] == 1
+    assert sum(native_steps) == sum(map(len, prompts)) - 3 * 12 - 11
+    for rows, exp in zip(got, expected, strict=True):
+        torch.testing.assert_close(torch.cat(rows), exp, atol=ATOL, rtol=ATOL)
 
 
 def test_bf16_load_runs_close_to_fp32(checkpoints: dict[str, Path]) -> None:

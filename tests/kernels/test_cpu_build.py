@@ -37,6 +37,22 @@ def test_builds_once_and_reuses_the_cached_library(tmp_path: Path, cache_home: P
     assert second is not None and second != first
 
 
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+def test_a_changed_header_beside_the_source_is_a_new_library(
+    tmp_path: Path, cache_home: Path
+) -> None:
+    import ctypes
+
+    (tmp_path / "answer.h").write_text("#define ANSWER 42\n")
+    source = tmp_path / "answer.c"
+    source.write_text('#include "answer.h"\nint tollway_answer(void) { return ANSWER; }\n')
+    first = build_shared_library(source)
+    (tmp_path / "answer.h").write_text("#define ANSWER 43\n")
+    second = build_shared_library(source)
+    assert first is not None and second is not None and second != first
+    assert ctypes.CDLL(str(second)).tollway_answer() == 43
+
+
 def test_a_failed_build_returns_none_and_leaves_nothing(
     tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

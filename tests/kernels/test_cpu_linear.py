@@ -76,6 +76,38 @@ def test_native_linear_matches_matmul(
 
 
 @needs_native
+@pytest.mark.parametrize("num_rows", [1, 7])
+@pytest.mark.parametrize(("out_features", "in_features"), [(576, 96), (201, 40)])
+def test_threads_split_the_outputs_without_changing_a_bit(
+    num_rows: int, out_features: int, in_features: int
+) -> None:
+    """Threads share the outputs in 16-wide slices, so a thread may start or stop inside a
+    packed block (576 outputs are 9 blocks): every output is the same sum in the same order
+    whatever the thread count."""
+    _, b, blocked = packed_case(out_features, in_features, bias=True)
+    x = torch.randn(num_rows, in_features, generator=torch.Generator().manual_seed(2))
+    library = cpu_linear.native_library()
+    assert library is not None
+    results = []
+    for threads in (1, 2, 3, 5, 8):
+        y = torch.empty(num_rows, out_features)
+        status = library.tollway_small_batch_linear(
+            blocked.address,
+            x.data_ptr(),
+            b.data_ptr() if b is not None else None,
+            y.data_ptr(),
+            num_rows,
+            out_features,
+            in_features,
+            blocked.k_padded,
+            threads,
+        )
+        assert status == 0
+        results.append(y)
+    assert all(torch.equal(y, results[0]) for y in results[1:])
+
+
+@needs_native
 def test_native_linear_reads_strided_rows_and_empty_batches() -> None:
     weight, b, blocked = packed_case(96, 40, bias=True)
     x = torch.randn(3, 80)[:, ::2]

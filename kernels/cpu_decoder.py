@@ -1,0 +1,308 @@
+"""Every decoder layer of a decode-only step in one native call (float32, CPU).
+
+Why: one sequence's decode step should cost one pass over the weights. Layer by layer
+from Python, SmolLM2-135M's 30 thin layers spend ~10 ms per step on the small operations
+between the matmuls (norms, rotary, the KV store, attention, SiLU: each a dispatch, some
+checks and an OpenMP fork) on top of ~25 ms of matmuls, on the 2-core development machine.
+``kernels/csrc/decoder_cpu.c`` runs the whole stack in one OpenMP region, from the
+embeddings to the final norm, reusing the one-operation kernels' code (so each stage gives
+the same bits); ``python -m bench.single_stream_decode`` measures the result.
+
+What it takes: a Llama-family stack (RMSNorm, fused q/k/v with optional bias, rotary,
+grouped-query paged attention, SwiGLU) whose four linears per layer run the native
+small-batch kernel (:mod:`kernels.cpu_linear`, reading oneDNN's packed buffers in place),
+float32 KV caches, and a step of at most :data:`MAX_TOKENS` sequences, each decoding one
+token. :meth:`NativeDecoder.build` returns ``None`` when the library cannot be built or
+loaded (``TOLLWAY_CPU_KERNELS=reference``, no compiler) or a tensor does not fit; callers
+then run the layers one operation at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from kernels import cpu_linear
+from kernels.cpu_build import load_kernels
+from kernels.cpu_linear import BlockedWeight
+
+SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
+_ABI_VERSION = 1
+MAX_TOKENS = cpu_linear.MAX_ROWS  # the linears' native limit (the library agrees at load)
+_OK, _BAD_ARGUMENTS, _BAD_TABLES, _NO_MEMORY = 0, 1, 2, 3
+
+
+class _Layer(ctypes.Structure):  # decoder_cpu.c's DecoderLayer
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "input_norm",
+            "qkv",
+            "qkv_bias",
+            "o",
+            "post_norm",
+            "gate_up",
+            "down",
+            "key_cache",
+            "value_cache",
+        )
+    ]
+
+
+class _Decoder(ctypes.Structure):  # decoder_cpu.c's Decoder
+    _fields_ = [
+        *(
+            (name, ctypes.c_int64)
+            for name in (
+                "num_layers",
+                "hidden",
+                "intermediate",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "k_hidden",
+                "k_q",
+                "k_intermediate",
+                "num_blocks",
+                "block_size",
+            )
+        ),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("layers", ctypes.POINTER(_Layer)),
+        ("final_norm", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer as the kernel reads it (the tensors stay owned by the model)."""
+
+    input_norm: torch.Tensor  # [hidden]
+    qkv: BlockedWeight  # [q + 2 kv, hidden]
+    qkv_bias: torch.Tensor | None  # [q + 2 kv]
+    o: BlockedWeight  # [hidden, q]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: BlockedWeight  # [2 intermediate, hidden]: gate rows, then up rows
+    down: BlockedWeight  # [hidden, intermediate]
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+
+
+@cache
+def native_library() -> ctypes.CDLL | None:
+    """The compiled kernel, or ``None`` when native kernels are off or cannot be built."""
+    library = load_kernels(
+        SOURCE,
+        "decode steps run one operation at a time",
+        ("tollway_decoder_abi_version", _ABI_VERSION),
+        {
+            "tollway_decode_layers": (
+                [ctypes.POINTER(_Decoder)]
+                + [ctypes.c_void_p] * 7
+                + [ctypes.c_int64] * 2
+                + [ctypes.c_int],
+                ctypes.c_int,
+            ),
+            "tollway_decoder_layer_size": ([], ctypes.c_int64),
+            "tollway_decoder_size": ([], ctypes.c_int64),
+            "tollway_decoder_max_rows": ([], ctypes.c_int),
+        },
+    )
+    if library is None:
+        return None
+    agrees = (
+        library.tollway_decoder_layer_size() == ctypes.sizeof(_Layer)
+        and library.tollway_decoder_size() == ctypes.sizeof(_Decoder)
+        and library.tollway_decoder_max_rows() == MAX_TOKENS
+    )
+    return library if agrees else None
+
+
+class NativeDecoder:
+    """The decoder layers of one model, bound to its KV caches, as one native call."""
+
+    def __init__(
+        self,
+        library: ctypes.CDLL,
+        layers: Sequence[LayerWeights],
+        final_norm: torch.Tensor,
+        shape: DecoderShape,
+    ) -> None:
+        self._library = library
+        self.layers = tuple(layers)  # keeps every buffer the structs point at alive
+        self.final_norm = final_norm
+        self.hidden_size = final_norm.shape[0]
+        self._head_dim = shape.head_dim
+        first = self.layers[0]
+        num_blocks, block_size = first.key_cache.shape[:2]
+        self._layer_structs = (_Layer * len(self.layers))(*map(_layer_struct, self.layers))
+        self._decoder = _Decoder(
+            num_layers=len(self.layers),
+            hidden=self.hidden_size,
+            intermediate=first.down.in_features,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            k_hidden=first.qkv.k_padded,
+            k_q=first.o.k_padded,
+            k_intermediate=first.down.k_padded,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            eps=shape.eps,
+            scale=shape.head_dim**-0.5,
+            layers=self._layer_structs,
+            final_norm=final_norm.data_ptr(),
+        )
+        self._decoder_ref = ctypes.byref(self._decoder)
+
+    @classmethod
+    def build(
+        cls, layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: DecoderShape
+    ) -> NativeDecoder | None:
+        """The decoder, or ``None`` when the library is unavailable or a tensor does not fit
+        (then run the layers one operation at a time)."""
+        library = native_library()
+        if library is None or not layers or not _fits(layers, final_norm, shape):
+            return None
+        return cls(library, layers, final_norm, shape)
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,  # [num_seqs, hidden]: the new tokens' embeddings
+        cos: torch.Tensor,  # [num_seqs, 1, head_dim // 2]
+        sin: torch.Tensor,  # [num_seqs, 1, head_dim // 2]
+        slot_mapping: torch.Tensor,  # [num_seqs] int64
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+        seq_lens: torch.Tensor,  # [num_seqs] int32, context length incl. the new token
+    ) -> torch.Tensor:  # [num_seqs, hidden] after the final norm
+        """Run every layer for one decode token per sequence: the keys and values go into
+        their slots, and the last layer's output comes back normalised."""
+        num_seqs = hidden.shape[0]
+        if not 1 <= num_seqs <= MAX_TOKENS:
+            raise ValueError(
+                f"the native decoder takes 1 to {MAX_TOKENS} sequences, not {num_seqs}"
+            )
+        half = self._head_dim // 2
+        hidden = hidden.contiguous()
+        cos = cos.reshape(num_seqs, half).contiguous()
+        sin = sin.reshape(num_seqs, half).contiguous()
+        block_tables = block_tables.contiguous()
+        _check_step(hidden, cos, slot_mapping, block_tables, seq_lens, self.hidden_size)
+        out = torch.empty_like(hidden)
+        status = self._library.tollway_decode_layers(
+            self._decoder_ref,
+            hidden.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slot_mapping.data_ptr(),
+            block_tables.data_ptr(),
+            seq_lens.data_ptr(),
+            num_seqs,
+            block_tables.shape[1],
+            torch.get_num_threads(),
+        )
+        if status == _BAD_TABLES:
+            raise ValueError(
+                "a block table is shorter than its sequence's context, or it or a slot "
+                "lies outside the KV cache"
+            )
+        if status == _NO_MEMORY:
+            raise MemoryError("the native decoder could not allocate its work buffers")
+        if status != _OK:
+            raise ValueError("the native decoder rejected the step's shapes")
+        return out
+
+
+def _layer_struct(layer: LayerWeights) -> _Layer:
+    bias = layer.qkv_bias
+    return _Layer(
+        input_norm=layer.input_norm.data_ptr(),
+        qkv=layer.qkv.address,
+        qkv_bias=None if bias is None else bias.data_ptr(),
+        o=layer.o.address,
+        post_norm=layer.post_norm.data_ptr(),
+        gate_up=layer.gate_up.address,
+        down=layer.down.address,
+        key_cache=layer.key_cache.data_ptr(),
+        value_cache=layer.value_cache.data_ptr(),
+    )
+
+
+def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: DecoderShape) -> bool:
+    """Every layer has the shapes, dtypes and layouts the kernel assumes."""
+    hidden = final_norm.shape[0]
+    q = shape.num_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.head_dim
+    first = layers[0]
+    intermediate = first.down.in_features
+    cache_shape = first.key_cache.shape
+    if (
+        shape.num_heads % shape.num_kv_heads
+        or shape.head_dim % 2
+        or len(cache_shape) != 4
+        or tuple(cache_shape[2:]) != (shape.num_kv_heads, shape.head_dim)
+    ):
+        return False
+
+    def is_vector(t: torch.Tensor | None, size: int) -> bool:
+        return t is not None and _is_plain_float32(t) and tuple(t.shape) == (size,)
+
+    def linear_is(w: BlockedWeight, out_features: int, in_features: int, k_padded: int) -> bool:
+        return (w.out_features, w.in_features, w.k_padded) == (out_features, in_features, k_padded)
+
+    return is_vector(final_norm, hidden) and all(
+        is_vector(layer.input_norm, hidden)
+        and is_vector(layer.post_norm, hidden)
+        and (layer.qkv_bias is None or is_vector(layer.qkv_bias, q + 2 * kv))
+        and linear_is(layer.qkv, q + 2 * kv, hidden, first.qkv.k_padded)
+        and linear_is(layer.o, hidden, q, first.o.k_padded)
+        and linear_is(layer.gate_up, 2 * intermediate, hidden, first.qkv.k_padded)
+        and linear_is(layer.down, hidden, intermediate, first.down.k_padded)
+        and all(
+            _is_plain_float32(cache) and cache.shape == cache_shape
+            for cache in (layer.key_cache, layer.value_cache)
+        )
+        for layer in layers
+    )
+
+
+def _is_plain_float32(t: torch.Tensor) -> bool:
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+
+
+def _check_step(
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    hidden_size: int,
+) -> None:
+    num_seqs = hidden.shape[0]
+    if not (
+        hidden.dtype == cos.dtype == torch.float32
+        and hidden.shape == (num_seqs, hidden_size)
+        and slot_mapping.dtype == torch.int64
+        and block_tables.dtype == seq_lens.dtype == torch.int32
+        and slot_mapping.shape == seq_lens.shape == (num_seqs,)
+        and block_tables.dim() == 2
+        and block_tables.shape[0] == num_seqs
+        and slot_mapping.is_contiguous()
+        and seq_lens.is_contiguous()
+    ):
+        raise ValueError("the native decoder takes float32 activations and int metadata")

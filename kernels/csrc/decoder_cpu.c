@@ -1,0 +1,175 @@
+/*
+ * Every decoder layer of a decode-only step in one call (float32, CPU).
+ *
+ * One sequence's decode step reads every weight once, so it should take as long as
+ * streaming the weights from memory. Run layer by layer from Python, a Llama step is ~10
+ * small operations per layer between its four matmuls (norms, rotary, the KV store,
+ * attention, SiLU), each a dispatch, a few checks and an OpenMP fork; on SmolLM2-135M (30
+ * thin layers) they cost ~10 ms on top of ~25 ms of matmuls on the 2-core development
+ * machine. Here the whole stack is one OpenMP parallel region; the threads meet at a
+ * barrier between stages, and the block tables and slots are checked once per step:
+ *
+ *   residual = embeddings
+ *   per layer:  x = norm(residual += previous layer's output)  (no add before layer 0)
+ *               qkv = x @ Wqkv (+ bias)
+ *               rotate q and k; store k and v in their slots
+ *               attn = paged decode attention (q, the layer's cache)
+ *               x = norm(residual += attn @ Wo)
+ *               act = silu(gate) * up,  [gate | up] = x @ Wgate_up
+ *               out = act @ Wdown
+ *   hidden = norm(residual += out)                             (the final norm)
+ *
+ * The stages are the same code as the one-operation libraries (linear_rows.h,
+ * rms_norm_row.h, rotary_token.h, paged_attention.h), so each gives the same bits as its
+ * one-operation call; only silu(gate) * up is here alone, in float32 as in PyTorch.
+ *
+ *   hidden, out:           [M, hidden] (M: the step's sequences, 1..LINEAR_MAX_ROWS)
+ *   cos, sin:              [M, head_dim / 2]
+ *   slots:                 [M] int64; negative = do not store
+ *   block_tables:          [M, max_blocks] int32;  seq_lens: [M] int32 (incl. the new token)
+ *   weights:               oneDNN's packed layout (linear_rows.h), biases only on q/k/v
+ *   caches:                [num_blocks, block_size, num_kv_heads, head_dim]
+ *
+ * Returns 0, BAD_ARGUMENTS, BAD_TABLES (a block table or slot outside the cache: nothing is
+ * written) or NO_MEMORY.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "linear_rows.h"
+#include "paged_attention.h"
+#include "rms_norm_row.h"
+#include "rotary_token.h"
+
+#define TOLLWAY_DECODER_ABI_VERSION 1
+
+enum { OK = 0, BAD_ARGUMENTS = 1, BAD_TABLES = 2, NO_MEMORY = 3 };
+
+/* Mirrored by kernels/cpu_decoder.py (_Layer, _Decoder); their sizes are checked at load. */
+typedef struct {
+    const float *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+    float *key_cache, *value_cache;
+} DecoderLayer;
+
+typedef struct {
+    int64_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim;
+    int64_t k_hidden, k_q, k_intermediate; /* in_features padded, as oneDNN packed them */
+    int64_t num_blocks, block_size;
+    float eps, scale;
+    const DecoderLayer *layers;
+    const float *final_norm;
+} Decoder;
+
+int tollway_decoder_abi_version(void) { return TOLLWAY_DECODER_ABI_VERSION; }
+int64_t tollway_decoder_layer_size(void) { return (int64_t)sizeof(DecoderLayer); }
+int64_t tollway_decoder_size(void) { return (int64_t)sizeof(Decoder); }
+int tollway_decoder_max_rows(void) { return LINEAR_MAX_ROWS; }
+
+/* y = x @ W.T (+ bias), its outputs shared evenly among the team (linear_rows.h's slices);
+   called by every thread, which then wait for each other. */
+static void shared_linear(const float *w, const float *x, const float *bias, float *y, int64_t M,
+                          int64_t N, int64_t K, int64_t k_padded) {
+    int thread = 0, team = 1;
+#ifdef _OPENMP
+    thread = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    const int64_t num_slices = linear_num_slices(N);
+    linear_slices(w, x, bias, y, M, N, K, k_padded, num_slices * thread / team,
+                  num_slices * (thread + 1) / team);
+#pragma omp barrier
+}
+
+/* out[r] = norm(residual[r] += addend[r]) for every row, shared among the team. */
+static void shared_norm(float *out, float *residual, const float *addend, const float *weight,
+                        int64_t M, int64_t hidden, float eps) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; ++r)
+        norm_row(out + r * hidden, residual + r * hidden,
+                 addend == NULL ? NULL : addend + r * hidden, weight, hidden, eps);
+}
+
+/* act = silu(gate) * up, as PyTorch's F.silu(gate) * up: x / (1 + exp(-x)), then the product. */
+__attribute__((optimize("no-fast-math"))) static void silu_mul_row(float *restrict act,
+                                                                    const float *restrict gate_up,
+                                                                    int64_t intermediate) {
+    const float *up = gate_up + intermediate;
+    for (int64_t i = 0; i < intermediate; ++i) {
+        const float g = gate_up[i];
+        act[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static int slots_are_valid(const int64_t *slots, int64_t M, int64_t num_slots) {
+    for (int64_t t = 0; t < M; ++t)
+        if (slots[t] >= num_slots) return 0;
+    return 1;
+}
+
+int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, const float *cos,
+                          const float *sin, const int64_t *slots, const int32_t *block_tables,
+                          const int32_t *seq_lens, int64_t M, int64_t max_blocks,
+                          int num_threads) {
+    if (d == NULL || M < 1 || M > LINEAR_MAX_ROWS || num_threads < 1 || max_blocks < 0)
+        return BAD_ARGUMENTS;
+    const int64_t H = d->hidden, I = d->intermediate, D = d->head_dim;
+    const int64_t Q = d->num_heads * D, KV = d->num_kv_heads * D, QKV = Q + 2 * KV;
+    if (!tables_are_valid(block_tables, seq_lens, M, d->num_blocks, d->block_size, max_blocks) ||
+        !slots_are_valid(slots, M, d->num_blocks * d->block_size))
+        return BAD_TABLES;
+    const AttentionItems items =
+        attention_items(seq_lens, M, d->num_heads, d->num_kv_heads, D, d->block_size,
+                        max_blocks, d->scale, num_threads);
+    const int64_t num_items = M * items.items_per_seq;
+    const size_t per_thread = attention_buffer_floats(&items);
+    /* residual, x, sub (a sublayer's output) [M, H] | qkv [M, QKV] | attn [M, Q]
+       | gate_up [M, 2I] | act [M, I] | one attention buffer per thread */
+    const size_t step_floats = (size_t)(M * (3 * H + QKV + Q + 3 * I));
+    float *workspace = malloc((step_floats + per_thread * (size_t)num_threads) * sizeof(float));
+    if (workspace == NULL) return NO_MEMORY;
+    float *residual = workspace, *x = residual + M * H, *sub = x + M * H;
+    float *qkv = sub + M * H, *attn = qkv + M * QKV, *gate_up = attn + M * Q;
+    float *act = gate_up + M * 2 * I;
+    memcpy(residual, hidden, (size_t)(M * H) * sizeof(float));
+#pragma omp parallel num_threads(num_threads)
+    {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        float *buffer = workspace + step_floats + per_thread * (size_t)thread;
+        for (int64_t l = 0; l < d->num_layers; ++l) {
+            const DecoderLayer *layer = &d->layers[l];
+            shared_norm(x, residual, l == 0 ? NULL : sub, layer->input_norm, M, H, d->eps);
+            shared_linear(layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, d->k_hidden);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < M; ++t) {
+                float *row = qkv + t * QKV;
+                rotate_token(row, cos + t * (D / 2), sin + t * (D / 2),
+                             d->num_heads + d->num_kv_heads, D);
+                if (slots[t] >= 0) {
+                    memcpy(layer->key_cache + slots[t] * KV, row + Q, (size_t)KV * sizeof(float));
+                    memcpy(layer->value_cache + slots[t] * KV, row + Q + KV,
+                           (size_t)KV * sizeof(float));
+                }
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < num_items; ++item)
+                attend_item(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
+                            DTYPE_FLOAT32, block_tables, seq_lens, attn, buffer);
+            shared_linear(layer->o, attn, NULL, sub, M, H, Q, d->k_q);
+            shared_norm(x, residual, sub, layer->post_norm, M, H, d->eps);
+            shared_linear(layer->gate_up, x, NULL, gate_up, M, 2 * I, H, d->k_hidden);
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < M; ++r) silu_mul_row(act + r * I, gate_up + r * 2 * I, I);
+            shared_linear(layer->down, act, NULL, sub, M, H, I, d->k_intermediate);
+        }
+        shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);
+    }
+    free(workspace);
+    return OK;
+}

@@ -1,0 +1,337 @@
+"""The native decoder (every layer of a decode step in one call) against plain PyTorch.
+
+The reference below runs the same Llama layers with ``F.rms_norm``, ``F.linear``, the
+rotate-half formula, ``F.silu`` and :mod:`kernels.reference`'s paged attention, on copies of
+the same caches. ``tests/backend_engine/test_model.py`` checks the decoder inside the model
+against transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_decoder, cpu_linear, reference
+from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
+
+pytestmark = pytest.mark.skipif(
+    cpu_decoder.native_library() is None or not cpu_linear.is_available(),
+    reason="the native kernels cannot be built or oneDNN packs weights another way here",
+)
+
+NUM_BLOCKS = 64
+BLOCK_SIZE = 8
+EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int = 96
+    intermediate: int = 160
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    num_layers: int = 3
+    bias: bool = False
+
+    @property
+    def q(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class RawLayer:  # plain tensors, for the reference
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def raw_layers(dims: Dims, gen: torch.Generator) -> list[RawLayer]:
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * shape[-1] ** -0.5
+
+    def norm() -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+
+    return [
+        RawLayer(
+            input_norm=norm(),
+            qkv=w(dims.q + 2 * dims.kv, dims.hidden),
+            qkv_bias=0.1 * torch.randn(dims.q + 2 * dims.kv, generator=gen) if dims.bias else None,
+            o=w(dims.hidden, dims.q),
+            post_norm=norm(),
+            gate_up=w(2 * dims.intermediate, dims.hidden),
+            down=w(dims.hidden, dims.intermediate),
+        )
+        for _ in range(dims.num_layers)
+    ]
+
+
+def blocked(weight: torch.Tensor) -> cpu_linear.BlockedWeight:
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+    native = cpu_linear.blocked_weight(packed)
+    assert native is not None
+    return native
+
+
+def build(
+    layers: list[RawLayer],
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
+    final_norm: torch.Tensor,
+    dims: Dims,
+) -> NativeDecoder:
+    weights = [
+        LayerWeights(
+            input_norm=raw.input_norm,
+            qkv=blocked(raw.qkv),
+            qkv_bias=raw.qkv_bias,
+            o=blocked(raw.o),
+            post_norm=raw.post_norm,
+            gate_up=blocked(raw.gate_up),
+            down=blocked(raw.down),
+            key_cache=key_cache,
+            value_cache=value_cache,
+        )
+        for raw, (key_cache, value_cache) in zip(layers, caches, strict=True)
+    ]
+    decoder = NativeDecoder.build(weights, final_norm, shape(dims))
+    assert decoder is not None
+    return decoder
+
+
+def shape(dims: Dims) -> DecoderShape:
+    return DecoderShape(dims.num_heads, dims.num_kv_heads, dims.head_dim, EPS)
+
+
+def reference_step(
+    layers: list[RawLayer],
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
+    final_norm: torch.Tensor,
+    dims: Dims,
+    step: Step,
+) -> torch.Tensor:  # [num_seqs, hidden]
+    num_seqs = step.hidden.shape[0]
+    residual = step.hidden.clone()
+    cos, sin = step.cos[:, None], step.sin[:, None]  # [num_seqs, 1, head_dim // 2]
+    addend: torch.Tensor | None = None
+    for raw, (key_cache, value_cache) in zip(layers, caches, strict=True):
+        if addend is not None:
+            residual = residual + addend
+        x = F.rms_norm(residual, (dims.hidden,), raw.input_norm, EPS)
+        qkv = F.linear(x, raw.qkv, raw.qkv_bias).view(num_seqs, -1, dims.head_dim)
+        qk = qkv[:, : dims.num_heads + dims.num_kv_heads]
+        x1, x2 = qk.chunk(2, dim=-1)
+        qk = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        q, k = qk[:, : dims.num_heads], qk[:, dims.num_heads :]
+        v = qkv[:, dims.num_heads + dims.num_kv_heads :]
+        reference.store_kv(k, v, key_cache, value_cache, step.slots)
+        attn = reference.paged_decode_attention(
+            q, key_cache, value_cache, step.block_tables, step.seq_lens, dims.head_dim**-0.5
+        )
+        residual = residual + F.linear(attn.reshape(num_seqs, dims.q), raw.o)
+        x = F.rms_norm(residual, (dims.hidden,), raw.post_norm, EPS)
+        gate, up = F.linear(x, raw.gate_up).chunk(2, dim=-1)
+        addend = F.linear(F.silu(gate) * up, raw.down)
+    if addend is not None:
+        residual = residual + addend
+    return F.rms_norm(residual, (dims.hidden,), final_norm, EPS)
+
+
+@dataclass(frozen=True)
+class Step:
+    hidden: torch.Tensor  # [num_seqs, hidden]
+    cos: torch.Tensor  # [num_seqs, head_dim // 2]
+    sin: torch.Tensor
+    slots: torch.Tensor  # [num_seqs] int64
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+
+
+def make_step(dims: Dims, seq_lens: list[int], gen: torch.Generator) -> Step:
+    """One decode token per sequence, each sequence's blocks drawn without replacement."""
+    free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
+    width = max(-(-n // BLOCK_SIZE) for n in seq_lens) + 1  # a spare column, padded
+    tables, slots = [], []
+    for n in seq_lens:
+        table = [free.pop() for _ in range(-(-n // BLOCK_SIZE))]
+        slots.append(table[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE)
+        tables.append(table + [0] * (width - len(table)))
+    angles = torch.rand(len(seq_lens), dims.head_dim // 2, generator=gen) * 6.0
+    return Step(
+        hidden=torch.randn(len(seq_lens), dims.hidden, generator=gen),
+        cos=angles.cos(),
+        sin=angles.sin(),
+        slots=torch.tensor(slots, dtype=torch.int64),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+    )
+
+
+def random_caches(dims: Dims, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    cache_shape = (NUM_BLOCKS, BLOCK_SIZE, dims.num_kv_heads, dims.head_dim)
+    return [
+        (torch.randn(cache_shape, generator=gen), torch.randn(cache_shape, generator=gen))
+        for _ in range(dims.num_layers)
+    ]
+
+
+def clone(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, ...]]:
+    return [(k.clone(), v.clone()) for k, v in caches]
+
+
+def unchanged(
+    caches: list[tuple[torch.Tensor, torch.Tensor]], before: list[tuple[torch.Tensor, ...]]
+) -> bool:
+    return all(
+        torch.equal(now, was)
+        for pair, was_pair in zip(caches, before, strict=True)
+        for now, was in zip(pair, was_pair, strict=True)
+    )
+
+
+def run(decoder: NativeDecoder, step: Step) -> torch.Tensor:
+    return decoder(
+        step.hidden,
+        step.cos[:, None],
+        step.sin[:, None],
+        step.slots,
+        step.block_tables,
+        step.seq_lens,
+    )
+
+
+CASES = {
+    "one sequence, head_dim 64": (Dims(head_dim=64, num_heads=3, num_kv_heads=1), [37]),
+    "mixed contexts": (Dims(), [1, 9, 16, 23]),
+    "q/k/v bias (Qwen2)": (Dims(bias=True), [5, 30]),
+    "head_dim 128": (Dims(head_dim=128, num_heads=2, num_kv_heads=2, hidden=128), [12, 3, 17]),
+    "sixteen sequences": (Dims(num_layers=2), [2 + 3 * i for i in range(16)]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_decode_step_matches_plain_pytorch(case: str) -> None:
+    dims, seq_lens = CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    layers = raw_layers(dims, gen)
+    final_norm = 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+    caches = random_caches(dims, gen)
+    step = make_step(dims, seq_lens, gen)
+    want_caches = clone(caches)
+    want = reference_step(layers, want_caches, final_norm, dims, step)
+
+    got = run(build(layers, caches, final_norm, dims), step)
+
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for (key, value), (want_key, want_value) in zip(caches, want_caches, strict=True):
+        torch.testing.assert_close(key, want_key, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(value, want_value, atol=1e-4, rtol=1e-4)
+
+
+def test_a_negative_slot_stores_nothing() -> None:
+    dims = Dims(num_layers=1)
+    gen = torch.Generator().manual_seed(3)
+    layers = raw_layers(dims, gen)
+    caches = random_caches(dims, gen)
+    before = clone(caches)
+    step = make_step(dims, [6], gen)
+    step = Step(**{**step.__dict__, "slots": torch.tensor([-1])})
+    run(build(layers, caches, torch.ones(dims.hidden), dims), step)
+    assert unchanged(caches, before)
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("block outside the cache", "outside the KV cache"),
+        ("table too short", "shorter than its sequence"),
+        ("slot outside the cache", "outside the KV cache"),
+    ],
+)
+def test_bad_tables_are_refused_before_anything_is_written(fault: str, message: str) -> None:
+    dims = Dims(num_layers=2)
+    gen = torch.Generator().manual_seed(4)
+    layers = raw_layers(dims, gen)
+    caches = random_caches(dims, gen)
+    before = clone(caches)
+    step = make_step(dims, [9, 20], gen)
+    tables, slots = step.block_tables.clone(), step.slots.clone()
+    if fault == "block outside the cache":
+        tables[1, 1] = NUM_BLOCKS
+    elif fault == "table too short":
+        tables = tables[:, :1].contiguous()
+    else:
+        slots[0] = NUM_BLOCKS * BLOCK_SIZE
+    step = Step(**{**step.__dict__, "block_tables": tables, "slots": slots})
+    decoder = build(layers, caches, torch.ones(dims.hidden), dims)
+    with pytest.raises(ValueError, match=message):
+        run(decoder, step)
+    assert unchanged(caches, before)
+
+
+@pytest.mark.parametrize("num_seqs", [0, cpu_decoder.MAX_TOKENS + 1])
+def test_batch_sizes_outside_the_kernel_are_refused(num_seqs: int) -> None:
+    dims = Dims(num_layers=1)
+    gen = torch.Generator().manual_seed(5)
+    decoder = build(raw_layers(dims, gen), random_caches(dims, gen), torch.ones(dims.hidden), dims)
+    step = make_step(dims, [4] * max(num_seqs, 1), gen)
+    rows = slice(0, num_seqs)
+    with pytest.raises(ValueError, match="1 to 16 sequences"):
+        decoder(
+            step.hidden[rows],
+            step.cos[rows, None],
+            step.sin[rows, None],
+            step.slots[rows],
+            step.block_tables[rows],
+            step.seq_lens[rows],
+        )
+
+
+def test_wrong_metadata_dtypes_are_refused() -> None:
+    dims = Dims(num_layers=1)
+    gen = torch.Generator().manual_seed(6)
+    decoder = build(raw_layers(dims, gen), random_caches(dims, gen), torch.ones(dims.hidden), dims)
+    step = make_step(dims, [4], gen)
+    step = Step(**{**step.__dict__, "seq_lens": step.seq_lens.long()})
+    with pytest.raises(ValueError, match="int metadata"):
+        run(decoder, step)
+
+
+def test_build_declines_what_the_kernel_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    dims = Dims(num_layers=1)
+    gen = torch.Generator().manual_seed(7)
+    (raw,) = raw_layers(dims, gen)
+    ((key_cache, value_cache),) = random_caches(dims, gen)
+    weights = LayerWeights(
+        input_norm=raw.input_norm,
+        qkv=blocked(raw.qkv),
+        qkv_bias=None,
+        o=blocked(raw.o),
+        post_norm=raw.post_norm,
+        gate_up=blocked(raw.gate_up),
+        down=blocked(raw.down),
+        key_cache=key_cache,
+        value_cache=value_cache,
+    )
+    norm = torch.ones(dims.hidden)
+    assert NativeDecoder.build([weights], norm, shape(dims)) is not None
+    bf16_cache = LayerWeights(**{**weights.__dict__, "key_cache": key_cache.bfloat16()})
+    wrong_norm = LayerWeights(**{**weights.__dict__, "post_norm": torch.ones(dims.hidden + 1)})
+    swapped = LayerWeights(**{**weights.__dict__, "o": weights.down})
+    for layer in (bf16_cache, wrong_norm, swapped):
+        assert NativeDecoder.build([layer], norm, shape(dims)) is None
+    assert NativeDecoder.build([], norm, shape(dims)) is None
+    assert NativeDecoder.build([weights], norm, DecoderShape(3, 2, 32, EPS)) is None
+    monkeypatch.setattr(cpu_decoder, "native_library", lambda: None)
+    assert NativeDecoder.build([weights], norm, shape(dims)) is None
