@@ -5,7 +5,8 @@ Triton kernels, CPU to :mod:`kernels.cpu_attention` (native C decode attention a
 built once per machine, per-prompt fused prefill, and the PyTorch reference behind them).
 :mod:`kernels.reference` documents the cache layout and is the referee for both. The
 model's other CPU kernels live beside them: :mod:`kernels.cpu_linear`,
-:mod:`kernels.rms_norm` and :mod:`kernels.rotary`.
+:mod:`kernels.rms_norm` and :mod:`kernels.rotary`, and :mod:`kernels.cpu_decoder`, which
+runs all of a decode step's layers in one call.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 /*
  * Rotary position embedding, applied in place (float32), Hugging Face's rotate_half
- * convention: in each head, pair (x[i], x[i + d/2]) turns by its angle,
- *
- *   x[i]       <- x[i] * cos[i] - x[i + d/2] * sin[i]
- *   x[i + d/2] <- x[i + d/2] * cos[i] + x[i] * sin[i]        for i < d/2
- *
- * with cos/sin looked up per token. The PyTorch path (chunk, four products, two sums, a
- * concatenation into a new tensor) is eight passes and allocations per layer; this is one
- * pass over the query and key heads, where the q/k/v projection left them.
+ * convention (rotary_token.h has the formula and the per-token code), with cos/sin looked
+ * up per token. The PyTorch path (chunk, four products, two sums, a concatenation into a
+ * new tensor) is eight passes and allocations per layer; this is one pass over the query
+ * and key heads, where the q/k/v projection left them, bit for bit the same arithmetic.
  *
  *   x:        [tokens, heads, head_dim]; heads and head_dim contiguous, tokens x_stride apart
  *   cos, sin: [tokens, head_dim / 2]; contiguous rows, cs_stride apart
- *
- * Built without contracting a*b - c*d into a fused multiply-add, so the result is the same
- * float32 arithmetic as the PyTorch path, bit for bit.
  */
 #include <stdint.h>
 
