@@ -85,6 +85,22 @@ def blocked(weight: torch.Tensor) -> cpu_linear.BlockedWeight:
     return native
 
 
+def layer_weights(
+    raw: RawLayer, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> LayerWeights:
+    return LayerWeights(
+        input_norm=raw.input_norm,
+        qkv=blocked(raw.qkv),
+        qkv_bias=raw.qkv_bias,
+        o=blocked(raw.o),
+        post_norm=raw.post_norm,
+        gate_up=blocked(raw.gate_up),
+        down=blocked(raw.down),
+        key_cache=key_cache,
+        value_cache=value_cache,
+    )
+
+
 def build(
     layers: list[RawLayer],
     caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -92,17 +108,7 @@ def build(
     dims: Dims,
 ) -> NativeDecoder:
     weights = [
-        LayerWeights(
-            input_norm=raw.input_norm,
-            qkv=blocked(raw.qkv),
-            qkv_bias=raw.qkv_bias,
-            o=blocked(raw.o),
-            post_norm=raw.post_norm,
-            gate_up=blocked(raw.gate_up),
-            down=blocked(raw.down),
-            key_cache=key_cache,
-            value_cache=value_cache,
-        )
+        layer_weights(raw, key_cache, value_cache)
         for raw, (key_cache, value_cache) in zip(layers, caches, strict=True)
     ]
     decoder = NativeDecoder.build(weights, final_norm, shape(dims))
@@ -313,17 +319,7 @@ def test_build_declines_what_the_kernel_does_not_take(monkeypatch: pytest.Monkey
     gen = torch.Generator().manual_seed(7)
     (raw,) = raw_layers(dims, gen)
     ((key_cache, value_cache),) = random_caches(dims, gen)
-    weights = LayerWeights(
-        input_norm=raw.input_norm,
-        qkv=blocked(raw.qkv),
-        qkv_bias=None,
-        o=blocked(raw.o),
-        post_norm=raw.post_norm,
-        gate_up=blocked(raw.gate_up),
-        down=blocked(raw.down),
-        key_cache=key_cache,
-        value_cache=value_cache,
-    )
+    weights = layer_weights(raw, key_cache, value_cache)
     norm = torch.ones(dims.hidden)
     assert NativeDecoder.build([weights], norm, shape(dims)) is not None
     bf16_cache = LayerWeights(**{**weights.__dict__, "key_cache": key_cache.bfloat16()})
