@@ -68,6 +68,11 @@ class AsyncEngine:
         await engine.shutdown()
     """
 
+    # The engine thread's latest EngineStats: a frozen object that only that thread makes,
+    # and replaces (one reference assignment, atomic) after building, after each step and
+    # after each batch of commands, so a reader never sees a step in progress.
+    _stats: EngineStats
+
     def __init__(self, config: EngineConfig, model_name: str | None = None) -> None:
         self.config = config
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
@@ -150,7 +155,8 @@ class AsyncEngine:
         self._send(_Abort(request_id))
 
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        """The engine's state as of its last step (or command): one consistent snapshot."""
+        return self._stats
 
     def _send(self, command: _Add | _Abort) -> None:
         self._commands.put(command)
@@ -162,6 +168,7 @@ class AsyncEngine:
         except BaseException as exc:
             built.set_exception(exc)
             return
+        self._stats = engine.stats()
         built.set_result(engine)
         self._may_run.wait()
         if not self._stopping.is_set():
@@ -172,6 +179,7 @@ class AsyncEngine:
         while not self._stopping.is_set():
             deltas = self._drain_commands()
             if not engine.has_unfinished():
+                self._stats = engine.stats()
                 self._publish(deltas)
                 self._wakeup.wait()
                 self._wakeup.clear()
@@ -183,8 +191,10 @@ class AsyncEngine:
                 failed = list(engine.scheduler.requests)
                 engine.abort(failed, reason="error")  # their KV may be unwritten
                 self._fail(failed, EngineError(f"engine step failed: {exc}"))
+            self._stats = engine.stats()
             self._publish(deltas)
         engine.abort(list(engine.scheduler.requests))
+        self._stats = engine.stats()
         self._fail(list(self._streams), EngineError("the engine is shutting down"))
 
     def _drain_commands(self) -> list[RequestOutputDelta]:

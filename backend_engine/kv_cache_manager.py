@@ -5,6 +5,10 @@ already cached?" (``get_computed_blocks``) and "give this request room for N
 more tokens" (``allocate_slots``), which answers with an ``Allocation`` or
 ``None`` meaning "no room: preempt someone". Blocks are allocated only as tokens
 need them; nothing is reserved for a request's maximum length.
+
+The prefix-cache metrics count admissions: ``allocate_slots`` with a cached prefix adds the
+request's tokens to the queries and the prefix's tokens to the hits, once it succeeds. A
+lookup alone counts nothing, so a request that waits several steps is counted once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Allocation:
 class CachedPrefix:
     blocks: tuple[KVBlock, ...]
     num_tokens: int
+    block_hashes: tuple[bytes, ...] = ()  # what each block held when it was found
 
 
 class KVCacheManager:
@@ -65,7 +70,8 @@ class KVCacheManager:
         """The longest run of the request's leading full blocks already in the cache.
 
         At least the last token is always left to compute, since its logits are
-        needed to sample the next one. Takes no references.
+        needed to sample the next one. Takes no references, so the blocks may be
+        evicted before the request is admitted: check with :meth:`is_still_cached`.
         """
         if not self.enable_caching:
             return CachedPrefix((), 0)
@@ -78,9 +84,17 @@ class KVCacheManager:
                 break
             hits.append(block)
         num_hit_tokens = len(hits) * self.block_size
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += num_hit_tokens
-        return CachedPrefix(tuple(hits), num_hit_tokens)
+        return CachedPrefix(tuple(hits), num_hit_tokens, tuple(request.block_hashes[: len(hits)]))
+
+    @staticmethod
+    def is_still_cached(prefix: CachedPrefix) -> bool:
+        """Whether every block of an earlier lookup still holds the KV it was found with
+        (handing a block out evicts its hash; a block re-cached under the same hash holds
+        the same tokens)."""
+        return all(
+            block.block_hash == block_hash
+            for block, block_hash in zip(prefix.blocks, prefix.block_hashes, strict=True)
+        )
 
     def allocate_slots(
         self,
@@ -90,7 +104,8 @@ class KVCacheManager:
         num_reserved_blocks: int = 0,
     ) -> Allocation | None:
         """Make room for ``num_new_tokens`` more tokens after those already computed
-        (plus a cached prefix, for a request being admitted).
+        (plus a cached prefix, for a request being admitted: the prefix-cache metrics
+        count it on success).
 
         ``num_reserved_blocks`` must stay free afterwards (the admission watermark).
         On success, full blocks covered by this step are registered in the prefix
@@ -112,6 +127,9 @@ class KVCacheManager:
             return None
         self.pool.touch(hits)
         blocks.extend(hits)
+        if cached_prefix is not None and self.enable_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += cached_prefix.num_tokens
         new_blocks = self.pool.allocate(max(num_needed, 0)) or []
         blocks.extend(new_blocks)
         if self.enable_caching:

@@ -59,7 +59,6 @@ class LLMEngine:
             enable_caching=config.enable_prefix_caching,
             extra_key=_model_identity(checkpoint, dtype),
         )
-        eos = self.tokenizer.eos_token_ids
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=config.max_num_seqs,
@@ -67,10 +66,10 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             watermark=config.watermark,
             mode=config.scheduling,
-            eos_token_ids=eos,
+            eos_token_ids=self.tokenizer.eos_token_ids,
         )
         self.runner = ModelRunner(config, self.model_config, num_blocks, checkpoint)
-        self.outputs = OutputProcessor(self.tokenizer, eos)
+        self.outputs = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0

@@ -140,10 +140,16 @@ class ModelRunner:
         outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
         if not scheduled:
             return outcomes
-        batch = self._prepare(scheduled)
+        # The flat batch: decodes first, then prefill chunks, each kind as the scheduler says.
+        decode_rows = [i for i, s in enumerate(scheduled) if s.is_decode]
+        prefill_rows = [i for i, s in enumerate(scheduled) if not s.is_decode]
+        order = decode_rows + prefill_rows
+        batch = self._prepare(
+            [scheduled[i] for i in decode_rows], [scheduled[i] for i in prefill_rows]
+        )
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
         # hidden: [num_tokens, hidden_size]
-        rows = [i for i, s in enumerate(scheduled) if s.do_sample]
+        rows = [i for i in order if scheduled[i].do_sample]  # batch order: sample_token_indices'
         if not rows:
             return outcomes
         logits = self.model.compute_logits(hidden[batch.sample_token_indices])
@@ -193,30 +199,25 @@ class ModelRunner:
                 outcomes.append(SampledToken(token_id, logprob))
         return outcomes
 
-    def _prepare(self, scheduled: Sequence[ScheduledRequest]) -> PreparedBatch:
+    def _prepare(
+        self, decodes: Sequence[ScheduledRequest], prefills: Sequence[ScheduledRequest]
+    ) -> PreparedBatch:
+        """The packed batch: the decodes' tokens, then the prefill chunks' tokens."""
         block_size = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_token_indices: list[int] = []
-        num_decodes = 0
-        for item in scheduled:
+        for item in (*decodes, *prefills):
             start = item.start_position
             table = item.block_table
             input_ids.extend(item.token_ids)
-            if item.num_tokens == 1:
-                num_decodes += 1
-                positions.append(start)
-                slots.append(table[start // block_size] * block_size + start % block_size)
-            else:
-                span = range(start, start + item.num_tokens)
-                positions.extend(span)
-                slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+            span = range(start, start + item.num_tokens)
+            positions.extend(span)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
             if item.do_sample:
                 sample_token_indices.append(len(input_ids) - 1)
 
-        decodes = scheduled[:num_decodes]
-        prefills = scheduled[num_decodes:]
         device = self.device
         int32 = torch.int32
         decode_lens = [s.start_position + 1 for s in decodes]
@@ -226,7 +227,7 @@ class ModelRunner:
             cu_q.append(cu_q[-1] + s.num_tokens)
         metadata = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            num_decode_tokens=num_decodes,
+            num_decode_tokens=len(decodes),
             decode_block_tables=_pad_tables([s.block_table for s in decodes], device),
             decode_seq_lens=torch.tensor(decode_lens, dtype=int32, device=device),
             prefill_block_tables=_pad_tables([s.block_table for s in prefills], device),

@@ -1,7 +1,9 @@
 """Turns sampled tokens into text increments: detokenization and stop strings.
 
 This is the only place that looks at output text. A stop string found here
-finishes the request through the scheduler; the text never contains it.
+finishes the request through the scheduler; the text never contains it. Token-level
+stops (eos, stop tokens, lengths) are the scheduler's decision (:mod:`.stop_rules`):
+this module only acts on it, leaving the stop token out of the text.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ class _RequestText:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
         self._states: dict[str, _RequestText] = {}
 
     def add(self, request: Request) -> None:
@@ -37,9 +38,6 @@ class OutputProcessor:
             ),
             StopStringMatcher(params.stop) if params.stop else None,
         )
-
-    def discard(self, request_id: str) -> None:
-        self._states.pop(request_id, None)
 
     def process(
         self, request: Request, logprob: TokenLogprob | None
@@ -52,7 +50,7 @@ class OutputProcessor:
         token_id = request.all_token_ids[-1]
         text = ""
         hit_stop = False
-        if not self._is_stop_token(request, token_id):
+        if request.stop_token_id is None:  # the scheduler did not stop it on this token
             text = state.detokenizer.add(token_id)
             if state.stop_matcher is not None:
                 text, hit_stop = state.stop_matcher.feed(text)
@@ -81,7 +79,7 @@ class OutputProcessor:
                 "",
                 request.num_prompt_tokens,
                 request.num_output_tokens,
-                max(request.num_cached_tokens, 0),
+                request.num_cached_tokens,
                 finished=True,
                 finish_reason=request.finish_reason,
             )
@@ -97,7 +95,7 @@ class OutputProcessor:
             "",
             request.num_prompt_tokens,
             state.num_emitted_tokens if state is not None else 0,
-            max(request.num_cached_tokens, 0),
+            request.num_cached_tokens,
             finished=True,
             finish_reason="error",
             error=error,
@@ -122,14 +120,8 @@ class OutputProcessor:
             new_text=text,
             num_prompt_tokens=request.num_prompt_tokens,
             num_completion_tokens=request.num_output_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_cached_tokens=request.num_cached_tokens,
             new_logprobs=logprobs,
             finished=finished,
             finish_reason=reason if finished else None,
         )
-
-    def _is_stop_token(self, request: Request, token_id: int) -> bool:
-        params = request.sampling_params
-        if token_id in params.stop_token_ids:
-            return True
-        return not params.ignore_eos and token_id in self.eos_token_ids

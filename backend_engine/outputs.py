@@ -31,7 +31,7 @@ class RequestOutputDelta:
     new_text: str
     num_prompt_tokens: int
     num_completion_tokens: int
-    num_cached_tokens: int
+    num_cached_tokens: int | None  # prompt tokens found in the prefix cache; None until admitted
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
     finish_reason: FinishReason | None = None
@@ -47,7 +47,7 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finish_reason: FinishReason | None
-    num_cached_tokens: int
+    num_cached_tokens: int | None  # None: it never reached the prefix cache (e.g. it failed first)
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # with finish_reason "error": what failed
 

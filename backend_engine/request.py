@@ -38,6 +38,7 @@ class Request:
         "request_id",
         "sampling_params",
         "status",
+        "stop_token_id",
         "tenant_id",
     )
 
@@ -60,11 +61,13 @@ class Request:
         self.tenant_id = tenant_id
         self.priority = priority
         self.num_computed_tokens = 0
-        # Prompt tokens found in the prefix cache when first scheduled; -1 until then.
-        self.num_cached_tokens = -1
+        # Prompt tokens found in the prefix cache when first admitted; None until then.
+        self.num_cached_tokens: int | None = None
         self.block_hashes: list[bytes] = []  # hash chain of this request's full blocks
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
+        # The eos or stop token the scheduler finished it on (see stop_rules); never shown as text.
+        self.stop_token_id: int | None = None
 
     @property
     def prompt_token_ids(self) -> list[int]:

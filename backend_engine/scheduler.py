@@ -11,6 +11,11 @@ Every step, under a token budget (``max_num_batched_tokens``):
    of the budget; its remainder is prefilled in later steps (chunked prefill),
    so it never stalls running decodes.
 
+A waiting request's prefix-cache lookup is made once and kept until it is admitted
+(redone only if a block it found was handed out meanwhile). After each step the
+scheduler decides which requests stop on their new token (:mod:`.stop_rules`); stop
+strings, which need text, are found by the output processor.
+
 In ``static`` mode a new batch is admitted only once the previous one has
 drained entirely: the classic padded-batch behaviour, kept for comparison.
 The scheduler is plain Python over token ids and block ids; it never sees a tensor.
@@ -23,10 +28,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from backend_engine.config import SchedulingMode
-from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.kv_cache_manager import CachedPrefix, KVCacheManager
 from backend_engine.outputs import FinishReason
 from backend_engine.request import Request, RequestStatus
 from backend_engine.sampling_params import SamplingParams
+from backend_engine.stop_rules import token_stop
 from backend_engine.waiting_queue import WaitingQueue
 
 
@@ -38,6 +44,9 @@ class ScheduledRequest:
     block_table: list[int]
     sampling_params: SamplingParams
     do_sample: bool  # this chunk ends at the last known token: sample the next one
+    # One token against the KV already cached: computed as a decode (one query row per
+    # sequence). Otherwise a prefill chunk (several query rows, causal within the chunk).
+    is_decode: bool
 
     @property
     def num_tokens(self) -> int:
@@ -46,12 +55,18 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    scheduled: list[ScheduledRequest]  # decodes (one token) first, then prefill chunks
+    decodes: list[ScheduledRequest]  # each computes one token
+    prefills: list[ScheduledRequest]  # chunks of prompts (or of a recompute)
     preempted_request_ids: list[str]
 
     @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        """Everything this step computes, decodes first: the flat batch layout."""
+        return self.decodes + self.prefills
+
+    @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.decodes and not self.prefills
 
 
 class Scheduler:
@@ -75,6 +90,9 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        # Prefix-cache lookups of waiting requests that did not fit yet: one lookup per
+        # admission, so the prefix-cache metrics count each admission once.
+        self._prefixes: dict[str, CachedPrefix] = {}
         self.num_preemptions = 0
 
     @property
@@ -116,9 +134,10 @@ class Scheduler:
         if not preempted and (self.mode == "continuous" or not self.running):
             budget = self._admit(budget, scheduled)
 
+        described = [self._describe(r, n) for r, n in scheduled]
         return SchedulerOutput(
-            [self._describe(r, n) for r, n in scheduled if n == 1]
-            + [self._describe(r, n) for r, n in scheduled if n > 1],
+            [item for item in described if item.is_decode],
+            [item for item in described if not item.is_decode],
             [r.request_id for r in preempted],
         )
 
@@ -138,14 +157,15 @@ class Scheduler:
             request = self.waiting.peek(running_by_tenant)
             if request is None:
                 break
-            prefix = self.kv_cache.get_computed_blocks(request)
+            prefix = self._cached_prefix(request)
             num_new = min(request.num_tokens - prefix.num_tokens, budget)
             reserved = self.num_watermark_blocks if self.running else 0
             if self.kv_cache.allocate_slots(request, num_new, prefix, reserved) is None:
                 break
             self.waiting.remove(request)
+            del self._prefixes[request.request_id]
             request.num_computed_tokens = prefix.num_tokens
-            if request.num_cached_tokens < 0:
+            if request.num_cached_tokens is None:
                 request.num_cached_tokens = prefix.num_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -154,6 +174,19 @@ class Scheduler:
                 scheduled.append((request, num_new))
                 budget -= num_new
         return budget
+
+    def _cached_prefix(self, request: Request) -> CachedPrefix:
+        """The request's prefix-cache lookup, made once while it waits.
+
+        A waiting request holds no references on the blocks it found: one with no other
+        user sits in the free list and may be handed out (its hash evicted) before the
+        request fits. Such a stale lookup is redone, never used.
+        """
+        prefix = self._prefixes.get(request.request_id)
+        if prefix is None or not self.kv_cache.is_still_cached(prefix):
+            prefix = self.kv_cache.get_computed_blocks(request)
+            self._prefixes[request.request_id] = prefix
+        return prefix
 
     def _describe(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -164,6 +197,7 @@ class Scheduler:
             block_table=self.kv_cache.block_table(request.request_id),
             sampling_params=request.sampling_params,
             do_sample=start + num_new == request.num_tokens,
+            is_decode=num_new == 1,
         )
 
     def _preempt(self, request: Request) -> None:
@@ -177,9 +211,10 @@ class Scheduler:
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
     ) -> list[Request]:
-        """Advance computed counts, append sampled tokens and finish requests that hit
-        eos, a stop token, max_tokens or the model length. Returns the requests that
-        received a token this step (finished ones included)."""
+        """Advance computed counts, append sampled tokens and finish the requests that stop
+        on their token (eos, a stop token, max_tokens, the model length: the rule is
+        :func:`~backend_engine.stop_rules.token_stop`). Returns the requests that received
+        a token this step (finished ones included)."""
         updated = []
         for item in output.scheduled:
             request = self.requests.get(item.request_id)
@@ -191,22 +226,12 @@ class Scheduler:
                 continue
             request.all_token_ids.append(token_id)
             updated.append(request)
-            reason = self._check_stop(request, token_id)
-            if reason is not None:
-                self.finish(request.request_id, reason)
+            stop = token_stop(request, token_id, self.eos_token_ids, self.max_model_len)
+            if stop is not None:
+                if stop.on_stop_token:
+                    request.stop_token_id = token_id
+                self.finish(request.request_id, stop.reason)
         return updated
-
-    def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
-        params = request.sampling_params
-        if token_id in params.stop_token_ids:
-            return "stop"
-        if not params.ignore_eos and token_id in self.eos_token_ids:
-            return "stop"
-        if request.num_output_tokens >= request.max_tokens:
-            return "length"
-        if request.num_tokens >= self.max_model_len:
-            return "length"
-        return None
 
     def finish(self, request_id: str, reason: FinishReason) -> Request | None:
         """Finish (or abort) a request wherever it is and free its blocks."""
@@ -217,6 +242,7 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
+            self._prefixes.pop(request_id, None)
         if reason == "error":  # its step may have failed before writing its KV
             self.kv_cache.free(request, num_written_tokens=request.num_computed_tokens)
         else:

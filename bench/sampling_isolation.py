@@ -61,7 +61,7 @@ def main() -> None:
     for label, make in CASES.items():
         for num_rows in args.num_rows:
             batch = [
-                ScheduledRequest(f"{label}-{i}", [1], 5, [0], make(i), True)
+                ScheduledRequest(f"{label}-{i}", [1], 5, [0], make(i), True, is_decode=True)
                 for i in range(num_rows)
             ]
             logits = torch.randn(num_rows, args.vocab)

@@ -24,11 +24,12 @@ class ResponseIdentity:
 
 
 def usage(last: RequestOutputDelta) -> JSON:
+    cached = last.num_cached_tokens  # None: it never reached the cache; the wire says 0
     return {
         "prompt_tokens": last.num_prompt_tokens,
         "completion_tokens": last.num_completion_tokens,
         "total_tokens": last.num_prompt_tokens + last.num_completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": cached if cached is not None else 0},
     }
 
 

@@ -215,3 +215,38 @@ async def test_a_step_that_fails_as_a_whole_leaves_no_unwritten_blocks_in_the_pr
     tokens = [t for d in again for t in d.new_token_ids]
     assert tokens == [t for d in reference for t in d.new_token_ids]
     assert again[-1].num_cached_tokens == 0  # nothing of the failed step was reused
+
+
+async def test_stats_read_a_snapshot_the_engine_thread_published(engine, monkeypatch):
+    """stats() never reads the engine's live state: every EngineStats is built on the engine
+    thread, after a step, and each one a reader gets is internally consistent."""
+    llm = engine.engine
+    built_on: list[str] = []
+    live_stats = llm.stats
+
+    def recording_stats():
+        built_on.append(threading.current_thread().name)
+        return live_stats()
+
+    monkeypatch.setattr(llm, "stats", recording_stats)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    num_requests = 6
+    readings = []
+    generation = asyncio.gather(
+        *[collect(engine, f"s{i}", f"snapshot prompt {i}", params) for i in range(num_requests)]
+    )
+    while not generation.done():
+        readings.append(engine.stats())
+        await asyncio.sleep(0)  # let the stream tasks run; the engine thread steps meanwhile
+    await generation
+    readings.append(engine.stats())
+    assert built_on and set(built_on) == {"tollway-engine"}
+    for stats in readings:
+        assert stats.num_running + stats.num_waiting <= num_requests
+        assert 0 <= stats.num_kv_blocks_used <= stats.num_kv_blocks_total
+        assert stats.prefix_cache_hits <= stats.prefix_cache_queries
+        assert stats.num_generation_tokens <= num_requests * 16
+    final = readings[-1]
+    assert final.num_running == final.num_waiting == final.num_kv_blocks_used == 0
+    assert final.num_generation_tokens >= num_requests * 16
+    assert engine.stats() is engine.stats()  # one published object, not rebuilt per read

@@ -47,8 +47,37 @@ def test_prefix_hit_shares_blocks_and_leaves_last_token_to_compute():
     other = make_request("c", [*range(4), 99, 99, 99, 99, 5])
     prefix = kv.get_computed_blocks(other)
     assert [b.block_id for b in prefix.blocks] == [0]
+    assert kv.allocate_slots(other, 5, prefix) is not None
     assert kv.prefix_cache_hits == 8 + 4
     assert kv.prefix_cache_queries == 12 + 9
+
+
+def test_the_metrics_count_admissions_not_lookups():
+    kv = KVCacheManager(num_blocks=3, block_size=4)
+    first = make_request("a", list(range(9)))
+    assert kv.allocate_slots(first, 9) is not None  # no cached prefix: not an admission lookup
+    waiting = make_request("b", list(range(9)))
+    for _ in range(3):  # a request that does not fit yet is looked up, not counted
+        prefix = kv.get_computed_blocks(waiting)
+        assert prefix.num_tokens == 8
+        assert kv.allocate_slots(waiting, 1, prefix) is None
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (0, 0)
+    kv.free(first)
+    assert kv.allocate_slots(waiting, 1, prefix) is not None
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (9, 8)
+
+
+def test_a_lookup_goes_stale_when_its_free_blocks_are_handed_out():
+    kv = KVCacheManager(num_blocks=3, block_size=2)
+    a = make_request("a", [1, 2, 3, 4, 5])
+    assert kv.allocate_slots(a, 5) is not None  # blocks 0, 1 full and cached
+    kv.free(a)  # free list, LRU first: 2, 1, 0
+    prefix = kv.get_computed_blocks(make_request("b", [1, 2, 3, 4, 9]))
+    assert [blk.block_id for blk in prefix.blocks] == [0, 1]
+    assert kv.is_still_cached(prefix)
+    other = make_request("c", [7, 7, 7])
+    assert kv.allocate_slots(other, 3) is not None  # takes blocks 2 and 1: 1 is evicted
+    assert not kv.is_still_cached(prefix)
 
 
 def test_freed_cached_blocks_are_revived_and_evicted_lru():

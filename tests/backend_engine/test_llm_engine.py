@@ -176,9 +176,9 @@ def fail_forward_when(
     batches: list[list[str]] = []
     prepare, forward = runner._prepare, runner.model.forward
 
-    def recording_prepare(scheduled: list[ScheduledRequest]) -> Any:
-        batches.append([s.request_id for s in scheduled])
-        return prepare(scheduled)
+    def recording_prepare(decodes: list[ScheduledRequest], prefills: list[ScheduledRequest]) -> Any:
+        batches.append([s.request_id for s in (*decodes, *prefills)])
+        return prepare(decodes, prefills)
 
     def failing_forward(*args: Any) -> torch.Tensor:
         if is_bad(batches[-1]):
@@ -236,3 +236,10 @@ def test_a_failure_with_every_request_alone_fails_them_all_and_the_engine_goes_o
 def _fresh_prefix_cache(engine: LLMEngine) -> Iterator[None]:
     yield
     engine.kv_cache.pool.reset_prefix_cache()
+
+
+def test_a_request_aborted_before_admission_reports_no_cached_tokens(engine: LLMEngine) -> None:
+    engine.add_request("never-admitted", [5, 6, 7], SamplingParams(max_tokens=4))
+    (delta,) = engine.abort(["never-admitted"])
+    assert delta.finished and delta.finish_reason == "abort"
+    assert delta.num_cached_tokens is None  # unknown, not a sentinel

@@ -69,6 +69,28 @@ def test_eos_stops_unless_ignored():
     assert req.finish_reason == "stop"
 
 
+def test_the_scheduler_records_the_stop_token_it_finished_on():
+    """The output processor leaves this token out of the text on the scheduler's word."""
+    h = Harness()
+    on_eos = h.add("eos", max_tokens=5)
+    h.step(token=EOS)
+    assert on_eos.stop_token_id == EOS
+    by_length = h.add("length", max_tokens=1)
+    h.step()
+    assert by_length.finish_reason == "length" and by_length.stop_token_id is None
+
+
+def test_the_output_says_which_items_are_decodes_and_which_prefills():
+    h = Harness(budget=8)
+    h.add("a", num_prompt=4, max_tokens=10)
+    h.step()
+    h.add("long", num_prompt=20, max_tokens=2)
+    out = h.step()
+    assert [(s.request_id, s.is_decode) for s in out.decodes] == [("a", True)]
+    assert [(s.request_id, s.is_decode) for s in out.prefills] == [("long", False)]
+    assert out.scheduled == out.decodes + out.prefills
+
+
 def test_chunked_prefill_never_stalls_running_decodes():
     h = Harness(budget=8)
     a = h.add("a", num_prompt=4, max_tokens=10)
@@ -183,6 +205,62 @@ def test_prefix_hit_skips_prefill_and_records_cached_tokens():
     out = h.step()
     assert [(s.start_position, s.num_tokens) for s in out.scheduled] == [(8, 1)]
     assert b.num_cached_tokens == 8
+
+
+def test_a_waiting_request_is_looked_up_in_the_prefix_cache_once_per_admission():
+    """Under memory pressure a request waits several steps; the prefix-cache metrics count
+    it once, with the prefix it is admitted with."""
+    h = Harness(num_blocks=6, block_size=4)
+    a = h.add("a", num_prompt=9, max_tokens=1)
+    h.step()  # a: blocks 0-2, finishes; 0 and 1 stay cached, unreferenced
+    h.add("big", num_prompt=16, max_tokens=3)
+    b = Request("b", a.prompt_token_ids, SamplingParams(max_tokens=1), 1, arrival_seq=99)
+    h.scheduler.add_request(b)
+    lookups = 0
+    lookup = h.kv.get_computed_blocks
+
+    def counting_lookup(request):
+        nonlocal lookups
+        lookups += request is b
+        return lookup(request)
+
+    h.kv.get_computed_blocks = counting_lookup
+    waited = 0
+    while b.status is RequestStatus.WAITING:
+        h.step()
+        waited += 1
+    assert waited >= 3
+    assert lookups <= 2  # the first lookup, and its redo once big evicted block 1
+    assert b.num_cached_tokens == 4  # only block 0 survived
+    assert h.kv.prefix_cache_queries == 9 + 16 + 9
+    assert h.kv.prefix_cache_hits == 0 + 0 + 4
+
+
+def test_a_stale_lookup_never_hands_out_evicted_blocks():
+    h = Harness(num_blocks=6, block_size=4)
+    a = h.add("a", num_prompt=9, max_tokens=1)
+    h.step()
+    big = h.add("big", num_prompt=16, max_tokens=3)
+    b = Request("b", a.prompt_token_ids, SamplingParams(max_tokens=2), 2, arrival_seq=99)
+    h.scheduler.add_request(b)
+    h.step()  # big admitted; b found blocks 0 and 1 but does not fit
+    h.step()  # big's next block evicts block 1 from the cache
+    assert 1 in h.kv.block_table("big")
+    while b.status is RequestStatus.WAITING:
+        h.step()
+    assert big.is_finished and b.num_cached_tokens == 4
+    table = h.kv.block_table("b")
+    assert table[0] == 0
+    # Each full block holds b's own tokens: block 1, now holding big's, was not reused.
+    assert [h.kv.pool.blocks[i].block_hash for i in table[:2]] == b.block_hashes[:2]
+
+
+def test_cached_tokens_are_unknown_until_admission():
+    h = Harness()
+    req = h.add("a", num_prompt=6)
+    assert req.num_cached_tokens is None
+    h.step()
+    assert req.num_cached_tokens == 0
 
 
 def test_static_mode_waits_for_the_whole_batch_to_drain():

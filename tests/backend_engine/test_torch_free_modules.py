@@ -1,0 +1,64 @@
+"""The scheduling and KV bookkeeping modules are plain Python: they must import without torch.
+
+Each is imported in a fresh interpreter where importing torch raises, so an import anywhere
+in its import graph (direct, through another engine module, or through the package's
+``__init__``) fails the test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+TORCH_FREE_MODULES = [
+    "backend_engine.scheduler",
+    "backend_engine.block_pool",
+    "backend_engine.kv_cache_manager",
+    "backend_engine.waiting_queue",
+    "backend_engine.request_priority",
+    "backend_engine.request",
+    "backend_engine.stop_rules",
+]
+
+IMPORT_WITHOUT_TORCH = """
+import importlib
+import importlib.abc
+import sys
+
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch.") or name == "triton":
+            raise ImportError(f"{name} was imported")
+        return None
+
+
+sys.meta_path.insert(0, NoTorch())
+importlib.import_module(sys.argv[1])
+assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("module", TORCH_FREE_MODULES)
+def test_module_imports_without_torch(module: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_WITHOUT_TORCH, module],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_check_catches_a_module_that_imports_torch() -> None:
+    """The guard itself works: a module that needs torch fails it."""
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_WITHOUT_TORCH, "backend_engine.model_runner"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "torch was imported" in result.stderr
