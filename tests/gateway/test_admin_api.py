@@ -15,17 +15,17 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from gateway.admin_api import admin_routes
-from gateway.admin_schemas import Quota
-from gateway.api_errors import EXCEPTION_HANDLERS
-from gateway.ledger_memory import MemoryBudgetLedger
-from gateway.openapi import openapi_document, openapi_route
+from gateway.api.admin_api import admin_routes
+from gateway.api.admin_schemas import Quota
+from gateway.api.errors import EXCEPTION_HANDLERS
+from gateway.api.openapi import openapi_document, openapi_route
+from gateway.api.tenant_api import tenant_routes
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import authenticate, hash_key, list_keys
 from gateway.storage.database import Database
 from gateway.storage.models import UsageStatus
 from gateway.storage.tenants import list_tenants
 from gateway.storage.usage_store import UsageEntry, insert_usage
-from gateway.tenant_api import tenant_routes
 from policies.quota import TenantQuota
 
 ADMIN_KEY = "admin-" + "x" * 40

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 from redis.asyncio import Redis
 
-from gateway.admission_store import (
+from gateway.admission.atomic_step import (
     AdmissionAsk,
     AdmissionStore,
     AuthChanged,
@@ -23,14 +23,14 @@ from gateway.admission_store import (
     BudgetAsk,
     Counted,
 )
-from gateway.admission_store_memory import MemoryAdmissionStore
-from gateway.admission_store_redis import RedisAdmissionStore
-from gateway.auth_epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
-from gateway.budget_ledger import Balance, BudgetLedger
-from gateway.ledger_memory import MemoryBudgetLedger
-from gateway.ledger_redis import RedisBudgetLedger
-from gateway.rate_limit_memory import MemoryRateLimitStore
-from gateway.redis_client import LeanRedis
+from gateway.admission.memory_atomic_step import MemoryAdmissionStore
+from gateway.admission.redis_atomic_step import RedisAdmissionStore
+from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
+from gateway.ledger.budget_ledger import Balance, BudgetLedger
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
+from gateway.ledger.redis_ledger import RedisBudgetLedger
+from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.storage.redis_client import LeanRedis
 
 TENANT, MONTH = "acme", "month:2025-06"
 TTL_S = 30.0

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from gateway.aiohttp_transport import READ_BODY, AiohttpTransport
-from gateway.upstreams import read_body
+from gateway.upstream.aiohttp_transport import READ_BODY, AiohttpTransport
+from gateway.upstream.pool import read_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[Handler], Awaitable[str]]

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 from redis.asyncio import Redis
 
-from gateway.budget_ledger import Balance, BudgetLedger, Reservation
-from gateway.ledger_memory import MemoryBudgetLedger
-from gateway.ledger_redis import RedisBudgetLedger
-from gateway.redis_client import LeanRedis
+from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
+from gateway.ledger.redis_ledger import RedisBudgetLedger
+from gateway.storage.redis_client import LeanRedis
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0

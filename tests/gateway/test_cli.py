@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from typer.testing import CliRunner, Result
 
-from gateway.cli import app
+from gateway.launcher.cli import app
 from tests.gguf_files import FFN, HIDDEN, hf_tensors, write_gguf
 
 runner = CliRunner()

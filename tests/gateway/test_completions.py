@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.completions import AnswerThenSettle
+from gateway.api.completions import AnswerThenSettle
 
 SCOPE: dict[str, Any] = {"type": "http", "method": "POST", "path": "/v1/completions"}
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from gateway.budget_ledger import Balance, Reservation
-from gateway.ledger_memory import MemoryBudgetLedger
-from gateway.ledger_redis import BudgetKeys, RedisBudgetLedger
-from gateway.redis_client import LeanRedis
+from gateway.ledger.budget_ledger import Balance, Reservation
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
+from gateway.ledger.redis_ledger import BudgetKeys, RedisBudgetLedger
+from gateway.storage.redis_client import LeanRedis
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from gateway.budget_ledger import Balance
-from gateway.ledger_redis import RedisBudgetLedger
-from gateway.ledger_retries import LedgerRetries
-from gateway.redis_client import LeanRedis
+from gateway.ledger.budget_ledger import Balance
+from gateway.ledger.redis_ledger import RedisBudgetLedger
+from gateway.ledger.settle_retries import LedgerRetries
+from gateway.storage.redis_client import LeanRedis
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from gateway.loop_histogram import LoopHistogram
+from gateway.observability.loop_histogram import LoopHistogram
 
 BUCKETS = (0.001, 0.0025, 0.01, 0.5, 1.0, 10.0)
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from redis.asyncio import Redis
 
-from gateway.rate_limit_memory import MemoryRateLimitStore
-from gateway.rate_limit_redis import RedisRateLimitStore
-from gateway.rate_limit_store import RateLimitStore, WindowState
+from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.ratelimit.rate_limit_store import RateLimitStore, WindowState
+from gateway.ratelimit.redis_store import RedisRateLimitStore
 
 TENANT = "acme"
 T0 = 1_750_000_000.0

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.redis_client import LeanRedis
+from gateway.storage.redis_client import LeanRedis
 
 
 @pytest.fixture

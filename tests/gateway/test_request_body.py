@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin_api import admin_routes
-from gateway.api_errors import EXCEPTION_HANDLERS, ApiError
-from gateway.ledger_memory import MemoryBudgetLedger
-from gateway.request_body import parse_body, read_json, requested_model
+from gateway.api.admin_api import admin_routes
+from gateway.api.errors import EXCEPTION_HANDLERS, ApiError
+from gateway.api.request_body import parse_body, read_json, requested_model
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import hash_key
 from gateway.storage.database import Database
 

@@ -18,11 +18,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from gateway import bundled_model
-from gateway.bundled_model import find_bundled_gguf
-from gateway.cli import app
-from gateway.engine_processes import EngineSpec, EngineStartError, EngineSupervisor
-from gateway.first_run import (
+from gateway.launcher import bundled_model
+from gateway.launcher.bundled_model import find_bundled_gguf
+from gateway.launcher.cli import app
+from gateway.launcher.data_dir_setup import (
     ADMIN_KEY_FILENAME,
     DEFAULT_TENANT_QUOTA,
     Credentials,
@@ -30,8 +29,9 @@ from gateway.first_run import (
     ensure_demo_checkpoints,
     read_admin_key_hash,
 )
-from gateway.serve import ServeOptions, banner, default_checkpoints
-from gateway.serve_config import (
+from gateway.launcher.engine_processes import EngineSpec, EngineStartError, EngineSupervisor
+from gateway.launcher.serve import ServeOptions, banner, default_checkpoints
+from gateway.launcher.serve_config import (
     MAX_SOCKET_PATH_BYTES,
     config_plan,
     embedded_plan,
@@ -408,7 +408,14 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
         shutil.copytree(tiny, data / "models" / name)
     port = _free_port()
     # The demo models (tiny copies), not SmolLM2: this test is about the processes.
-    command = [sys.executable, "-m", "gateway.serve_cli", "--data-dir", str(data), "--demo-models"]
+    command = [
+        sys.executable,
+        "-m",
+        "gateway.launcher.serve_cli",
+        "--data-dir",
+        str(data),
+        "--demo-models",
+    ]
     process = subprocess.Popen(
         [*command, "--port", str(port)],
         cwd=REPO_ROOT,
@@ -465,7 +472,7 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
 
 def test_start_up_objects_are_frozen_and_young_collections_made_rarer() -> None:
     code = (
-        "import gc, gateway.app; from gateway.serve import tune_gc_for_serving; "
+        "import gc, gateway.app; from gateway.launcher.serve import tune_gc_for_serving; "
         "assert gc.get_freeze_count() == 0; tune_gc_for_serving(); "
         "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count(); "
         "assert gc.get_threshold()[0] == 10_000, gc.get_threshold()"

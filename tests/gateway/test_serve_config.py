@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.serve_config import context_window
+from gateway.launcher.serve_config import context_window
 from tests.backend_engine.gguf_tokenizer_files import write_tokenizer_gguf
 
 

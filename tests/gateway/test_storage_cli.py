@@ -1,8 +1,8 @@
 import typer
 from typer.testing import CliRunner
 
+from gateway.launcher.storage_cli import register_storage_commands
 from gateway.storage.migrate import current_revision, head_revision
-from gateway.storage_cli import register_storage_commands
 
 runner = CliRunner()
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from gateway.storage.models import UsageStatus
-from gateway.stream_relay import UsageMeter, relay_events
-from gateway.upstreams import UpstreamCall
+from gateway.upstream.pool import UpstreamCall
+from gateway.upstream.stream_relay import UsageMeter, relay_events
 
 
 def chunk(content: str | None = None, usage: dict[str, object] | None = None) -> str:

@@ -13,15 +13,15 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from gateway.admin_api import admin_routes
-from gateway.api_errors import EXCEPTION_HANDLERS
-from gateway.ledger_memory import MemoryBudgetLedger
+from gateway.api.admin_api import admin_routes
+from gateway.api.errors import EXCEPTION_HANDLERS
+from gateway.api.tenant_api import tenant_routes
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import create_key, hash_key, revoke_key
 from gateway.storage.database import Database
 from gateway.storage.models import UsageStatus
 from gateway.storage.tenants import create_tenant
 from gateway.storage.usage_store import UsageEntry, insert_usage
-from gateway.tenant_api import tenant_routes
 
 ADMIN_KEY = "admin-" + "y" * 40
 NOW = datetime(2025, 3, 15, 12, 0, tzinfo=timezone.utc)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tiktoken_vocabulary import UnsupportedTokenizer, tiktoken_vocabulary
+from gateway.admission.tiktoken_vocabulary import UnsupportedTokenizer, tiktoken_vocabulary
 
 # --- what tiktoken cannot represent --------------------------------------------------------------
 

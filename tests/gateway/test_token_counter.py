@@ -17,9 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from backend_engine.demo_corpus import iter_demo_corpus
 from backend_engine.tokenizer import Tokenizer
-from gateway.app import token_counters
-from gateway.settings import ModelSettings
-from gateway.token_counter import (
+from gateway.admission.token_counter import (
     CheckpointTokenCounter,
     TokenizerCounter,
     UnsupportedTokenizer,
@@ -29,6 +27,8 @@ from gateway.token_counter import (
     load_openai_encoding,
     openai_encoding_name,
 )
+from gateway.app import token_counters
+from gateway.settings import ModelSettings
 from tests.backend_engine.gguf_tokenizer_files import (
     AWKWARD_TEXTS,
     write_sentencepiece_gguf,
@@ -315,7 +315,7 @@ def test_openai_chat_counts_follow_the_cookbook() -> None:
 
 def test_gateway_module_imports_neither_torch_nor_transformers() -> None:
     code = (
-        "import sys, gateway.token_counter; "
+        "import sys, gateway.admission.token_counter; "
         "assert 'torch' not in sys.modules, 'torch'; "
         "assert 'transformers' not in sys.modules, 'transformers'"
     )
@@ -397,7 +397,7 @@ def test_smollm2_counts_as_its_engine_tokenizer_without_torch(smollm2_gguf: Path
     chats = [*CONVERSATIONS, *GGUF_CONVERSATIONS]
     code = (
         "import json, sys; sys.modules['torch'] = None\n"
-        "from gateway.token_counter import from_checkpoint\n"
+        "from gateway.admission.token_counter import from_checkpoint\n"
         "texts, chats = json.load(sys.stdin)\n"
         f"counter = from_checkpoint({str(smollm2_gguf)!r})\n"
         "print(json.dumps([[counter.encode_text(t) for t in texts],"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.settings import ModelSettings
-from gateway.upstreams import UpstreamPool, sse_batches
+from gateway.upstream.pool import UpstreamPool, sse_batches
 
 STREAM = (
     b'data: {"a": 1}\n\n'
