@@ -43,7 +43,7 @@ from gateway.storage.database import Database, default_database_url
 from policies.quota import TenantQuota
 from tests.gguf_files import CONTEXT, hf_tensors, write_gguf
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

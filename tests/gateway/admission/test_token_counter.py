@@ -36,7 +36,7 @@ from tests.backend_engine.gguf_tokenizer_files import (
 )
 from tests.backend_engine.gguf_tokenizer_files import CONVERSATIONS as GGUF_CONVERSATIONS
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 TEXTS = [
     "",
