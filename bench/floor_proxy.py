@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.redis_client import LeanRedis
+from gateway.storage.redis_client import LeanRedis
 
 _COUNT = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 _JSON = [(b"content-type", b"application/json")]

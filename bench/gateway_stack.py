@@ -164,7 +164,7 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
     from bench.memory_probe import install_from_environment
     from bench.stand_in_engine import bench_server
     from gateway.app import build_gateway
-    from gateway.serve import tune_gc_for_serving
+    from gateway.launcher.serve import tune_gc_for_serving
     from gateway.settings import GatewaySettings
 
     app = build_gateway(GatewaySettings.from_dict(settings_data))
@@ -189,7 +189,7 @@ def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: 
 def _serve_floor_proxy(upstreams: dict[str, str], redis_url: str, sock: socket.socket) -> None:
     from bench.floor_proxy import FloorProxy
     from bench.stand_in_engine import bench_server
-    from gateway.serve import tune_gc_for_serving
+    from gateway.launcher.serve import tune_gc_for_serving
 
     app = FloorProxy(upstreams, redis_url)
     tune_gc_for_serving()

@@ -19,7 +19,7 @@ from typing import Any
 
 from backend_engine.server.field_rules import FieldError, check_fields
 from backend_engine.server.json_body import parse_json_object
-from gateway.request_body import parse_body
+from gateway.api.request_body import parse_body
 
 TYPICAL: dict[str, Any] = {
     "model": "small",

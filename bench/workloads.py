@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.bundled_model import INSTALL_COMMAND, find_bundled_gguf
+from gateway.launcher.bundled_model import INSTALL_COMMAND, find_bundled_gguf
 
 if TYPE_CHECKING:
     from torch import nn

@@ -1,4 +1,5 @@
-"""Write ``gateway/encodings/*.tiktoken`` from the rank tables in the npm package js-tiktoken.
+"""Write ``gateway/admission/encodings/*.tiktoken`` from the rank tables in the npm package
+js-tiktoken.
 
 Run once, by hand, when the encodings are (re)vendored; the gateway never runs it::
 

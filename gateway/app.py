@@ -24,35 +24,35 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.accounting import Accountant
-from gateway.admin_api import admin_routes
-from gateway.admission import Admitter
-from gateway.admission_store import AdmissionStore
-from gateway.admission_store_memory import MemoryAdmissionStore
-from gateway.admission_store_redis import RedisAdmissionStore
-from gateway.api_errors import EXCEPTION_HANDLERS, ApiError
-from gateway.auth import authenticate_request, bearer_matches
-from gateway.auth_epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
-from gateway.budget_ledger import BudgetLedger
-from gateway.completions import chat_completions, completions
-from gateway.context import GatewayContext
-from gateway.key_cache import KeyCache
-from gateway.ledger_memory import MemoryBudgetLedger
-from gateway.ledger_redis import RedisBudgetLedger
-from gateway.ledger_retries import LedgerRetries
-from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.openapi import openapi_route
-from gateway.pool_load import PoolLoadReader
-from gateway.rate_limit_memory import MemoryRateLimitStore
-from gateway.redis_client import LeanRedis
-from gateway.request_id import RequestIdMiddleware
+from gateway.admission.admitter import Admitter
+from gateway.admission.atomic_step import AdmissionStore
+from gateway.admission.memory_atomic_step import MemoryAdmissionStore
+from gateway.admission.pool_load_reader import PoolLoadReader
+from gateway.admission.redis_atomic_step import RedisAdmissionStore
+from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
+from gateway.api.admin_api import admin_routes
+from gateway.api.completions import chat_completions, completions
+from gateway.api.errors import EXCEPTION_HANDLERS, ApiError
+from gateway.api.handler_context import GatewayContext
+from gateway.api.openapi import openapi_route
+from gateway.api.request_id import RequestIdMiddleware
+from gateway.api.tenant_api import tenant_routes
+from gateway.auth.bearer_keys import authenticate_request, bearer_matches
+from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
+from gateway.auth.key_cache import KeyCache
+from gateway.ledger.budget_ledger import BudgetLedger
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
+from gateway.ledger.redis_ledger import RedisBudgetLedger
+from gateway.ledger.settle_retries import LedgerRetries
+from gateway.ledger.settlement import Accountant
+from gateway.observability.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.observability.tracing import build_tracer_provider, tracer_from
+from gateway.ratelimit.memory_store import MemoryRateLimitStore
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
+from gateway.storage.redis_client import LeanRedis
 from gateway.storage.usage_writer import UsageWriter
-from gateway.tenant_api import tenant_routes
-from gateway.token_counter import TokenCounter, exact_counter, for_openai_model
-from gateway.tracing import build_tracer_provider, tracer_from
-from gateway.upstreams import UpstreamPool
+from gateway.upstream.pool import UpstreamPool
 from policies.decision import Rejection
 
 logger = logging.getLogger(__name__)

@@ -158,7 +158,7 @@ class GatewaySettings:
     metrics_token_hash: str | None = None
     reservation_ttl_s: float = 600.0
     # Keys revoked and quotas changed through the admin API apply at once on every replica
-    # (see `auth_epochs`); this bounds how long a change made around it may go unseen.
+    # (see `gateway.auth.epochs`); this bounds how long a change made around it may go unseen.
     auth_cache_ttl_s: float = 10.0
     auth_stale_ttl_s: float = 600.0
     redis_connect_timeout_s: float = 0.5

@@ -1,7 +1,7 @@
 """Requests and tokens per minute: the decision, ``Retry-After`` and OpenAI's
 ``x-ratelimit-*`` headers for one sliding-window check.
 
-The store (``gateway/rate_limit_store.py``) checks and records a hit in one atomic
+The store (``gateway/ratelimit/rate_limit_store.py``) checks and records a hit in one atomic
 step, so replicas cannot race past a limit; it reports what it saw as a
 `WindowReport`. Its contract, all times unix seconds on the caller's clock:
 
@@ -40,7 +40,7 @@ from policies.decision import Rejection
 
 
 class WindowReport(Protocol):
-    """What the store saw and did for one hit (``gateway.rate_limit_store.WindowState``)."""
+    """What the store saw and did for one hit (``gateway.ratelimit``'s ``WindowState``)."""
 
     @property
     def is_admitted(self) -> bool: ...

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from backend_engine.demo_model import write_demo_checkpoint
-from gateway.bundled_model import GGUF_NAME, INSTALL_COMMAND, find_bundled_gguf
+from gateway.launcher.bundled_model import GGUF_NAME, INSTALL_COMMAND, find_bundled_gguf
 
 
 @pytest.fixture(scope="session")

@@ -78,7 +78,7 @@ def test_a_gguf_plan_is_read_without_torch(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from pathlib import Path\n"
-        "from gateway.serve_config import context_window\n"
+        "from gateway.launcher.serve_config import context_window\n"
         f"print(context_window(Path({str(path)!r})))\n"
     )
     result = subprocess.run(

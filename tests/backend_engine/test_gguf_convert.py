@@ -25,7 +25,7 @@ from backend_engine.gguf_convert import OUTPUT_FILES
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.tokenizer import Tokenizer
-from gateway.cli import app
+from gateway.launcher.cli import app
 from tests.backend_engine.conftest import GreedyReference
 from tests.backend_engine.gguf_tokenizer_files import (
     AWKWARD_TEXTS,

@@ -1,6 +1,6 @@
 """Real processes for the fault suites: ``tollway serve`` with its engine child, and its records.
 
-`Tollway.start` runs ``python -m gateway.serve_cli`` on a config that spawns one engine
+`Tollway.start` runs ``python -m gateway.launcher.serve_cli`` on a config that spawns one engine
 (``small``, a tiny demo checkpoint: one engine keeps a loaded 2-core machine responsive),
 waits for the banner and reads the first run's keys from it. The same data directory can be
 started again after a crash (`Tollway.restart`); the keys stay valid. `shared_tollway` gives
@@ -210,7 +210,7 @@ class Tollway:
         command = [
             sys.executable,
             "-m",
-            "gateway.serve_cli",
+            "gateway.launcher.serve_cli",
             "--config",
             str(self.config),
             "--data-dir",

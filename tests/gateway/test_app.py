@@ -22,7 +22,7 @@ def test_gateway_app_imports_neither_torch_nor_the_engine() -> None:
     # A gateway that imported torch would take ~2 s longer to start and ~300 MB more memory
     # per worker, for nothing: it shares only the SSE helpers and the tokenizer with the engine.
     code = (
-        "import sys, gateway.app, gateway.serve; "
+        "import sys, gateway.app, gateway.launcher.serve; "
         "loaded = [m for m in ('torch', 'transformers', 'backend_engine.llm_engine', "
         "'backend_engine.server.app') if m in sys.modules]; "
         "assert not loaded, loaded"

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway.budget_ledger import Balance
-from gateway.ledger_redis import RedisBudgetLedger
+from gateway.ledger.budget_ledger import Balance
+from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.api_keys import hash_key, list_keys, revoke_key
 from gateway.storage.database import Database
 

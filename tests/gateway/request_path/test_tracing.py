@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.tracing import build_tracer_provider
+from gateway.observability.tracing import build_tracer_provider
 
 from .conftest import SMALL, Engines, settings_for, tenant_key
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway.ledger_redis import RedisBudgetLedger
+from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.database import Database
 from gateway.storage.usage_store import UsageEntry, list_usage
 

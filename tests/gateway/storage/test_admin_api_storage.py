@@ -15,9 +15,9 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from gateway.admin_api import admin_routes
-from gateway.api_errors import EXCEPTION_HANDLERS
-from gateway.ledger_memory import MemoryBudgetLedger
+from gateway.api.admin_api import admin_routes
+from gateway.api.errors import EXCEPTION_HANDLERS
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import hash_key
 from gateway.storage.database import Database
 from gateway.storage.tenants import list_tenants

@@ -1,0 +1,96 @@
+"""The admission step: everything a request counts against, checked and recorded at once.
+
+One call per request (one Redis script, or one uninterrupted run on the event loop)::
+
+    auth epoch changed?  ──yes──► AuthChanged(epoch)   nothing counted; re-read the key, retry
+         │ no
+    budget asked and its balance unknown? ──yes──► BalanceUnknown   nothing counted; rebuild it
+         │ no
+    rate limits asked: hit the window (``rate_limit_store``) ──refused──► Counted(window)
+         │ admitted (or none asked)
+    budget asked: reserve (``budget_ledger``) ──refused──► Counted(window, balance=...)
+         │
+         ▼
+    Counted(window, reservation)
+
+The store only counts; the policies turn a ``Counted`` into a decision, headers and messages.
+As before, a request the budget refuses keeps its rate-limit hit. Implementations:
+``memory_atomic_step`` (one gateway) and ``redis_atomic_step`` (any number of replicas).
+Settling and releasing a reservation stay with the ``BudgetLedger``.
+
+A Redis store whose reply comes too late raises ``AdmissionTimedOut``: the script may still
+run on the server, so the reservation it would have made is handed over to be released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.ledger.budget_ledger import Balance, Reservation
+from gateway.ratelimit.rate_limit_store import WindowState
+
+
+class AdmissionTimedOut(RedisTimeoutError):
+    """The admission step's reply came too late; ``reservation``: what it may have reserved
+    (``None`` when no budget was asked)."""
+
+    def __init__(self, message: str, reservation: Reservation | None) -> None:
+        super().__init__(message)
+        self.reservation = reservation
+
+
+@dataclass(frozen=True)
+class BudgetAsk:
+    period_key: str
+    limit: int
+    ttl_s: float
+
+
+@dataclass(frozen=True)
+class AdmissionAsk:
+    """What one request asks of the store. ``now`` is unix seconds, for the rate-limit window
+    (the ledger uses its own clock); ``auth_epoch`` is the epoch its cached key was read under."""
+
+    tenant_id: str
+    auth_epoch: str
+    tokens: int
+    rpm_limit: int | None
+    tpm_limit: int | None
+    now: float
+    budget: BudgetAsk | None
+
+    @property
+    def has_rate_limit(self) -> bool:
+        return self.rpm_limit is not None or self.tpm_limit is not None
+
+
+@dataclass(frozen=True)
+class Counted:
+    """``window``: the rate-limit hit (``None``: no limit asked). ``reservation``: the budget
+    hold (``None``: no budget asked, or refused). ``balance``: the balance that refused it."""
+
+    window: WindowState | None
+    reservation: Reservation | None = None
+    balance: Balance | None = None
+
+
+@dataclass(frozen=True)
+class AuthChanged:
+    """The tenant's keys or quota changed since the key was cached; nothing was counted."""
+
+    epoch: str
+
+
+@dataclass(frozen=True)
+class BalanceUnknown:
+    """The budget's balance must be rebuilt from the usage records; nothing was counted."""
+
+
+AdmissionResult = Counted | AuthChanged | BalanceUnknown
+
+
+class AdmissionStore(Protocol):
+    async def admit(self, ask: AdmissionAsk) -> AdmissionResult: ...

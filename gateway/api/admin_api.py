@@ -1,0 +1,428 @@
+"""The admin API: tenants, quotas, API keys and usage reports, behind one admin key.
+
+Every route needs ``Authorization: Bearer <admin key>``; the gateway keeps only the key's
+SHA-256 (``admin_key_hash``) and compares hashes in constant time (`auth.admin_key`: a tenant's
+API key gets 403, anything else 401). Bodies, flags and path ids are read by `admin_inputs`.
+Handlers raise `ApiError` and the app's ``EXCEPTION_HANDLERS`` turn it into OpenAI's error
+JSON.
+
+A tenant's tier lives on the tenant (set on create or with PATCH) and is mirrored into its
+stored quota, so the request path reads one consistent `TenantQuota`; the quota body of
+``PUT .../quota`` therefore has no ``tier``. ``PUT`` replaces the whole quota: omitted fields
+take `TenantQuota`'s defaults.
+
+Every change to a tenant, its quota or its keys bumps the tenant's auth epoch after it is
+committed, so the gateways' key caches (``key_cache``) see it on their next request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from redis.exceptions import RedisError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.api.admin_inputs import is_storable, not_found, parse_bool, path_id, read_model
+from gateway.api.admin_schemas import (
+    DEFAULTS,
+    ApiKey,
+    ApiKeyCreate,
+    ApiKeyList,
+    CreatedApiKey,
+    Deleted,
+    Quota,
+    QuotaSettings,
+    Tenant,
+    TenantCreate,
+    TenantList,
+    TenantUpdate,
+)
+from gateway.api.errors import ApiError, change_not_announced, invalid_request
+from gateway.api.tenant_api import (
+    budget_status,
+    parse_summary_window,
+    parse_usage_query,
+    refuse_unknown_params,
+    usage_response,
+    usage_summary,
+)
+from gateway.auth.admin_key import Endpoint, admin_guard
+from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs
+from gateway.auth.key_cache import KeyCache
+from gateway.ledger.budget_ledger import BudgetLedger
+from gateway.storage import api_keys, tenants
+from gateway.storage.database import Database
+from gateway.storage.models import ApiKey as ApiKeyRow
+from gateway.storage.models import utc_now
+from policies.decision import Rejection
+from policies.quota import TenantQuota
+
+logger = logging.getLogger(__name__)
+
+_QUOTA_FIELDS = frozenset(f.name for f in dataclasses.fields(TenantQuota))
+T = TypeVar("T")
+
+
+def admin_routes(
+    db: Database,
+    admin_key_hash: str,
+    ledger: BudgetLedger,
+    now: Callable[[], datetime] = utc_now,
+    *,
+    auth_epochs: AuthEpochs | None = None,
+    keys: KeyCache | None = None,
+) -> list[BaseRoute]:
+    """The ``/admin`` routes; ``admin_key_hash`` is the SHA-256 hex of the admin key.
+    ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache).
+    ``keys``: the gateway's key cache, which tells a tenant's API key (403) from an unknown
+    key (401); none: a database read per refused request."""
+    key_hash = admin_key_hash.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", key_hash):
+        raise ValueError(
+            "admin_key_hash must be the SHA-256 hex digest (64 characters) of the admin key"
+        )
+    api = _AdminApi(db, ledger, now, auth_epochs)
+    guard = admin_guard(key_hash, keys or KeyCache(db, auth_epochs or MemoryAuthEpochs(), ttl_s=0))
+
+    table: list[tuple[str, str, Endpoint]] = [
+        ("/admin/tenants", "POST", api.create_tenant),
+        ("/admin/tenants", "GET", api.list_tenants),
+        ("/admin/tenants/{tenant_id}", "GET", api.get_tenant),
+        ("/admin/tenants/{tenant_id}", "PATCH", api.update_tenant),
+        ("/admin/tenants/{tenant_id}", "DELETE", api.delete_tenant),
+        ("/admin/tenants/{tenant_id}/quota", "PUT", api.put_quota),
+        ("/admin/tenants/{tenant_id}/budget", "GET", api.tenant_budget),
+        ("/admin/tenants/{tenant_id}/keys", "POST", api.create_key),
+        ("/admin/tenants/{tenant_id}/keys", "GET", api.list_keys),
+        ("/admin/keys/{key_id}", "DELETE", api.revoke_key),
+        ("/admin/usage", "GET", api.usage),
+        ("/admin/usage/summary", "GET", api.usage_summary),
+    ]
+    return [Route(path, guard(endpoint), methods=[method]) for path, method, endpoint in table]
+
+
+class _AdminApi:
+    """The handlers. Database work runs in a worker thread, one transaction per request."""
+
+    def __init__(
+        self,
+        db: Database,
+        ledger: BudgetLedger,
+        now: Callable[[], datetime],
+        auth_epochs: AuthEpochs | None,
+    ) -> None:
+        self._db = db
+        self._ledger = ledger
+        self._now = now
+        self._auth_epochs = auth_epochs
+
+    async def _changed(self, tenant_id: str) -> None:
+        """Announce a committed change to the tenant's keys or quota."""
+        if self._auth_epochs is not None:
+            try:
+                await self._auth_epochs.bump(tenant_id)
+            except RedisError as exc:
+                logger.warning("announcing a change of tenant %s failed: %s", tenant_id, exc)
+                raise change_not_announced() from None
+
+    async def _transaction(self, work: Callable[[Session], T]) -> T:
+        def run() -> T:
+            with self._db.transaction() as session:
+                return work(session)
+
+        return await run_in_threadpool(run)
+
+    async def create_tenant(self, request: Request) -> Response:
+        """Create a tenant.
+        ---
+        {body: TenantCreate, 201: Tenant, errors: [400, 409]}
+        """
+        body = await read_model(request, TenantCreate)
+        quota = _validated_quota(body.quota, body.tier, param_prefix="quota.")
+        now = self._now()
+
+        def create(session: Session) -> tenants.TenantInfo:
+            try:
+                return tenants.create_tenant(
+                    session, body.id, name=body.name, tier=body.tier, quota=quota, now=now
+                )
+            except tenants.TenantExistsError:
+                raise _tenant_exists(body.id) from None
+
+        try:
+            info = await self._transaction(create)
+        except IntegrityError:  # created concurrently by another request
+            raise _tenant_exists(body.id) from None
+        logger.info("created tenant %s", info.id)
+        return _json(_tenant_view(info), status_code=201)
+
+    async def list_tenants(self, request: Request) -> Response:
+        """List tenants, oldest id first.
+        ---
+        {params: [IncludeDeleted], 200: TenantList, errors: [400]}
+        """
+        refuse_unknown_params(request.query_params, frozenset({"include_deleted"}))
+        include_deleted = parse_bool(request.query_params, "include_deleted")
+        infos = await self._transaction(
+            lambda session: tenants.list_tenants(session, include_deleted=include_deleted)
+        )
+        return _json(TenantList(data=[_tenant_view(info) for info in infos]))
+
+    async def get_tenant(self, request: Request) -> Response:
+        """Get a tenant.
+        ---
+        {params: [TenantId], 200: Tenant, errors: [404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        return _json(_tenant_view(await self._transaction(lambda s: _live_tenant(s, tenant_id))))
+
+    async def update_tenant(self, request: Request) -> Response:
+        """Change a tenant's name or tier.
+        ---
+        {params: [TenantId], body: TenantUpdate, 200: Tenant, errors: [400, 404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        body = await read_model(request, TenantUpdate)
+        now = self._now()
+
+        def update(session: Session) -> tenants.TenantInfo | None:
+            info = _live_tenant(session, tenant_id)
+            quota = None
+            if body.tier is not None:
+                stored = TenantQuota.from_dict(info.quota)
+                quota = _quota_dict(stored, body.tier, param_prefix="")
+            return tenants.update_tenant(
+                session, tenant_id, name=body.name, tier=body.tier, quota=quota, now=now
+            )
+
+        info = await self._transaction(update)
+        if info is None:
+            raise not_found("tenant", tenant_id)
+        await self._changed(tenant_id)
+        return _json(_tenant_view(info))
+
+    async def delete_tenant(self, request: Request) -> Response:
+        """Delete a tenant (soft); its keys stop working at once.
+        ---
+        {params: [TenantId], 200: Deleted, errors: [404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        now = self._now()
+        if not await self._transaction(lambda s: tenants.delete_tenant(s, tenant_id, now=now)):
+            raise not_found("tenant", tenant_id)
+        await self._changed(tenant_id)
+        logger.info("deleted tenant %s", tenant_id)
+        return _json(Deleted(id=tenant_id, object="tenant", deleted=True))
+
+    async def put_quota(self, request: Request) -> Response:
+        """Replace a tenant's quota (omitted fields take their defaults).
+        ---
+        {params: [TenantId], body: Quota, 200: QuotaSettings, errors: [400, 404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        body = await read_model(request, Quota)
+        quota = _validated_quota(body, DEFAULTS.tier, param_prefix="")
+        now = self._now()
+
+        def put(session: Session) -> tenants.TenantInfo | None:
+            tier = _live_tenant(session, tenant_id).tier
+            return tenants.update_tenant(session, tenant_id, quota={**quota, "tier": tier}, now=now)
+
+        info = await self._transaction(put)
+        if info is None:
+            raise not_found("tenant", tenant_id)
+        await self._changed(tenant_id)
+        return _json(_tenant_view(info).quota)
+
+    async def tenant_budget(self, request: Request) -> Response:
+        """A tenant's budget in the current window (as the tenant sees it on /v1/budget).
+        ---
+        {params: [TenantId], 200: Budget, errors: [404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        info = await self._transaction(lambda s: _live_tenant(s, tenant_id))
+        status = await budget_status(
+            self._db, self._ledger, info.id, tenant_quota(info), self._now()
+        )
+        return _json(status)
+
+    async def create_key(self, request: Request) -> Response:
+        """Create an API key; the key is in this response only.
+        ---
+        {params: [TenantId], body: ApiKeyCreate, body_optional: true, 201: CreatedApiKey,
+         errors: [400, 404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+        is_empty = request.headers.get("content-length") == "0"
+        body = ApiKeyCreate() if is_empty else await read_model(request, ApiKeyCreate)
+        now = self._now()
+        expires_at = body.expires_at
+        if expires_at is not None and expires_at <= now:
+            raise invalid_request(
+                "expires_at must be in the future (a key that never worked is a mistake; "
+                "to stop a key, revoke it).",
+                param="expires_at",
+            )
+
+        def create(session: Session) -> api_keys.CreatedKey:
+            try:
+                return api_keys.create_key(
+                    session,
+                    tenant_id,
+                    name=body.name,
+                    priority=body.priority,
+                    expires_at=expires_at,
+                    now=now,
+                )
+            except LookupError:
+                raise not_found("tenant", tenant_id) from None
+
+        created = await self._transaction(create)
+        logger.info("created API key %s for tenant %s", created.info.id, tenant_id)
+        view = CreatedApiKey(**_key_view(created.info).model_dump(), key=created.key)
+        return _json(view, status_code=201, headers={"Cache-Control": "no-store"})
+
+    async def list_keys(self, request: Request) -> Response:
+        """List a tenant's keys (revoked and expired ones too) by prefix.
+        ---
+        {params: [TenantId], 200: ApiKeyList, errors: [404]}
+        """
+        tenant_id = path_id(request, "tenant_id", "tenant")
+
+        def list_(session: Session) -> list[api_keys.ApiKeyInfo]:
+            _live_tenant(session, tenant_id)
+            return api_keys.list_keys(session, tenant_id)
+
+        infos = await self._transaction(list_)
+        return _json(ApiKeyList(data=[_key_view(info) for info in infos]))
+
+    async def revoke_key(self, request: Request) -> Response:
+        """Revoke a key at once (revoking it again changes nothing).
+        ---
+        {params: [KeyId], 200: ApiKey, errors: [404]}
+        """
+        key_id = path_id(request, "key_id", "API key")
+        now = self._now()
+
+        def revoke(session: Session) -> api_keys.ApiKeyInfo:
+            api_keys.revoke_key(session, key_id, now=now)
+            row = session.get(ApiKeyRow, key_id)
+            if row is None:
+                raise not_found("API key", key_id)
+            return api_keys.ApiKeyInfo.from_row(row)
+
+        info = await self._transaction(revoke)
+        await self._changed(info.tenant_id)  # also when it was revoked before: a retry
+        logger.info("revoked API key %s", key_id)
+        return _json(_key_view(info))
+
+    async def usage(self, request: Request) -> Response:
+        """Usage records, oldest first (JSON page, JSONL or CSV).
+        ---
+        {params: [TenantFilter, Start, End, Cursor, Limit, Format], 200: UsageList, streams: true,
+         errors: [400, 404]}
+        """
+        query = parse_usage_query(request.query_params)
+        tenant_id = await self._known_tenant_filter(request.query_params)
+        return await usage_response(self._db, tenant_id, query)
+
+    async def usage_summary(self, request: Request) -> Response:
+        """Usage totals per tenant and served model, for a period or start/end.
+        ---
+        {params: [TenantFilter, Period, Start, End], 200: UsageSummary, errors: [400, 404]}
+        """
+        period, start, end = parse_summary_window(request.query_params, self._now())
+        tenant_id = await self._known_tenant_filter(request.query_params)
+        return _json(await usage_summary(self._db, tenant_id, period, start, end))
+
+    async def _known_tenant_filter(self, params: Mapping[str, str]) -> str | None:
+        tenant_id = params.get("tenant_id") or None
+        if tenant_id is not None:
+            if not is_storable(tenant_id):
+                raise not_found("tenant", tenant_id, param="tenant_id")
+            found = await self._transaction(
+                lambda s: tenants.get_tenant(s, tenant_id, include_deleted=True)
+            )
+            if found is None:
+                raise not_found("tenant", tenant_id, param="tenant_id")
+        return tenant_id
+
+
+def tenant_quota(info: tenants.TenantInfo) -> TenantQuota:
+    """The tenant's stored quota, with the tenant's tier."""
+    return dataclasses.replace(TenantQuota.from_dict(info.quota), tier=info.tier)
+
+
+def _validated_quota(body: Quota, tier: str, *, param_prefix: str) -> dict[str, Any]:
+    """``body`` checked by `TenantQuota` and made JSON-ready; only the fields the client set."""
+    return _quota_dict(body.model_dump(exclude_unset=True), tier, param_prefix=param_prefix)
+
+
+def _quota_dict(
+    values: Mapping[str, Any] | TenantQuota, tier: str, *, param_prefix: str
+) -> dict[str, Any]:
+    if isinstance(values, TenantQuota):
+        values = values.to_dict()
+    try:
+        return TenantQuota.from_dict({**values, "tier": tier}).to_dict()
+    except ValueError as exc:
+        message = str(exc)
+        field = message.split(" ", 1)[0]
+        param = param_prefix + field if field in _QUOTA_FIELDS else None
+        if field == "tier":
+            param = "tier"
+        raise invalid_request(f"Invalid quota: {message}.", param=param) from None
+
+
+def _live_tenant(session: Session, tenant_id: str) -> tenants.TenantInfo:
+    info = tenants.get_tenant(session, tenant_id)
+    if info is None:
+        raise not_found("tenant", tenant_id)
+    return info
+
+
+def _tenant_view(info: tenants.TenantInfo) -> Tenant:
+    quota = QuotaSettings.model_validate(tenant_quota(info).to_dict())
+    return Tenant(
+        id=info.id,
+        name=info.name,
+        tier=info.tier,
+        quota=quota,
+        created_at=info.created_at,
+        updated_at=info.updated_at,
+        deleted_at=info.deleted_at,
+    )
+
+
+def _key_view(info: api_keys.ApiKeyInfo) -> ApiKey:
+    fields = {name: getattr(info, name) for name in ApiKey.model_fields if name != "object"}
+    return ApiKey(**fields)
+
+
+def _json(
+    model: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return JSONResponse(model.model_dump(mode="json"), status_code=status_code, headers=headers)
+
+
+def _tenant_exists(tenant_id: str) -> ApiError:
+    return ApiError(
+        Rejection(
+            409,
+            "tenant_exists",
+            "invalid_request_error",
+            f"Tenant {tenant_id!r} already exists (ids of deleted tenants stay taken).",
+            "id",
+        )
+    )

@@ -1,0 +1,87 @@
+"""Reading admin requests: a JSON body into its pydantic model, query flags, and ids from
+the path, each refused in OpenAI's error format with the field named.
+
+A path id the database cannot hold (a NUL, which PostgreSQL's ``text`` refuses, or a lone
+surrogate) names nothing: it is a 404 without a query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from gateway.api.admin_schemas import NON_BLANK_PATTERN, TENANT_ID_PATTERN, TEXT_PATTERN
+from gateway.api.errors import ApiError, invalid_request
+from gateway.api.request_body import read_json
+from policies.decision import Rejection
+
+MAX_BODY_BYTES = 64 * 1024
+_HINTS = {
+    "tier": " Set a tenant's tier with PATCH /admin/tenants/{tenant_id}.",
+    "quota": " Replace a quota with PUT /admin/tenants/{tenant_id}/quota.",
+}
+_PATTERN_RULES = {
+    TEXT_PATTERN: "text without NUL characters",
+    NON_BLANK_PATTERN: "a name that is not blank and has no NUL characters",
+    TENANT_ID_PATTERN: "1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit",
+}
+Model = TypeVar("Model", bound=BaseModel)
+
+
+async def read_model(request: Request, model: type[Model]) -> Model:
+    data = await read_json(request, MAX_BODY_BYTES)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = ".".join(str(part) for part in error["loc"]) or None
+        if error["type"] == "extra_forbidden":
+            message = f"Unknown field '{param}'.{_HINTS.get(param or '', '')}"
+        elif error["type"] == "string_pattern_mismatch":
+            rule = _PATTERN_RULES.get(str((error.get("ctx") or {}).get("pattern")), error["msg"])
+            message = f"Invalid '{param}': {rule}."
+        else:
+            message = f"Invalid '{param}': {error['msg']}."
+        raise invalid_request(message, param=param) from None
+
+
+def parse_bool(params: Mapping[str, str], name: str) -> bool:
+    value = params.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise invalid_request(f"Invalid '{name}': use true or false.", param=name)
+    return value in ("true", "1")
+
+
+def path_id(request: Request, name: str, what: str) -> str:
+    """A path parameter naming a stored row; one the database could not hold is a 404."""
+    value = str(request.path_params[name])
+    if not is_storable(value):
+        raise not_found(what, value)
+    return value
+
+
+def is_storable(text: str) -> bool:
+    """Whether ``text`` can be a database value (PostgreSQL's ``text`` refuses NUL; lone
+    surrogates cannot be encoded as UTF-8): a lookup of anything else finds nothing."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def not_found(what: str, name: str, param: str | None = None) -> ApiError:
+    return ApiError(
+        Rejection(
+            404,
+            f"{what.replace(' ', '_').lower()}_not_found",
+            "not_found_error",
+            f"No {what} {name!r}.",
+            param,
+        )
+    )

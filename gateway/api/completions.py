@@ -1,0 +1,303 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: authenticate, admit, forward, relay.
+
+authenticate (key cache) ─401─► (no record: no tenant to charge)
+     │
+read + parse body ─400/413─┐
+admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record; a key revoked
+engine's 4xx (as is) ──────┤                        meanwhile is a 401 without one; the
+     │ Admission           │                        engine's: its code, reservation released)
+UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
+engine's 5xx ─502──────────┤
+     │                     │
+relay (stream or JSON) ────┴─► Accountant.record   (one record, durable in the spill file)
+                                                   before the answer's last bytes ([DONE], or
+                                                   the JSON), then Accountant.settle after it
+
+A client that leaves is charged what the engine generated for it: a stream up to the last
+token relayed; a non-streamed request up to where the engine stopped (asked to by
+``UpstreamPool.stop``, it answers with its usage), or its prompt alone if that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from backend_engine.server.disconnect import run_to_end, until_client_leaves
+from backend_engine.server.sse import EventStreamResponse
+from gateway.admission.admitter import Admission, Refusal
+from gateway.api.errors import ApiError, error_response, invalid_api_key, to_rejection
+from gateway.api.handler_context import GatewayContext
+from gateway.api.request_body import (
+    CompletionBody,
+    Endpoint,
+    parse_body,
+    read_json,
+    requested_model,
+)
+from gateway.auth.bearer_keys import bearer_token
+from gateway.ledger.settlement import RequestInfo
+from gateway.storage.models import UsageStatus
+from gateway.upstream.pool import UpstreamCall
+from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
+from policies.decision import Rejection
+
+ROUTE_HEADER = "x-tollway-route"
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
+MAX_REASON_CHARS = 200  # the usage record's reject_reason column
+_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
+ENGINE_FAILED = Rejection(
+    502, "upstream_error", "server_error", "The engine failed while generating this response."
+)
+
+
+async def chat_completions(request: Request) -> Response:
+    """Create a chat completion (OpenAI's API; streamed with "stream": true).
+    ---
+    {body: ChatCompletionBody, 200: ChatCompletion, events: ChatCompletionChunk,
+     errors: [400, 403, 404, 413, 429, 502, 503]}
+    """
+    return await _complete(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    """Create a text completion (OpenAI's legacy API; streamed with "stream": true).
+    ---
+    {body: CompletionBody, 200: Completion, events: Completion,
+     errors: [400, 403, 404, 413, 429, 502, 503]}
+    """
+    return await _complete(request, "completions")
+
+
+async def _complete(request: Request, endpoint: Endpoint) -> Response:
+    ctx = GatewayContext.of(request)
+    token = bearer_token(request)
+    if token is None:
+        raise invalid_api_key()
+    key = await ctx.keys.key(token)
+    caller = key.caller
+    span = ctx.tracer.start_span(
+        f"{_OPERATIONS[endpoint]} gateway",
+        attributes={
+            "gen_ai.operation.name": _OPERATIONS[endpoint],
+            "gen_ai.system": "tollway",
+            "tollway.request_id": request.state.request_id,
+            "tollway.tenant_id": caller.tenant_id,
+        },
+    )
+    info = RequestInfo(
+        request_id=request.state.request_id,
+        endpoint=endpoint,
+        caller=caller,
+        requested_model="",
+        is_stream=False,
+        created_at=datetime.now(timezone.utc),
+        span=span,
+    )
+    try:
+        data = await read_json(request, ctx.settings.max_body_bytes)
+        info = replace(info, requested_model=requested_model(data))
+        body = parse_body(data, endpoint)
+        info = replace(info, requested_model=body.model, is_stream=body.is_stream)
+        span.set_attribute("gen_ai.request.model", body.model)
+        decision = await ctx.admitter.admit(key, body, request.headers.get("x-priority"))
+    except Exception as exc:
+        decision = Refusal(to_rejection(exc))
+        if decision.rejection.status == 401:  # revoked since it was cached: as authenticate
+            span.end()
+            raise
+        if not isinstance(exc, ApiError):
+            ctx.accountant.reject(info, decision)
+            raise
+    if isinstance(decision, Refusal):
+        ctx.accountant.reject(info, decision)
+        raise ApiError(decision.rejection)
+    span.set_attribute("gen_ai.request.max_tokens", decision.max_tokens)
+    if decision.reservation is not None:
+        ctx.metrics.reservations_in_flight.inc()
+    return await _forward(request, ctx, info, body, decision, _PATHS[endpoint])
+
+
+async def _forward(
+    request: Request,
+    ctx: GatewayContext,
+    info: RequestInfo,
+    body: CompletionBody,
+    admission: Admission,
+    path: str,
+) -> Response:
+    model = admission.served_model
+    metrics = ctx.metrics
+    meter = UsageMeter(
+        on_first_token=metrics.child(metrics.time_to_first_token, model).observe,
+        on_next_token=metrics.child(metrics.inter_token_latency, model).observe,
+        started_at=time.monotonic(),
+    )
+    headers = {
+        "x-tenant-id": info.caller.tenant_id,
+        "x-priority": admission.priority,
+        "x-request-id": info.request_id,
+    }
+    opening = ctx.upstreams.open(
+        model,
+        path,
+        upstream_body(body, admission),
+        headers,
+        is_stream=body.is_stream,
+        on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
+    )
+    # Non-streamed, the call goes on if the client leaves (see _finish_after_departure).
+    answering = None if body.is_stream else asyncio.ensure_future(opening)
+    try:
+        answered = await (
+            opening
+            if answering is None
+            else until_client_leaves(request.receive, asyncio.shield(answering))
+        )
+    except BaseException:
+        if answering is not None:
+            answering.cancel()
+        meter.finish(UsageStatus.UPSTREAM_ERROR)
+        await ctx.accountant.finish(info, admission, meter, was_answered=False)
+        raise
+    if answered is None:  # the client left before a non-streamed answer was ready
+        return await _finish_after_departure(ctx, info, admission, meter, answering)
+    call = answered
+    response_headers = dict(admission.headers)
+    if admission.route is not None:
+        response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
+    if call.status_code >= 500:  # the engine failed: a 502, recorded as its error
+        meter.finish(UsageStatus.UPSTREAM_ERROR)
+        await ctx.accountant.finish(info, admission, meter, was_answered=False)
+        return error_response(ENGINE_FAILED, response_headers)
+    if call.status_code >= 400:  # the engine refused the request: relayed as is, recorded
+        refusal = Refusal(engine_refusal(call), model, admission.route, admission.prompt_tokens)
+        ctx.accountant.reject(info, refusal)  # as a refusal at the door, with the engine's code
+        await ctx.accountant.settle(admission, 0)  # releases the reservation
+        return Response(
+            call.body, call.status_code, response_headers, media_type="application/json"
+        )
+    if not body.is_stream:
+        answer = _json_object(call.body)
+        if answer is None:
+            meter.finish(UsageStatus.UPSTREAM_ERROR)
+            await ctx.accountant.finish(info, admission, meter, was_answered=False)
+            raise ApiError(Rejection(502, "upstream_error", "server_error", "Bad engine answer."))
+        measure_body(answer, meter)
+        meter.finish(UsageStatus.COMPLETED)
+        # The engine's JSON as it came: recorded before it is sent, settled after.
+        num_tokens = ctx.accountant.record(info, admission, meter, was_answered=True)
+        return AnswerThenSettle(
+            call.body, response_headers, lambda: ctx.accountant.settle(admission, num_tokens)
+        )
+
+    recorded: list[int] = []  # the settled tokens, once recorded
+
+    def record() -> None:  # before [DONE]; or at the close, if the stream stopped earlier
+        if not recorded:
+            recorded.append(ctx.accountant.record(info, admission, meter, was_answered=True))
+
+    async def on_close() -> None:
+        await call.aclose()
+        record()
+        await ctx.accountant.settle(admission, recorded[0])
+
+    events = relay_events(call, meter, include_usage=body.include_usage, before_end=record)
+    return EventStreamResponse(events, on_close=on_close, headers=response_headers)
+
+
+async def _finish_after_departure(
+    ctx: GatewayContext,
+    info: RequestInfo,
+    admission: Admission,
+    meter: UsageMeter,
+    answering: asyncio.Future[UpstreamCall] | None,
+) -> Response:
+    """Charge a non-streamed request whose client has left for what the engine generated:
+    the engine is asked to stop the request and then answers at once, with its usage. If
+    it cannot (an engine without the stop endpoint, a failure) or does not answer within
+    ``STOP_GRACE_S``, the upstream call is cancelled (the engine aborts) and the prompt
+    alone is charged. Recorded as cancelled either way."""
+    stopped = None
+    if answering is not None:
+        try:
+            if await ctx.upstreams.stop(admission.served_model, info.request_id):
+                stopped = await asyncio.wait_for(answering, STOP_GRACE_S)  # cancels on timeout
+        except Exception:  # the call's own failure, or the wait's timeout
+            pass
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+    answer = _json_object(stopped.body) if stopped and stopped.status_code < 400 else None
+    if answer is not None:
+        measure_body(answer, meter)
+    await ctx.accountant.finish(info, admission, meter, was_answered=True)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+class AnswerThenSettle(Response):
+    """A JSON answer whose reservation is settled after it is sent, however sending ends:
+    Starlette's background task would be skipped if ``send`` raised (the client gone), and
+    the reservation would then lapse unsettled."""
+
+    def __init__(
+        self, body: bytes, headers: dict[str, str], settle: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(body, headers=headers, media_type="application/json")
+        self._settle = settle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            await run_to_end(self._settle())
+            raise
+        await self._settle()
+
+
+def engine_refusal(call: UpstreamCall) -> Rejection:
+    """An engine's 4xx answer as a `Rejection` (its status, and its error's code, type and
+    message when it sent OpenAI's error format), so the usage record names the reason."""
+    answer = _json_object(call.body) or {}
+    error = answer.get("error")
+    fields = error if isinstance(error, dict) else {}
+
+    def text(name: str, default: str) -> str:
+        value = fields.get(name)
+        return value[:MAX_REASON_CHARS] if isinstance(value, str) and value else default
+
+    return Rejection(
+        call.status_code,
+        text("code", "engine_refused"),
+        text("type", "invalid_request_error"),
+        text("message", "The engine refused the request."),
+    )
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def upstream_body(body: CompletionBody, admission: Admission) -> dict[str, Any]:
+    """The client's request for the engine: the served model, the admitted ``max_tokens``,
+    and always the final usage chunk on streams."""
+    out = {k: v for k, v in body.raw.items() if k not in ("max_completion_tokens", "tollway_hint")}
+    out["model"] = admission.served_model
+    out["max_tokens"] = admission.max_tokens
+    if body.is_stream:
+        out["stream_options"] = {"include_usage": True}
+    return out

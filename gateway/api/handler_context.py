@@ -1,0 +1,33 @@
+"""Everything a request handler needs, built once at start-up and reached via the app state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry.trace import Tracer
+from starlette.requests import Request
+
+from gateway.admission.admitter import Admitter
+from gateway.auth.key_cache import KeyCache
+from gateway.ledger.settlement import Accountant
+from gateway.observability.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+from gateway.storage.database import Database
+from gateway.upstream.pool import UpstreamPool
+
+
+@dataclass(frozen=True)
+class GatewayContext:
+    settings: GatewaySettings
+    database: Database
+    upstreams: UpstreamPool
+    keys: KeyCache
+    admitter: Admitter
+    accountant: Accountant
+    metrics: GatewayMetrics
+    tracer: Tracer
+
+    @staticmethod
+    def of(request: Request) -> GatewayContext:
+        context: GatewayContext = request.app.state.gateway
+        return context

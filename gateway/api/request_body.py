@@ -1,0 +1,197 @@
+"""Reading and validating a completion request body: bounded, JSON, every field OpenAI defines.
+
+The body is read up to ``max_body_bytes`` (413 beyond), uncompressed only (415 for any
+``Content-Encoding``), and parsed with a nesting cap (``backend_engine.server.json_body``).
+The sampling fields are checked against the table the engine server checks too
+(``backend_engine.server.field_rules``): ranges, integer widths, counts and lengths, so a
+value the engine could not run is a 400 here. ``null`` is "not given" for every optional
+field and is not forwarded. Fields outside the table are passed to the engine untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from backend_engine.server.field_rules import (
+    RULES,
+    Endpoint,
+    FieldError,
+    check_fields,
+    drop_nulls,
+)
+from backend_engine.server.json_body import parse_json_object
+from gateway.api.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
+
+__all__ = ["CompletionBody", "Endpoint", "parse_body", "read_json", "requested_model"]
+
+Messages = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    """One validated request. ``raw`` is the client's JSON object (less its nulls),
+    forwarded nearly as is."""
+
+    endpoint: Endpoint
+    raw: dict[str, Any]
+    model: str
+    messages: Messages | None  # chat
+    prompt: str | list[int] | None  # completions
+    max_tokens: int | None
+    is_stream: bool
+    include_usage: bool
+
+    @property
+    def prompt_text(self) -> str:
+        """The user-visible text, for routing heuristics (never logged)."""
+        if self.messages is not None:
+            return "\n".join(_content_text(m.get("content")) for m in self.messages)
+        return self.prompt if isinstance(self.prompt, str) else ""
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.messages) if self.messages is not None else 1
+
+    @property
+    def prompt_chars(self) -> int:
+        """What counting the prompt's tokens costs, in characters (0 for token ids): for a
+        chat every string of every message (roles, names, parts of any type: the counters
+        render and tokenize them all) plus a little for each message and value."""
+        if self.messages is not None:
+            return _size_in_chars(self.messages)
+        return len(self.prompt) if isinstance(self.prompt, str) else 0
+
+
+async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
+    encoding = request.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise unsupported_encoding(encoding)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise body_too_large(max_body_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise body_too_large(max_body_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise invalid_request("The client closed the connection while sending.") from None
+    try:
+        return parse_json_object(b"".join(chunks))
+    except FieldError as exc:
+        raise _refusal(exc) from None
+
+
+def requested_model(data: dict[str, Any]) -> str:
+    """The model a body asks for, for its usage record: ``""`` unless it is a valid name
+    (a refused body still gets a record, and the database must be able to store it)."""
+    model = data.get("model")
+    try:
+        RULES["chat"]["model"].check("model", model)
+    except FieldError:
+        return ""
+    return str(model)
+
+
+def parse_body(data: dict[str, Any], endpoint: Endpoint) -> CompletionBody:
+    data = drop_nulls(data)
+    try:
+        check_fields(data, endpoint)
+    except FieldError as exc:
+        raise _refusal(exc) from None
+    model = data.get("model")
+    if model is None:
+        raise _type_error("model", "a non-empty string")
+    messages: Messages | None = None
+    prompt: str | list[int] | None = None
+    if endpoint == "chat":
+        messages = _messages(data.get("messages"))
+        max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    else:
+        prompt = _prompt(data.get("prompt"))
+        max_tokens = data.get("max_tokens")
+    options = data.get("stream_options") or {}
+    return CompletionBody(
+        endpoint,
+        data,
+        model,
+        messages,
+        prompt,
+        max_tokens,
+        data.get("stream", False),
+        options.get("include_usage", False),
+    )
+
+
+def _refusal(exc: FieldError) -> ApiError:
+    return invalid_request(exc.message, exc.param, code=exc.code)
+
+
+def _type_error(param: str, expected: str) -> ApiError:
+    return invalid_request(f"Invalid type for '{param}': expected {expected}.", param=param)
+
+
+def _messages(value: Any) -> Messages:
+    if not isinstance(value, list) or not value:
+        raise _type_error("messages", "a non-empty array of messages")
+    for n, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _type_error(f"messages[{n}]", "an object with a string 'role'")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise _type_error(f"messages[{n}].content", "a string or an array of parts")
+        if content == []:
+            raise invalid_request(
+                f"Invalid 'messages[{n}].content': array too short. Expected an array with "
+                "minimum length 1, but got an empty array instead.",
+                f"messages[{n}].content",
+                code="empty_array",
+            )
+    return value
+
+
+def _prompt(value: Any) -> str | list[int]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return str(value[0])
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
+        return [int(t) for t in value]
+    raise _type_error("prompt", "a string or an array of token ids")
+
+
+_VALUE_CHARS = 8  # what a template or a JSON rendering adds around each value
+
+
+def _size_in_chars(value: Any) -> int:
+    """The characters of every string in ``value`` and its keys, plus ``_VALUE_CHARS`` each
+    value (nesting is bounded by the body's depth cap)."""
+    if isinstance(value, str):
+        return len(value) + _VALUE_CHARS
+    if isinstance(value, dict):
+        return _VALUE_CHARS + sum(len(str(k)) + _size_in_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return _VALUE_CHARS + sum(_size_in_chars(v) for v in value)
+    return _VALUE_CHARS
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""

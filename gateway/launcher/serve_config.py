@@ -1,0 +1,214 @@
+"""What ``tollway serve`` runs: the gateway's settings and the engines it spawns itself.
+
+Two sources, one result (`ServePlan`):
+
+- **embedded default** (no ``--config``): models ``small`` and ``large``, both
+  SmolLM2-135M-Instruct (`gateway.launcher.bundled_model`; the random demo checkpoints in
+  ``DATA/models`` without it), each served by a child engine on ``DATA/run/<name>.sock``;
+  alias ``auto`` routes between them; SQLite in ``DATA``; budgets and rate limits in process.
+- **a YAML file** (``--config``): `GatewaySettings`' format, plus one optional field per
+  model, ``spawn:``, for an engine that ``tollway serve`` starts on this machine::
+
+      models:
+        small:
+          spawn: {checkpoint: /models/llama-3.2-1b, device: cuda, args: [--dtype, bfloat16]}
+          # or a GGUF file: spawn: {checkpoint: /models/qwen2.5-0.5b-instruct-q8_0.gguf}
+          upstreams: [http://10.0.0.2:8100]   # optional: more replicas besides the local one
+          prices: {input: 100, cached_input: 10, output: 400}
+
+  A spawned engine's socket is put first in ``upstreams``; ``checkpoint`` and
+  ``context_window`` default to the spawned checkpoint's, a Hugging Face directory or a
+  ``.gguf`` file, which is checked here (config, tokenizer, tensor types) so that a file the
+  engine would refuse is refused before anything starts. Models without ``spawn:`` are remote
+  engines that must already be running.
+
+In both cases ``TOLLWAY_*`` environment variables override the scalar settings, and the
+``--host``/``--port``/``--data-dir`` flags override both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from backend_engine.checkpoint import Checkpoint
+from gateway.launcher.engine_processes import MAX_SOCKET_PATH_BYTES, EngineSpec
+from gateway.settings import GatewaySettings
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_DATA_DIR = Path("tollway-data")
+# Micros of currency per million tokens (input, cached input, output).
+DEMO_PRICES: Mapping[str, Mapping[str, int]] = {
+    "small": {"input": 100, "cached_input": 10, "output": 400},
+    "large": {"input": 1000, "cached_input": 100, "output": 4000},
+}
+AUTO_ALIAS = "auto"
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    settings: GatewaySettings
+    engines: tuple[EngineSpec, ...]
+
+    @property
+    def log_dir(self) -> Path:
+        return self.settings.data_dir / "logs"
+
+
+def context_window(checkpoint: Path) -> int:
+    """The longest sequence the engine will serve for this checkpoint (a Hugging Face
+    directory or a GGUF file), checked first as far as it can be without loading it."""
+    return Checkpoint(checkpoint).check().max_model_len
+
+
+def socket_dir(data_dir: Path) -> Path:
+    """``DATA/run``, or a private directory under the temp dir if that path is too long."""
+    run = data_dir.resolve() / "run"
+    if len(os.fsencode(run / "some-model-name.sock")) <= MAX_SOCKET_PATH_BYTES:
+        return run
+    digest = hashlib.sha256(os.fsencode(run)).hexdigest()[:16]
+    short = Path(tempfile.gettempdir()) / f"tollway-{digest}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    return short
+
+
+def engine_threads(num_engines: int) -> dict[str, str]:
+    """Split the CPU cores between CPU engines, unless the user set ``OMP_NUM_THREADS``."""
+    if "OMP_NUM_THREADS" in os.environ or num_engines < 1:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // num_engines))}
+
+
+def embedded_plan(
+    data_dir: Path,
+    checkpoints: Mapping[str, Path],
+    env: Mapping[str, str] = os.environ,
+) -> ServePlan:
+    """The embedded default over ``checkpoints`` (``small`` and ``large``)."""
+    data_dir = data_dir.resolve()
+    sockets = socket_dir(data_dir)
+    threads = engine_threads(len(checkpoints))
+    engines = tuple(
+        EngineSpec(name, path.resolve(), sockets / f"{name}.sock", env=threads)
+        for name, path in checkpoints.items()
+    )
+    # Once per file: both models may serve the same one, and a GGUF file takes seconds to open.
+    windows = {path: context_window(path) for path in {spec.checkpoint for spec in engines}}
+    models = {
+        spec.name: {
+            "upstreams": [f"unix:{spec.socket_path}"],
+            "context_window": windows[spec.checkpoint],
+            "checkpoint": str(spec.checkpoint),
+            "prices": dict(DEMO_PRICES.get(spec.name, {})),
+        }
+        for spec in engines
+    }
+    data: dict[str, Any] = {
+        "host": DEFAULT_HOST,
+        "port": DEFAULT_PORT,
+        "data_dir": str(data_dir),
+        "models": models,
+    }
+    if {"small", "large"} <= models.keys():
+        data["routing"] = {"aliases": {AUTO_ALIAS: {"small": "small", "large": "large"}}}
+    settings = GatewaySettings.from_dict(data, env=_without_data_dir(env))
+    return ServePlan(settings=settings, engines=engines)
+
+
+def config_plan(
+    path: Path, data_dir: Path | None, env: Mapping[str, str] = os.environ
+) -> ServePlan:
+    """The plan for a YAML config; ``data_dir`` (flag or ``TOLLWAY_DATA_DIR``) overrides its own."""
+    base_dir = path.resolve().parent
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    if data_dir is None:
+        data_dir = base_dir / Path(str(raw.get("data_dir") or DEFAULT_DATA_DIR))
+    data_dir = data_dir.resolve()
+    data = {**raw, "data_dir": str(data_dir)}
+    raw_models = raw.get("models")
+    engines: list[EngineSpec] = []
+    if isinstance(raw_models, dict):
+        data["models"], engines = _spawned_models(raw_models, base_dir, socket_dir(data_dir))
+    threads = engine_threads(sum(spec.device == "cpu" for spec in engines))
+    engines = [
+        dataclasses.replace(spec, env=threads) if spec.device == "cpu" else spec for spec in engines
+    ]
+    try:
+        settings = GatewaySettings.from_dict(data, env=_without_data_dir(env), base_dir=base_dir)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return ServePlan(settings=settings, engines=tuple(engines))
+
+
+def with_address(plan: ServePlan, host: str | None, port: int | None) -> ServePlan:
+    """The plan with the ``--host``/``--port`` flags applied."""
+    changes: dict[str, Any] = {}
+    if host is not None:
+        changes["host"] = host
+    if port is not None:
+        changes["port"] = port
+    if not changes:
+        return plan
+    return dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, **changes))
+
+
+def _spawned_models(
+    raw_models: Mapping[str, Any], base_dir: Path, sockets: Path
+) -> tuple[dict[str, Any], list[EngineSpec]]:
+    models: dict[str, Any] = {}
+    engines: list[EngineSpec] = []
+    for name, spec in raw_models.items():
+        if not isinstance(spec, dict) or "spawn" not in spec:
+            models[name] = spec
+            continue
+        spec = dict(spec)
+        spawn = spec.pop("spawn")
+        engine = _engine_spec(str(name), spawn, base_dir, sockets)
+        upstreams = spec.get("upstreams") or []
+        if isinstance(upstreams, str):
+            upstreams = [upstreams]
+        spec["upstreams"] = [f"unix:{engine.socket_path}", *upstreams]
+        spec.setdefault("checkpoint", str(engine.checkpoint))
+        try:
+            window = context_window(engine.checkpoint)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"model {name!r}: spawn checkpoint: {exc}") from None
+        spec.setdefault("context_window", window)
+        models[name] = spec
+        engines.append(engine)
+    return models, engines
+
+
+def _engine_spec(name: str, spawn: Any, base_dir: Path, sockets: Path) -> EngineSpec:
+    if not isinstance(spawn, dict) or not spawn.get("checkpoint"):
+        raise ValueError(f"model {name!r}: spawn needs at least {{checkpoint: DIR_OR_GGUF}}")
+    extra = sorted(set(spawn) - {"checkpoint", "device", "args"})
+    if extra:
+        raise ValueError(f"model {name!r}: spawn takes checkpoint, device and args, not {extra}")
+    checkpoint = (base_dir / Path(str(spawn["checkpoint"]))).resolve()
+    args = spawn.get("args") or []
+    if not isinstance(args, list):
+        raise ValueError(f"model {name!r}: spawn.args must be a list of engine flags")
+    return EngineSpec(
+        name=name,
+        checkpoint=checkpoint,
+        socket_path=sockets / f"{name}.sock",
+        device=str(spawn.get("device") or "cpu"),
+        extra_args=tuple(str(a) for a in args),
+    )
+
+
+def _without_data_dir(env: Mapping[str, str]) -> dict[str, str]:
+    """``TOLLWAY_DATA_DIR`` is already applied (relative to the working directory)."""
+    return {k: v for k, v in env.items() if k != "TOLLWAY_DATA_DIR"}

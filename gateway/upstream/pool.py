@@ -1,0 +1,328 @@
+"""The engines behind each model, reached through one pooled ``httpx.AsyncClient``.
+
+The client's transport is aiohttp's (`gateway.upstream.aiohttp_transport`). A ``unix:/path.sock``
+upstream gets a private host name (``http://uds-N.tollway.invalid``) mounted on an aiohttp
+transport bound to that socket, so TCP and Unix-socket engines share one client and one set
+of timeouts.
+
+`UpstreamPool.open` picks replicas round-robin and moves on to the next one when an engine
+fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
+its first event with content. Once a token has been relayed the request stays where it is.
+When every replica fails, a 500 answer (an engine failed this request) is returned for the
+caller to report as a 502; only when none answered is it a 503.
+
+The request path hands a prebuilt ``httpx.Request`` (URL parsed once per replica and path,
+the client's timeouts as its extension) straight to the replica's transport: an engine call
+needs none of the client's redirects, auth, cookies or default headers. The aiohttp session
+behind each transport keeps no cookie jar either. ``client`` (same transports) serves
+everything else, e.g. the pool-load scrapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from gateway.api.errors import upstream_unavailable
+from gateway.settings import ModelSettings
+from gateway.upstream.aiohttp_transport import READ_BODY, AiohttpTransport
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+STOP_TIMEOUT = httpx.Timeout(2.0)  # asking an engine to stop a request
+
+
+@dataclass
+class UpstreamCall:
+    """An open upstream response. For streams, ``events`` yields SSE ``data`` payloads in
+    the batches they arrived in (one read of the upstream's bytes each, so a relay can
+    write them to the client at once), starting with the ones read ahead while deciding
+    whether to retry."""
+
+    response: httpx.Response
+    replica: str
+    events: AsyncIterator[list[str]] | None = None
+    body: bytes = b""
+    num_failed_replicas: int = 0
+    _is_closed: bool = field(default=False, repr=False)
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    async def aclose(self) -> None:
+        """Close the upstream response: the engine sees the disconnect and aborts."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        if self.events is not None:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        await self.response.aclose()
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        models: Mapping[str, ModelSettings],
+        *,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport_factory: Callable[[str | None], httpx.AsyncBaseTransport] | None = None,
+    ) -> None:
+        make = transport_factory or _aiohttp_transport
+        tcp = make(None)
+        mounts: dict[str, httpx.AsyncBaseTransport] = {}
+        self._transports: dict[str, httpx.AsyncBaseTransport] = {}  # by replica base URL
+        self._bases: dict[str, tuple[str, ...]] = {}
+        socket_hosts: dict[str, str] = {}
+        for name, model in models.items():
+            bases = []
+            for url in model.upstreams:
+                if url.startswith("unix:"):
+                    path = url.removeprefix("unix:")
+                    if path not in socket_hosts:
+                        socket_hosts[path] = f"http://uds-{len(socket_hosts)}.tollway.invalid"
+                        mounts[socket_hosts[path]] = make(path)
+                    base = socket_hosts[path]
+                    self._transports[base] = mounts[base]
+                else:
+                    base = url.rstrip("/")
+                    self._transports[base] = tcp
+                bases.append(base)
+            self._bases[name] = tuple(bases)
+        self.client = httpx.AsyncClient(
+            transport=tcp, mounts=mounts, timeout=timeout, trust_env=False
+        )
+        self._stream_extensions = {"timeout": timeout.as_dict()}
+        self._extensions = {**self._stream_extensions, READ_BODY: True}
+        self._stop_extensions = {"timeout": STOP_TIMEOUT.as_dict(), READ_BODY: True}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._turns = {name: itertools.count() for name in models}
+
+    def replicas(self, model: str) -> list[str]:
+        """The model's replicas, rotated by one on every call (round-robin start)."""
+        bases = self._bases[model]
+        start = next(self._turns[model]) % len(bases)
+        return [*bases[start:], *bases[:start]]
+
+    async def open(
+        self,
+        model: str,
+        path: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        is_stream: bool,
+        on_replica_error: Callable[[str, str], None] | None = None,
+    ) -> UpstreamCall:
+        """The first replica that answers; raises a 503 `ApiError` if none does.
+
+        A 4xx answer is returned as is (the engine's own error for this request). A 500 is
+        tried on the next replica; if no replica does better, the last 500 is returned (the
+        engines failed this request, which the caller reports as a 502, not a 503).
+        """
+        payload = json.dumps(body).encode()
+        request_headers = {**headers, "content-type": "application/json"}
+        num_failed = 0
+        failed_answer: UpstreamCall | None = None
+        for base in self.replicas(model):
+            request = httpx.Request(
+                "POST",
+                self._url(base, path),
+                content=payload,
+                headers=request_headers,
+                extensions=self._stream_extensions if is_stream else self._extensions,
+            )
+            response: httpx.Response | None = None
+            try:
+                response = await self._transports[base].handle_async_request(request)
+                if response.status_code >= 500:
+                    if response.status_code == 500:
+                        failed_answer = UpstreamCall(response, base, body=await read_body(response))
+                    raise _ReplicaFailed(f"status {response.status_code}")
+                call = UpstreamCall(response, base, num_failed_replicas=num_failed)
+                if is_stream and response.status_code < 400:
+                    call.events = await _read_ahead(sse_batches(response))
+                else:
+                    call.body = await read_body(response)
+                    await response.aclose()
+                return call
+            except (httpx.HTTPError, _ReplicaFailed) as exc:
+                num_failed += 1
+                reason = type(exc).__name__ if isinstance(exc, httpx.HTTPError) else str(exc)
+                logger.warning("upstream %s for %s failed: %s", base, model, reason)
+                if on_replica_error is not None:
+                    on_replica_error(model, reason)
+                if response is not None:
+                    await response.aclose()
+        if failed_answer is not None:
+            failed_answer.num_failed_replicas = num_failed
+            return failed_answer
+        raise upstream_unavailable(model)
+
+    async def stop(self, model: str, request_id: str) -> bool:
+        """Ask every replica of ``model`` to stop the generation sent with ``request_id``
+        (a Tollway engine's ``POST /abort_request``; its answer to that request then comes
+        at once, with the usage of what it generated). True if a replica had it in flight;
+        False for engines without the endpoint and for any failure."""
+        payload = json.dumps({"request_id": request_id}).encode()
+        was_stopped = False
+        for base in self._bases[model]:
+            request = httpx.Request(
+                "POST",
+                self._url(base, "/abort_request"),
+                content=payload,
+                headers={"content-type": "application/json"},
+                extensions=self._stop_extensions,
+            )
+            try:
+                response = await self._transports[base].handle_async_request(request)
+                try:
+                    answer = (
+                        json.loads(await response.aread()) if response.status_code == 200 else {}
+                    )
+                finally:
+                    await response.aclose()
+            except (httpx.HTTPError, ValueError):
+                continue
+            was_stopped = was_stopped or (
+                isinstance(answer, dict) and answer.get("aborted") is True
+            )
+        return was_stopped
+
+    async def aclose(self) -> None:
+        await self.client.aclose()  # closes every transport, mounted ones included
+
+    def _url(self, base: str, path: str) -> httpx.URL:
+        url = self._urls.get((base, path))
+        if url is None:
+            url = self._urls[base, path] = httpx.URL(base + path)
+        return url
+
+
+class _ReplicaFailed(Exception):
+    pass
+
+
+MAX_CONNECTIONS = 1000  # per transport (each Unix socket, and all TCP engines together)
+KEEPALIVE_S = 5.0  # an idle connection to an engine is closed after this
+
+
+def _aiohttp_transport(uds: str | None) -> httpx.AsyncBaseTransport:
+    def connector() -> aiohttp.BaseConnector:  # called on first use, inside the event loop
+        if uds is not None:
+            return aiohttp.UnixConnector(
+                path=uds, limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S
+            )
+        return aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
+
+    return AiohttpTransport(connector)
+
+
+async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
+    """The ``data`` payload of each server-sent event, in order (``[DONE]`` included), one
+    non-empty list per read that completed any: events that arrive together stay together.
+
+    Events are cut from the raw bytes (any of the three SSE line endings), which costs a few
+    ``find`` calls per event instead of a text decoder and a line splitter per line."""
+    pending = b""
+    async for chunk in _raw_chunks(response):
+        pending += chunk
+        if b"\r" in pending:
+            pending = _to_lf(pending)
+        start, batch = 0, []
+        while (end := pending.find(b"\n\n", start)) >= 0:
+            data = _event_data(pending[start:end])
+            if data is not None:
+                batch.append(data)
+            start = end + 2
+        pending = pending[start:]
+        if batch:
+            yield batch
+    data = _event_data(_to_lf(pending, is_final=True))
+    if data is not None:
+        yield [data]
+
+
+async def read_body(response: httpx.Response) -> bytes:
+    """The whole body, decoded, as ``response.aread()`` gives it."""
+    return b"".join([chunk async for chunk in _raw_chunks(response)])
+
+
+def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as the transport delivers it, skipping httpx's decoder and re-chunking when
+    there is no encoding to undo (they cost more than the rest of reading a short answer)."""
+    stream = response.stream
+    if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
+        return response.aiter_bytes()
+    return aiter(stream)
+
+
+def _to_lf(text: bytes, *, is_final: bool = False) -> bytes:
+    """CRLF and CR line endings as LF; a CR last in a chunk may be half of a CRLF: kept."""
+    text = text.replace(b"\r\n", b"\n")
+    if is_final or not text.endswith(b"\r"):
+        return text.replace(b"\r", b"\n")
+    return text[:-1].replace(b"\r", b"\n") + b"\r"
+
+
+def _event_data(block: bytes) -> str | None:
+    """The joined ``data`` lines of one event block; ``None`` if it has none."""
+    if block.startswith(b"data: ") and b"\n" not in block:  # the usual one-line event
+        return block[6:].decode()
+    lines = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line[:5] == b"data:"]
+    return b"\n".join(lines).decode() if lines else None
+
+
+async def _read_ahead(batches: AsyncIterator[list[str]]) -> AsyncIterator[list[str]]:
+    """Read events until one carries a token, an error or the end; fail (so the caller
+    retries elsewhere) if the stream breaks or reports an error before that."""
+    buffered: list[list[str]] = []
+    async for batch in batches:
+        buffered.append(batch)
+        for payload in batch:
+            if _is_error(payload):
+                raise _ReplicaFailed("error event before the first token")
+            if _has_substance(payload):
+                return _chain(buffered, batches)
+    if not buffered or buffered[-1][-1] != "[DONE]":
+        raise _ReplicaFailed("stream ended before the first token")
+    return _chain(buffered, batches)
+
+
+async def _chain(
+    first: list[list[str]], rest: AsyncIterator[list[str]]
+) -> AsyncIterator[list[str]]:
+    for batch in first:
+        yield batch
+    async for batch in rest:
+        yield batch
+
+
+def _is_error(payload: str) -> bool:
+    return payload.startswith('{"error"')
+
+
+def _has_substance(payload: str) -> bool:
+    """True for anything but a chat role chunk: content, a finish reason, usage, [DONE]."""
+    if payload == "[DONE]":
+        return True
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return True
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta")
+        if delta is None or delta.get("content") or choice.get("finish_reason"):
+            return True
+    return chunk.get("usage") is not None

@@ -1,0 +1,193 @@
+"""Relaying an engine's answer to the client, and measuring it. Nothing here enforces anything.
+
+The gateway always asks the engine for ``stream_options.include_usage``; the relay takes the
+usage from the engine's final chunk and hands that chunk on only if the client asked for it.
+It also counts the tokens it relays (the entries of a chunk's ``logprobs`` when present,
+else one per chunk with content), which is what a request is charged for when the stream
+stops before the engine's usage arrives (client gone, engine failed). Text the engine held
+back (a partial UTF-8 character, a possible stop string) was not relayed and is not counted.
+
+    engine SSE ──► relay_events ──► client
+                     │ UsageMeter: usage, num_relayed_tokens, first/last token times, outcome
+                     ▼
+                 before_end (the request path records the usage: before [DONE] is sent)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from backend_engine.server.sse import DONE, event
+from gateway.storage.models import UsageStatus
+from gateway.upstream.pool import UpstreamCall
+from policies.decision import Rejection
+
+_NULL_USAGE_LAST = ',"usage":null}'  # how our engine ends every chunk but the last
+MID_STREAM_ERROR = Rejection(
+    502,
+    "upstream_error",
+    "server_error",
+    "The engine failed while generating this response; the tokens sent so far are charged.",
+)
+
+
+@dataclass
+class UsageMeter:
+    """What one response carried. ``status`` is final once ``is_finished``."""
+
+    on_first_token: Callable[[float], None] | None = None
+    on_next_token: Callable[[float], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    started_at: float = field(default_factory=time.monotonic)
+    usage: dict[str, Any] | None = None
+    num_relayed_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    status: UsageStatus = UsageStatus.CANCELLED
+    is_finished: bool = False
+
+    def finish(self, status: UsageStatus) -> None:
+        if not self.is_finished:
+            self.status = status
+            self.is_finished = True
+
+    def observe_usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage = usage
+
+    def observe_chunk(self, chunk: dict[str, Any]) -> None:
+        num_tokens = 0
+        for choice in chunk.get("choices") or ():
+            num_tokens += _tokens_in(choice)
+        if num_tokens == 0:
+            return
+        now = self.clock()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            if self.on_first_token is not None:
+                self.on_first_token(now - self.started_at)
+        elif self.last_token_at is not None and self.on_next_token is not None:
+            self.on_next_token(now - self.last_token_at)
+        self.last_token_at = now
+        self.num_relayed_tokens += num_tokens
+
+    def tokens(self, counted_prompt_tokens: int) -> tuple[int, int, int]:
+        """``(prompt_tokens, cached_tokens, completion_tokens)`` to charge: the engine's usage
+        when it arrived, else the gateway's prompt count and the tokens relayed."""
+        usage = self.usage or {}
+        prompt = _int(usage.get("prompt_tokens"), counted_prompt_tokens)
+        completion = _int(usage.get("completion_tokens"), self.num_relayed_tokens)
+        details = usage.get("prompt_tokens_details") or {}
+        cached = min(prompt, _int(details.get("cached_tokens"), 0))
+        return prompt, cached, completion
+
+    @property
+    def ttft_ms(self) -> int | None:
+        if self.first_token_at is None:
+            return None
+        return round((self.first_token_at - self.started_at) * 1000)
+
+
+async def relay_events(
+    call: UpstreamCall,
+    meter: UsageMeter,
+    *,
+    include_usage: bool,
+    before_end: Callable[[], None] | None = None,
+) -> AsyncIterator[str]:
+    """The client's SSE stream, one string per batch of upstream events (events that arrived
+    together are written together: one send, not one per event). Ends with ``[DONE]``; a
+    broken upstream ends it with an error event first. ``before_end`` runs once the meter is
+    finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
+    reaches it). The caller closes ``call`` when the response ends, however it ends."""
+    if call.events is None:
+        raise ValueError("relay_events needs a streaming upstream call")
+    try:
+        async for batch in call.events:
+            out, is_broken = [], False
+            for payload in batch:
+                if payload == "[DONE]":
+                    meter.finish(UsageStatus.COMPLETED)
+                    if before_end is not None:
+                        before_end()
+                    out.append(DONE)
+                    yield "".join(out)
+                    return
+                chunk = _parse(payload)
+                if chunk is None or "error" in chunk:
+                    is_broken = True
+                    break
+                relayed = _relayed(payload, chunk, meter, include_usage)
+                if relayed is not None:
+                    out.append(relayed)
+            if out:
+                yield "".join(out)
+            if is_broken:
+                break
+    except httpx.HTTPError:
+        pass
+    meter.finish(UsageStatus.UPSTREAM_ERROR)
+    if before_end is not None:
+        before_end()
+    yield event(MID_STREAM_ERROR.error_body()) + DONE
+
+
+def _relayed(
+    payload: str, chunk: dict[str, Any], meter: UsageMeter, include_usage: bool
+) -> str | None:
+    """Measure one chunk; the event to send the client for it (None: nothing)."""
+    usage = chunk.get("usage")
+    if usage is not None:
+        meter.observe_usage(usage)
+    meter.observe_chunk(chunk)
+    if include_usage or "usage" not in chunk:
+        return f"data: {payload}\n\n"  # nothing to take out: pass it on as is
+    # The client did not ask for usage: drop the usage-only chunk and the key.
+    if usage is not None and not chunk.get("choices"):
+        return None
+    if usage is None and payload.endswith(_NULL_USAGE_LAST):
+        # The key is the object's last member (a parsed object cannot end any other way
+        # with these characters): cut it out instead of encoding the chunk again.
+        return f"data: {payload[: -len(_NULL_USAGE_LAST)]}}}\n\n"
+    del chunk["usage"]
+    return event(chunk)
+
+
+def measure_body(body: dict[str, Any], meter: UsageMeter) -> None:
+    """A whole (non-streamed) answer: its usage, and its completion as relayed tokens."""
+    meter.observe_usage(body.get("usage"))
+    meter.observe_chunk(body)
+
+
+def _parse(payload: str) -> dict[str, Any] | None:
+    try:
+        chunk = orjson.loads(payload)  # 3-4x the standard library's speed: once per event
+    except orjson.JSONDecodeError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
+
+
+def _tokens_in(choice: Any) -> int:
+    if not isinstance(choice, dict):
+        return 0
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict):
+        entries = logprobs.get("content") or logprobs.get("tokens")
+        if isinstance(entries, list) and entries:
+            return len(entries)
+    content = (choice.get("delta") or choice.get("message") or {}).get("content")
+    if content is None:
+        content = choice.get("text")
+    return 1 if content else 0
+
+
+def _int(value: Any, default: int) -> int:
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+    )

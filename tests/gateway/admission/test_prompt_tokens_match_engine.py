@@ -1,0 +1,171 @@
+"""The gateway reserves exactly the prompt tokens the engine then reports, on both endpoints.
+
+Random prompts (unicode, whitespace runs, text that looks like special tokens, token-id lists)
+and conversations go to a real engine server (tiny demo weights) for one token each; the
+``usage.prompt_tokens`` it answers must equal what admission counts for the same body
+(`gateway.admission.admitter.count_prompt_tokens`, the number its budget reservation is made of).
+Tokenizers: the Llama and Qwen2 demos (a post-processor BOS, a template that writes its own
+BOS; Mistral's demo tokenizer is Llama's), and two variants: no post-processor with a ChatML
+template (Qwen-like), and a post-processor adding BOS and EOS.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
+
+from backend_engine.async_engine import AsyncEngine
+from backend_engine.config import EngineConfig
+from backend_engine.server.app import build_app
+from gateway.admission.admitter import count_prompt_tokens
+from gateway.admission.token_counter import CheckpointTokenCounter, from_checkpoint
+from gateway.api.request_body import parse_body
+
+MODEL = "tiny"
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '\n' + message['content'] + '<|eot_id|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant\n' }}{% endif %}"
+)
+LOOKALIKES = [
+    "<|begin_of_text|>",
+    "<|eot_id|>",
+    "<|eot_id",
+    "<|start_header_id|>user<|end_header_id|>",
+    "<|reserved_special_token_0|>",
+    "<s>",
+    "</s>",
+    "  ",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "\u00a0",
+    "\u3000",
+    "e\u0301",
+    "😀",
+    "中文",
+    "ſ",
+    "1234567",
+]
+TEXTS = st.lists(st.text(max_size=12) | st.sampled_from(LOOKALIKES), max_size=8).map("".join)
+PARTS = st.lists(st.builds(lambda t: {"type": "text", "text": t}, TEXTS), min_size=1, max_size=3)
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": TEXTS | PARTS}
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _no_post_processor_chatml(spec: dict[str, Any], config: dict[str, Any]) -> None:
+    spec["post_processor"] = None
+    config["chat_template"] = CHATML
+
+
+def _bos_and_eos(spec: dict[str, Any], config: dict[str, Any]) -> None:
+    ids = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": eos, "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            bos: {"id": bos, "ids": [ids[bos]], "tokens": [bos]},
+            eos: {"id": eos, "ids": [ids[eos]], "tokens": [eos]},
+        },
+    }
+
+
+VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, Any]], None] | None]] = {
+    "llama": ("LlamaForCausalLM", None),
+    "qwen2": ("Qwen2ForCausalLM", None),
+    "no-bos-chatml": ("LlamaForCausalLM", _no_post_processor_chatml),
+    "bos-and-eos": ("LlamaForCausalLM", _bos_and_eos),
+}
+
+
+@dataclass(frozen=True)
+class Served:
+    client: TestClient
+    counter: CheckpointTokenCounter
+    vocab_size: int
+
+    def engine_prompt_tokens(self, path: str, body: dict[str, Any]) -> int:
+        answer = self.client.post(path, json={**body, "model": MODEL, "max_tokens": 1})
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["prompt_tokens"])
+
+
+def _checkpoint(source: Path, target: Path, change: Callable[..., None] | None) -> Path:
+    if change is None:
+        return source
+    shutil.copytree(source, target)
+    spec = json.loads((target / "tokenizer.json").read_text(encoding="utf-8"))
+    config = json.loads((target / "tokenizer_config.json").read_text(encoding="utf-8"))
+    change(spec, config)
+    (target / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (target / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return target
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def served(
+    request: pytest.FixtureRequest,
+    demo_checkpoint: Callable[..., Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
+    architecture, change = VARIANTS[request.param]
+    source = demo_checkpoint(architecture=architecture, size="tiny")
+    path = _checkpoint(source, tmp_path_factory.mktemp("variant") / "ckpt", change)
+    config = EngineConfig(
+        model=str(path), max_model_len=2048, num_kv_blocks=256, max_num_seqs=4, show_progress=False
+    )
+    engine = AsyncEngine(config, model_name=MODEL)
+    with TestClient(build_app(engine)) as client:
+        yield Served(client, from_checkpoint(path), engine.tokenizer.vocab_size)
+
+
+# Each example is one prefill of one token on the tiny model: a few milliseconds.
+_SETTINGS = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@_SETTINGS
+@given(prompt=TEXTS.filter(bool))
+def test_completions_text_prompt(served: Served, prompt: str) -> None:
+    body = parse_body({"model": MODEL, "prompt": prompt}, "completions")
+    reported = served.engine_prompt_tokens("/v1/completions", {"prompt": prompt})
+    assert count_prompt_tokens(served.counter, body) == reported
+
+
+@_SETTINGS
+@given(data=st.data())
+def test_completions_token_ids(served: Served, data: st.DataObject) -> None:
+    ids = data.draw(st.lists(st.integers(0, served.vocab_size - 1), min_size=1, max_size=40))
+    body = parse_body({"model": MODEL, "prompt": ids}, "completions")
+    reported = served.engine_prompt_tokens("/v1/completions", {"prompt": ids})
+    assert count_prompt_tokens(served.counter, body) == reported == len(ids)
+
+
+@_SETTINGS
+@given(messages=MESSAGES)
+def test_chat(served: Served, messages: list[dict[str, Any]]) -> None:
+    body = parse_body({"model": MODEL, "messages": messages}, "chat")
+    reported = served.engine_prompt_tokens("/v1/chat/completions", {"messages": messages})
+    assert count_prompt_tokens(served.counter, body) == reported

@@ -1,0 +1,172 @@
+"""Reading a completion body at the gateway: the field table, nulls, nesting, encodings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.api.admin_api import admin_routes
+from gateway.api.errors import EXCEPTION_HANDLERS, ApiError
+from gateway.api.request_body import parse_body, read_json, requested_model
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
+from gateway.storage.api_keys import hash_key
+from gateway.storage.database import Database
+
+ADMIN_KEY = "admin-" + "y" * 40
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": MESSAGES, **fields}
+
+
+def refusal(data: dict[str, Any], endpoint: Any = "chat") -> tuple[int, str | None, str]:
+    with pytest.raises(ApiError) as caught:
+        parse_body(data, endpoint)
+    rejection = caught.value.rejection
+    assert rejection.type == "invalid_request_error"
+    return rejection.status, rejection.param, rejection.code
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize(
+    ("field", "value"), [("seed", 2**64), ("seed", -(2**70)), ("top_k", 10**20)]
+)
+def test_the_issue_values_are_refused_at_the_door(endpoint: Any, field: str, value: int) -> None:
+    data = {"model": "tiny", "messages": MESSAGES, "prompt": "hi", field: value}
+    status, param, code = refusal(data, endpoint)
+    assert (status, param) == (400, field)
+    assert code.startswith("integer_")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 2**31}, "max_completion_tokens"),
+        ({"stop": "s" * 100_000}, "stop"),
+        ({"n": 2}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"model": "tiny\x00"}, "model"),
+        ({"model": "tiny\x1b[31m"}, "model"),
+        ({"model": ""}, "model"),
+        ({"model": None}, "model"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+    ],
+)
+def test_bad_fields_are_400_with_their_param(fields: dict[str, Any], param: str) -> None:
+    assert refusal(chat(**fields))[:2] == (400, param)
+
+
+def test_null_is_not_given_and_not_forwarded() -> None:
+    body = parse_body(
+        chat(
+            temperature=None, stream=None, max_tokens=None, stream_options={"include_usage": None}
+        ),
+        "chat",
+    )
+    assert body.is_stream is False and body.include_usage is False and body.max_tokens is None
+    assert body.raw == {"model": "tiny", "messages": MESSAGES, "stream_options": {}}
+
+
+def test_max_completion_tokens_wins_and_edges_pass() -> None:
+    body = parse_body(chat(max_tokens=5, max_completion_tokens=7, seed=-(2**63)), "chat")
+    assert body.max_tokens == 7
+    body = parse_body({"model": "tiny", "prompt": [1, 2], "max_tokens": 2**31 - 1}, "completions")
+    assert body.max_tokens == 2**31 - 1 and body.prompt == [1, 2]
+
+
+def test_requested_model_is_only_what_a_record_can_hold() -> None:
+    assert requested_model({"model": "tiny"}) == "tiny"
+    assert requested_model({"model": "tiny\x00"}) == ""
+    assert requested_model({"model": 7}) == ""
+    assert requested_model({}) == ""
+
+
+async def _echo(request: Request) -> Response:
+    return JSONResponse(await read_json(request, 1 << 20))
+
+
+@pytest.fixture
+async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
+    routes = [Route("/echo", _echo, methods=["POST"])]
+    routes += admin_routes(db, hash_key(ADMIN_KEY), MemoryBudgetLedger())
+    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+        yield c
+
+
+def nested(depth: int) -> bytes:
+    return b'{"name": "t", "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("path", ["/echo", "/admin/tenants"])
+@pytest.mark.parametrize("depth", [64, 1_000, 20_000])  # admin bodies are capped at 64 KiB
+async def test_deeply_nested_json_is_400(client: httpx.AsyncClient, path: str, depth: int) -> None:
+    response = await client.post(path, content=nested(depth))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and "nested too deeply" in error["message"]
+
+
+async def test_nesting_under_the_cap_parses(client: httpx.AsyncClient) -> None:
+    response = await client.post("/echo", content=nested(62))
+    assert response.status_code == 200 and response.json()["name"] == "t"
+
+
+@pytest.mark.parametrize("content", [b'{"a": NaN}', b'{"a": "\\udc00"}', b"[1]", b"\xff"])
+async def test_what_cannot_be_stored_or_is_no_object_is_400(
+    client: httpx.AsyncClient, content: bytes
+) -> None:
+    response = await client.post("/echo", content=content)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+async def test_a_compressed_body_is_415(client: httpx.AsyncClient) -> None:
+    payload = json.dumps({"a": 1}).encode()
+    for encoding, content in [("gzip", gzip.compress(payload)), ("gzip", payload), ("br", payload)]:
+        response = await client.post(
+            "/echo", content=content, headers={"content-encoding": encoding}
+        )
+        assert response.status_code == 415, response.text
+        assert response.json()["error"]["code"] == "unsupported_content_encoding"
+    plain = await client.post("/echo", content=payload, headers={"content-encoding": "identity"})
+    assert plain.json() == {"a": 1}
+
+
+async def test_a_405_says_what_is_allowed(client: httpx.AsyncClient) -> None:
+    response = await client.request("TRACE", "/echo")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": [{"type": "x", "text": "w" * 100_000}]}],
+        [{"role": "u" * 100_000, "content": "hi"}],
+        [{"role": "user", "name": "n" * 100_000, "content": "hi"}],
+        [{"role": "user", "content": ""}] * 20_000,
+    ],
+    ids=["part-of-another-type", "long-role", "long-name", "many-empty-messages"],
+)
+def test_prompt_chars_bounds_what_counting_a_chat_costs(messages: list[Any]) -> None:
+    # The counters render roles, names and every part into their templates: a chat that is
+    # large anywhere must be counted off the event loop, so its size must show here.
+    body = parse_body({"model": "m", "messages": messages}, "chat")
+    assert body.prompt_chars >= 100_000

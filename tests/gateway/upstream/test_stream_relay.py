@@ -1,0 +1,159 @@
+"""The stream relay measures exactly what it relays, and strips the usage chunk on request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.storage.models import UsageStatus
+from gateway.upstream.pool import UpstreamCall
+from gateway.upstream.stream_relay import UsageMeter, relay_events
+
+
+def chunk(content: str | None = None, usage: dict[str, object] | None = None) -> str:
+    choices = [] if content is None else [{"index": 0, "delta": {"content": content}}]
+    return json.dumps({"object": "chat.completion.chunk", "choices": choices, "usage": usage})
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def call_with(
+    payloads: list[str], *, fail_after: int | None = None, batch_size: int = 1
+) -> UpstreamCall:
+    """An upstream whose events arrive ``batch_size`` at a time (one read each)."""
+
+    async def events() -> AsyncIterator[list[str]]:
+        for n in range(0, len(payloads), batch_size):
+            if fail_after is not None and n >= fail_after:
+                raise httpx.ReadError("engine went away")
+            yield payloads[n : n + batch_size]
+
+    response = httpx.Response(200, request=httpx.Request("POST", "http://engine"))
+    return UpstreamCall(response, "http://engine", events=events())
+
+
+async def collect(events: AsyncIterator[str]) -> list[str]:
+    return [e async for e in events]
+
+
+def split_events(sent: list[str]) -> list[str]:
+    """What the client received, event by event."""
+    return [f"{e}\n\n" for e in "".join(sent).split("\n\n") if e]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_usage_comes_from_the_final_chunk(include_usage: bool) -> None:
+    payloads = [chunk("a"), chunk("b"), chunk("c"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(payloads), meter, include_usage=include_usage))
+    assert meter.status is UsageStatus.COMPLETED and meter.usage == USAGE
+    assert meter.tokens(counted_prompt_tokens=99) == (7, 2, 3)
+    assert len(out) == (5 if include_usage else 4) and out[-1] == "data: [DONE]\n\n"
+    assert ('"usage"' in "".join(out)) is include_usage
+
+
+async def test_a_client_that_leaves_is_charged_for_the_chunks_relayed() -> None:
+    payloads = [chunk(str(n)) for n in range(10)] + [chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    events = relay_events(call_with(payloads), meter, include_usage=False)
+    for _ in range(4):
+        await events.__anext__()
+    await events.aclose()
+    assert not meter.is_finished and meter.num_relayed_tokens == 4
+    assert meter.tokens(counted_prompt_tokens=11) == (11, 0, 4)
+
+
+async def test_an_engine_failure_mid_stream_ends_with_an_error_event() -> None:
+    meter = UsageMeter()
+    payloads = [chunk("a"), chunk("b"), chunk("c")]
+    out = await collect(relay_events(call_with(payloads, fail_after=2), meter, include_usage=True))
+    assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
+    received = split_events(out)
+    assert json.loads(received[-2].removeprefix("data: "))["error"]["code"] == "upstream_error"
+    assert received[-1] == "data: [DONE]\n\n" and len(received) == 4
+
+
+async def test_events_that_arrive_together_are_sent_together() -> None:
+    payloads = [chunk("a"), chunk("b"), chunk("c"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(payloads, batch_size=3), meter, include_usage=False))
+    assert len(out) == 2  # one send per upstream read
+    received = split_events(out)
+    assert [json.loads(e.removeprefix("data: ")) for e in received[:3]] == [
+        {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": c}}]}
+        for c in "abc"
+    ]
+    assert received[3:] == ["data: [DONE]\n\n"]  # the usage-only chunk was dropped
+    assert meter.status is UsageStatus.COMPLETED and meter.num_relayed_tokens == 3
+    assert meter.usage == USAGE
+
+
+async def test_an_error_event_inside_a_batch_ends_the_stream_after_what_came_before() -> None:
+    error = json.dumps({"error": {"message": "engine failed", "code": "internal"}})
+    payloads = [chunk("a"), chunk("b"), error, chunk("never")]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(payloads, batch_size=4), meter, include_usage=True))
+    received = split_events(out)
+    assert [json.loads(e.removeprefix("data: ")).get("choices") for e in received[:2]] == [
+        [{"index": 0, "delta": {"content": c}}] for c in "ab"
+    ]
+    assert json.loads(received[2].removeprefix("data: "))["error"]["code"] == "upstream_error"
+    assert received[3:] == ["data: [DONE]\n\n"]
+    assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
+
+
+async def test_chunks_without_a_usage_value_lose_the_key_and_nothing_else() -> None:
+    compact = (",", ":")
+    engine_style = [
+        json.dumps({"choices": [{"delta": {"content": "a"}}], "usage": None}, separators=compact),
+        json.dumps({"choices": [{"delta": {"content": "b"}}], "usage": None}),  # other spacing
+        json.dumps({"choices": [{"delta": {"content": "c"}}]}),
+        chunk(usage=USAGE),
+        "[DONE]",
+    ]
+    meter = UsageMeter()
+    out = await collect(relay_events(call_with(engine_style), meter, include_usage=False))
+    chunks = [json.loads(e.removeprefix("data: ")) for e in out[:-1]]
+    assert chunks == [{"choices": [{"delta": {"content": c}}]} for c in "abc"]
+    assert out[0] == 'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    assert meter.usage == USAGE and meter.num_relayed_tokens == 3
+
+
+@pytest.mark.parametrize("fail_after", [None, 2])
+async def test_before_end_runs_once_the_meter_is_final_and_before_done_is_sent(
+    fail_after: int | None,
+) -> None:
+    """The request path writes the usage record there: before the client has [DONE]."""
+    payloads = [chunk("a"), chunk("b"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    sent: list[str] = []
+    seen_at_end: list[tuple[UsageStatus, int, bool]] = []
+
+    def before_end() -> None:
+        is_done_sent = "[DONE]" in "".join(sent)
+        seen_at_end.append((meter.status, meter.num_relayed_tokens, is_done_sent))
+
+    call = call_with(payloads, fail_after=fail_after)
+    async for batch in relay_events(call, meter, include_usage=True, before_end=before_end):
+        sent.append(batch)
+    status = UsageStatus.COMPLETED if fail_after is None else UsageStatus.UPSTREAM_ERROR
+    assert seen_at_end == [(status, 2, False)]
+    assert sent[-1].endswith("data: [DONE]\n\n")
+
+
+async def test_before_end_does_not_run_for_a_client_that_leaves() -> None:
+    called: list[None] = []
+    payloads = [chunk("a"), chunk("b"), chunk(usage=USAGE), "[DONE]"]
+    events = relay_events(
+        call_with(payloads),
+        UsageMeter(),
+        include_usage=True,
+        before_end=lambda: called.append(None),
+    )
+    await events.__anext__()
+    await events.aclose()
+    assert called == []
