@@ -2,9 +2,9 @@
 
 ::
 
-    host: 127.0.0.1
-    port: 8080
-    data_dir: data/gateway
+    host: 127.0.0.1               # DEFAULT_HOST
+    port: 8000                    # DEFAULT_PORT
+    data_dir: tollway-data        # DEFAULT_DATA_DIR
     database_url: null            # null: sqlite:///<data_dir>/tollway.db
     redis_url: null               # null: budgets and rate limits in process (one gateway)
     redis_connect_timeout_s: 0.5  # longest wait to connect to Redis
@@ -94,6 +94,11 @@ _OPTIONAL_FIELDS = (
     "otel_endpoint",
 )
 REDIS_FAILURE_MODES = ("closed", "open")
+# The address and data directory when neither the config, ``TOLLWAY_*`` nor a flag sets one:
+# `tollway serve` with and without ``--config`` and the settings object itself read these.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_DATA_DIR = Path("tollway-data")
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -149,9 +154,9 @@ class ModelSettings:
 class GatewaySettings:
     models: Mapping[str, ModelSettings]
     routing: RoutingPolicy | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
-    data_dir: Path = Path("data/gateway")
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    data_dir: Path = DEFAULT_DATA_DIR
     database_url: str | None = None
     redis_url: str | None = None
     admin_key_hash: str | None = None

@@ -38,12 +38,12 @@ from gateway.launcher.data_dir_setup import (
     ensure_demo_checkpoints,
 )
 from gateway.launcher.serve_config import (
-    DEFAULT_DATA_DIR,
     ServePlan,
     config_plan,
     embedded_plan,
     with_address,
 )
+from gateway.settings import DEFAULT_DATA_DIR
 
 Echo = Callable[[str], None]
 YOUNG_GC_THRESHOLD = 10_000  # net allocations between young-generation collections (CPython: 700)

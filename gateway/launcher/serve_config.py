@@ -41,11 +41,8 @@ import yaml
 
 from backend_engine.checkpoint import Checkpoint
 from gateway.launcher.engine_processes import MAX_SOCKET_PATH_BYTES, EngineSpec
-from gateway.settings import GatewaySettings
+from gateway.settings import DEFAULT_DATA_DIR, GatewaySettings
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-DEFAULT_DATA_DIR = Path("tollway-data")
 # Micros of currency per million tokens (input, cached input, output).
 DEMO_PRICES: Mapping[str, Mapping[str, int]] = {
     "small": {"input": 100, "cached_input": 10, "output": 400},
@@ -113,8 +110,6 @@ def embedded_plan(
         for spec in engines
     }
     data: dict[str, Any] = {
-        "host": DEFAULT_HOST,
-        "port": DEFAULT_PORT,
         "data_dir": str(data_dir),
         "models": models,
     }

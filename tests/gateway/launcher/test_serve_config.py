@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launcher.serve_config import context_window
+from gateway.launcher.serve_config import config_plan, context_window
+from gateway.settings import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from tests.backend_engine.gguf_tokenizer_files import write_tokenizer_gguf
 
 
@@ -19,3 +20,18 @@ def test_a_missing_gguf_file_is_named(tmp_path: Path) -> None:
     """An error ``tollway serve`` prints as one line (it catches ValueError and OSError)."""
     with pytest.raises((ValueError, OSError), match="no GGUF file at"):
         context_window(tmp_path / "absent.gguf")
+
+
+def test_a_config_without_an_address_listens_where_the_embedded_default_does(
+    tmp_path: Path,
+) -> None:
+    """One default port: `tollway serve --config` with no port listens where `make serve`
+    does (the settings file used to say 8080 and the launcher 8000)."""
+    config = tmp_path / "tollway.yaml"
+    config.write_text(
+        "models:\n  remote:\n    upstreams: [http://10.0.0.2:8100]\n    context_window: 4096\n",
+        encoding="utf-8",
+    )
+    settings = config_plan(config, data_dir=None, env={}).settings
+    assert (settings.host, settings.port) == (DEFAULT_HOST, DEFAULT_PORT) == ("127.0.0.1", 8000)
+    assert settings.data_dir == (tmp_path / DEFAULT_DATA_DIR).resolve()
