@@ -12,6 +12,10 @@ where ``used`` is what settled requests consumed in the window and ``reserved``
 the sum of reservations of requests still in flight. Admitting only requests
 that keep it means concurrent requests can never overspend the budget, even if
 every one of them runs to its ``max_tokens``. Exactly at the limit is admitted.
+
+`fits_budget` is that inequality, and the in-process ledger (``gateway/ledger/memory_ledger.py``)
+calls it; the Redis ledger's Lua spells it again. One table of cases,
+``tests/policies/budget_cases.py``, runs against this policy and both ledgers.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ def reservation_tokens(prompt_tokens: int, max_tokens: int) -> int:
     return prompt_tokens + max_tokens
 
 
+def fits_budget(*, used: int, reserved: int, request_tokens: int, limit: int | None) -> bool:
+    """The invariant: ``used + reserved + request_tokens <= limit``; ``limit=None`` has none."""
+    return limit is None or used + reserved + request_tokens <= limit
+
+
 def admit_budget(
     *,
     used: int,
@@ -46,7 +55,9 @@ def admit_budget(
     for name, value in (("used", used), ("reserved", reserved), ("request_tokens", request_tokens)):
         if value < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
-    if limit is None or used + reserved + request_tokens <= limit:
+    if limit is None or fits_budget(
+        used=used, reserved=reserved, request_tokens=request_tokens, limit=limit
+    ):
         return None
     period = f" for {window.key}" if window is not None else ""
     if request_tokens > limit:

@@ -9,7 +9,7 @@ step, so replicas cannot race past a limit; it reports what it saw as a
   counting exactly ``window_s`` after it was recorded.
 - A hit costs 1 request and ``request_tokens`` tokens (prompt plus max_tokens, the
   figure the budget reserves). It is admitted iff in every limited dimension
-  ``count + cost <= limit``; exactly at the limit is admitted.
+  ``count + cost <= limit`` (`within_limit`); exactly at the limit is admitted.
 - ``num_requests`` / ``num_tokens``: the window after the hit (including it only if
   admitted). ``oldest_at`` / ``newest_at``: its oldest and newest hits (None if empty).
 - ``requests_fit_at`` / ``tokens_fit_at``: the earliest time at which this hit would
@@ -26,6 +26,10 @@ From that, `check_rate_limit` derives (a dimension with no limit gets no headers
 - ``Retry-After`` (refusals only): whole seconds, rounded up and at least 1, until
   the hit passes both checks: ``max(requests_fit_at, tokens_fit_at) - now``. A hit
   that can never pass gets none: retrying cannot help.
+
+The in-process store calls `within_limit`; the Redis store's Lua spells the contract
+again. One table of cases, ``tests/policies/rate_limit_cases.py``, runs against this
+contract (a reference window kept by the test, then `check_rate_limit`) and both stores.
 """
 
 from __future__ import annotations
@@ -78,6 +82,11 @@ class _Dimension:
     count: int
     cost: int
     fit_at: float | None
+
+
+def within_limit(count: int, cost: int, limit: int | None) -> bool:
+    """One dimension's check: ``count + cost <= limit``; ``limit=None`` has none."""
+    return limit is None or count + cost <= limit
 
 
 def check_rate_limit(

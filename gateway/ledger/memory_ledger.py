@@ -21,6 +21,7 @@ from gateway.ledger.budget_ledger import (
     check_reserve_args,
     check_used_tokens,
 )
+from policies.budget_admission import fits_budget
 
 # The expiry heap is rebuilt from the live reservations once it holds this many entries
 # more than twice their number (entries of finished reservations wait there for their expiry).
@@ -102,7 +103,9 @@ class MemoryBudgetLedger:
         check_reserve_args(limit, tokens, ttl_s)
         now = self._clock()
         account = self._account(tenant_id, period_key, now)
-        if account.used + account.reserved + tokens > limit:
+        if not fits_budget(
+            used=account.used, reserved=account.reserved, request_tokens=tokens, limit=limit
+        ):
             return None
         reservation_id = uuid.uuid4().hex
         expires_at = now + ttl_s

@@ -108,7 +108,9 @@ local function finish(id, retention)
   end
   return redis.call('ZREM', lapsed, id) == 1
 end
--- Holds `tokens` until now + ttl_ms if they fit under `limit`: expires_at (ms), else false.
+-- Holds `tokens` until now + ttl_ms if they fit under `limit` (the rule of
+-- policies.budget_admission.fits_budget; tests/policies/budget_cases.py keeps them one):
+-- expires_at (ms), else false.
 local function reserve(limit, tokens, ttl_ms, id)
   local total = reserved()
   if used() + total + tokens > limit then

@@ -15,6 +15,7 @@ from gateway.ratelimit.rate_limit_store import (
     check_hit_args,
     check_window,
 )
+from policies.rate_limit import within_limit
 
 
 @dataclass
@@ -51,8 +52,8 @@ class MemoryRateLimitStore:
         window = self._windows.setdefault(tenant_id, _Window())
         window.purge(now - self._window_s)
         entries = window.entries
-        requests_ok = rpm_limit is None or len(entries) + 1 <= rpm_limit
-        tokens_ok = tpm_limit is None or window.num_tokens + tokens <= tpm_limit
+        requests_ok = within_limit(len(entries), 1, rpm_limit)
+        tokens_ok = within_limit(window.num_tokens, tokens, tpm_limit)
         is_admitted = requests_ok and tokens_ok
         if is_admitted:
             bisect.insort(entries, (now, next(self._seq), tokens))

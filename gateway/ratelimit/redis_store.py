@@ -29,6 +29,8 @@ from gateway.ratelimit.rate_limit_store import (
 # hit(hits_key, tokens_key, now_ms, window_ms, tokens, rpm_limit, tpm_limit (-1: none), member)
 # returns {admitted, num_requests, num_tokens, oldest, newest, requests_fit, tokens_fit}
 # (times in ms; false -> nil for "none"). Also used by the admission script.
+# The checks are policies.rate_limit.within_limit's; tests/policies/rate_limit_cases.py
+# runs one table of cases against it, the in-process store and the policy.
 HIT_FUNCTION = """
 local function hit(hits, tokens_key, now, window, tokens, rpm, tpm, member)
   local cutoff = now - window

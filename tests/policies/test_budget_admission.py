@@ -1,9 +1,10 @@
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from policies.budget_admission import admit_budget, reservation_tokens
+from policies.budget_admission import admit_budget, fits_budget, reservation_tokens
 from policies.budget_period import budget_window
+from tests.policies.budget_cases import Advance, BudgetCase, Reserve, case_id, cases_for
 
 
 def test_reservation_is_prompt_plus_max_tokens():
@@ -12,26 +13,12 @@ def test_reservation_is_prompt_plus_max_tokens():
         reservation_tokens(-1, 5)
 
 
-def test_exactly_at_limit_is_admitted():
-    assert admit_budget(used=600, reserved=300, request_tokens=100, limit=1000) is None
-
-
 def test_one_over_limit_is_refused():
     r = admit_budget(used=600, reserved=300, request_tokens=101, limit=1000)
     assert r is not None
     assert (r.status, r.code, r.type) == (429, "insufficient_quota", "insufficient_quota")
     assert "Used 600 and 300 reserved" in r.message
     assert "101" in r.message and "limit 1000" in r.message
-
-
-def test_reservations_in_flight_count():
-    # Nothing used yet, but in-flight reservations fill the budget.
-    assert admit_budget(used=0, reserved=1000, request_tokens=1, limit=1000) is not None
-    assert admit_budget(used=0, reserved=999, request_tokens=1, limit=1000) is None
-
-
-def test_unlimited():
-    assert admit_budget(used=10**12, reserved=10**12, request_tokens=10**9, limit=None) is None
 
 
 def test_message_names_window_and_reset():
@@ -53,3 +40,35 @@ def test_request_larger_than_whole_budget_says_so():
 def test_negative_inputs_refused():
     with pytest.raises(ValueError, match="reserved must be non-negative"):
         admit_budget(used=0, reserved=-1, request_tokens=1, limit=10)
+
+
+# -- the table of cases (tests/policies/budget_cases.py), against the policy ----------------
+
+
+@pytest.mark.parametrize("case", cases_for("policy"), ids=case_id)
+def test_budget_cases_against_the_policy(case: BudgetCase) -> None:
+    """Each decision is ``admit_budget``'s over the balance the table expects before it, and
+    the period keys the case ends with are windows its clock passes through."""
+    before, now = case.start_balance, case.start
+    keys = {budget_window(case.period, now).key}
+    for step, after in case.steps:
+        if isinstance(step, Reserve):
+            rejection = admit_budget(
+                used=before.used,
+                reserved=before.reserved,
+                request_tokens=step.tokens,
+                limit=case.limit,
+            )
+            assert (rejection is None) == step.is_admitted, f"{step} on {before}"
+            is_fit = fits_budget(
+                used=before.used,
+                reserved=before.reserved,
+                request_tokens=step.tokens,
+                limit=case.limit,
+            )
+            assert is_fit == step.is_admitted
+        elif isinstance(step, Advance):
+            now += timedelta(seconds=step.seconds)
+            keys.add(budget_window(case.period, now).key)
+        before = after
+    assert {key for key, _ in case.ends_with} <= keys

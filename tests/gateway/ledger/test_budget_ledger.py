@@ -1,5 +1,10 @@
 """One suite, run against both ledgers: in-process, and Redis on a real redis-server (through
-redis-py and through the gateway's lean client, ``LeanRedis``)."""
+redis-py and through the gateway's lean client, ``LeanRedis``).
+
+The rule itself (balance, reservation, settle, release, expiry, period rollover, over-limit)
+is the table of cases in ``tests/policies/budget_cases.py``, which also runs against the pure
+policy; the other tests here check what a table of single-tenant steps cannot: several
+gateways on one store, concurrency, memory held, rebuilds, keys and bad arguments."""
 
 from __future__ import annotations
 
@@ -7,14 +12,30 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
 
-from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
+from gateway.ledger.budget_ledger import (
+    DEFAULT_SETTLED_RETENTION_S,
+    Balance,
+    BudgetLedger,
+    Reservation,
+)
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.redis_client import LeanRedis
+from policies.budget_period import budget_window
+from tests.policies.budget_cases import (
+    BUDGET_CASES,
+    BudgetCase,
+    Release,
+    Reserve,
+    Settle,
+    Target,
+    case_id,
+)
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0
@@ -22,9 +43,11 @@ TTL_S = 30.0
 
 @dataclass
 class Ledgers:
-    """``new()`` is one more gateway on the same store (memory: there is only one)."""
+    """``new()`` is one more gateway on the same store (memory: there is only one);
+    ``with_retention(s)`` a fresh ledger that remembers lapsed reservations for ``s``."""
 
     new: Callable[[], BudgetLedger]
+    with_retention: Callable[[float], BudgetLedger]
     advance: Callable[[float], Awaitable[None]]  # let this much ledger time pass
     num_held: Callable[[], Awaitable[int]]  # entries kept beside the balances themselves
 
@@ -50,17 +73,25 @@ async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
             accounts = ledger._accounts.values()  # every container an account keeps
             return sum(len(v) for a in accounts for v in vars(a).values() if hasattr(v, "__len__"))
 
-        yield Ledgers(new=lambda: ledger, advance=advance_clock, num_held=num_held_in_memory)
+        def memory_with_retention(retention_s: float) -> BudgetLedger:
+            return MemoryBudgetLedger(clock=clock, settled_retention_s=retention_s)
+
+        yield Ledgers(
+            new=lambda: ledger,
+            with_retention=memory_with_retention,
+            advance=advance_clock,
+            num_held=num_held_in_memory,
+        )
         return
     url: str = request.getfixturevalue("redis_url")
     clients: list[Redis | LeanRedis] = []
 
-    def new_redis_ledger() -> BudgetLedger:
+    def new_redis_ledger(retention_s: float = DEFAULT_SETTLED_RETENTION_S) -> BudgetLedger:
         if request.param == "redis":
             clients.append(Redis.from_url(url))
         else:
             clients.append(LeanRedis(url))
-        return RedisBudgetLedger(clients[-1])
+        return RedisBudgetLedger(clients[-1], settled_retention_s=retention_s)
 
     async def num_held_in_redis() -> int:
         """Members of every budget key but the balances' own hashes."""
@@ -78,7 +109,12 @@ async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
             await client.aclose()
 
     # Redis runs on server time
-    yield Ledgers(new=new_redis_ledger, advance=asyncio.sleep, num_held=num_held_in_redis)
+    yield Ledgers(
+        new=new_redis_ledger,
+        with_retention=new_redis_ledger,
+        advance=asyncio.sleep,
+        num_held=num_held_in_redis,
+    )
     for client in clients:
         await client.aclose()
 
@@ -92,38 +128,56 @@ async def reserve(ledger: BudgetLedger, tokens: int, limit: int = 100) -> Reserv
     return await ledger.reserve(TENANT, DAY, limit, tokens, TTL_S)
 
 
-async def test_admits_up_to_exactly_the_limit_and_refuses_one_more(ledger: BudgetLedger) -> None:
-    first = await reserve(ledger, 60)
-    assert first is not None
-    assert (first.tenant_id, first.period_key, first.tokens) == (TENANT, DAY, 60)
-    assert await reserve(ledger, 40) is not None
-    assert await reserve(ledger, 1) is None
-    assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=100)
+# -- the table of cases (tests/policies/budget_cases.py) ------------------------------------
 
 
-async def test_a_refused_reservation_holds_nothing(ledger: BudgetLedger) -> None:
-    assert await reserve(ledger, 101) is None
-    assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
-    assert await reserve(ledger, 100) is not None
+def _ledger_target(kind: str) -> Target:
+    return "memory" if kind == "memory" else "redis"
 
 
-async def test_settling_below_the_reservation_frees_the_rest(ledger: BudgetLedger) -> None:
-    reservation = await reserve(ledger, 100)
-    assert reservation is not None
-    await ledger.settle(reservation, 30)
-    assert await ledger.balance(TENANT, DAY) == Balance(used=30, reserved=0)
-    assert await reserve(ledger, 71) is None
-    assert await reserve(ledger, 70) is not None
+@pytest.mark.parametrize(
+    ("ledgers", "case"),
+    [
+        pytest.param(kind, case, id=f"{kind}-{case_id(case)}")
+        for case in BUDGET_CASES
+        for kind in ("memory", "redis", "lean-redis")
+        if _ledger_target(kind) in case.targets
+    ],
+    indirect=["ledgers"],
+)
+async def test_budget_cases(ledgers: Ledgers, case: BudgetCase) -> None:
+    limit = case.limit
+    assert limit is not None, "a case without a limit is the policy's only"
+    ledger = ledgers.with_retention(case.retention_s)
+    now = case.start
 
+    def period_key() -> str:
+        return budget_window(case.period, now).key
 
-async def test_settle_is_idempotent_and_terminal(ledger: BudgetLedger) -> None:
-    reservation = await reserve(ledger, 50)
-    assert reservation is not None
-    await ledger.settle(reservation, 40)
-    await ledger.settle(reservation, 40)
-    await ledger.settle(reservation, 7)
-    await ledger.release(reservation)
-    assert await ledger.balance(TENANT, DAY) == Balance(used=40, reserved=0)
+    if case.used:
+        assert await ledger.rebuild(TENANT, period_key(), case.used)
+    held: dict[str, Reservation] = {}
+    for step, expected in case.steps:
+        if isinstance(step, Reserve):
+            reservation = await ledger.reserve(TENANT, period_key(), limit, step.tokens, step.ttl_s)
+            assert (reservation is not None) == step.is_admitted, step
+            if reservation is not None:
+                assert (reservation.tenant_id, reservation.period_key, reservation.tokens) == (
+                    TENANT,
+                    period_key(),
+                    step.tokens,
+                )
+                held[step.name] = reservation
+        elif isinstance(step, Settle):
+            await ledger.settle(held[step.name], step.used_tokens)
+        elif isinstance(step, Release):
+            await ledger.release(held[step.name])
+        else:
+            now += timedelta(seconds=step.seconds)
+            await ledgers.advance(step.seconds)
+        assert await ledger.balance(TENANT, period_key()) == expected, step
+    for key, balance in case.ends_with:
+        assert await ledger.balance(TENANT, key) == balance, key
 
 
 async def test_finished_reservations_leave_nothing_behind(ledgers: Ledgers) -> None:
@@ -157,15 +211,6 @@ async def test_many_requests_in_flight_hold_entries_in_proportion(ledgers: Ledge
     assert await ledger.balance(TENANT, DAY) == Balance(used=500, reserved=10)
 
 
-async def test_release_frees_the_reservation_without_usage(ledger: BudgetLedger) -> None:
-    reservation = await reserve(ledger, 100)
-    assert reservation is not None
-    await ledger.release(reservation)
-    await ledger.settle(reservation, 100)  # already finished: a no-op
-    assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
-    assert await reserve(ledger, 100) is not None
-
-
 async def test_settle_through_another_gateway(ledgers: Ledgers) -> None:
     reservation = await reserve(ledgers.new(), 100)
     assert reservation is not None
@@ -173,21 +218,6 @@ async def test_settle_through_another_gateway(ledgers: Ledgers) -> None:
     await other.settle(reservation, 60)
     await other.settle(reservation, 60)
     assert await ledgers.new().balance(TENANT, DAY) == Balance(used=60, reserved=0)
-
-
-async def test_an_expired_reservation_stops_counting(ledgers: Ledgers) -> None:
-    ledger = ledgers.new()
-    held = await ledger.reserve(TENANT, DAY, 100, 100, ttl_s=0.2)
-    assert held is not None
-    assert await reserve(ledger, 1) is None
-    await ledgers.advance(0.3)
-    assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
-    fresh = await reserve(ledger, 100)
-    assert fresh is not None
-    # The late settle still counts: the engine did consume these tokens.
-    await ledger.settle(held, 25)
-    await ledger.settle(held, 25)
-    assert await ledger.balance(TENANT, DAY) == Balance(used=25, reserved=100)
 
 
 async def test_expires_at_is_ttl_after_reserving(ledgers: Ledgers) -> None:
