@@ -3,7 +3,20 @@ from dataclasses import dataclass
 import pytest
 
 from policies.decision import Rejection
-from policies.rate_limit import RateLimitAllowance, check_rate_limit, format_duration
+from policies.rate_limit import (
+    RateLimitAllowance,
+    check_rate_limit,
+    format_duration,
+    within_limit,
+)
+from tests.policies.rate_limit_cases import (
+    RATE_LIMIT_CASES,
+    T0,
+    RateLimitCase,
+    ReferenceWindow,
+    case_id,
+    check_hit,
+)
 
 NOW = 1_000_000.0
 
@@ -128,3 +141,30 @@ def test_request_larger_than_tpm_gets_no_retry_after():
 )
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+# -- the table of cases (tests/policies/rate_limit_cases.py), against the policy ------------
+
+
+@pytest.mark.parametrize("case", RATE_LIMIT_CASES, ids=case_id)
+def test_rate_limit_cases_against_the_policy(case: RateLimitCase) -> None:
+    window = ReferenceWindow()
+    for hit in case.hits:
+        rpm, tpm = case.limits_of(hit)
+        check_hit(case, hit, window.hit(hit.tokens, rpm, tpm, now=T0 + hit.at))
+
+
+@pytest.mark.parametrize(
+    ("count", "cost", "limit", "is_within"),
+    [
+        (9, 1, 10, True),
+        (10, 1, 10, False),
+        (0, 0, 0, True),
+        (0, 1, 0, False),
+        (10**9, 1, None, True),
+    ],
+)
+def test_within_limit_admits_exactly_at_the_limit(
+    count: int, cost: int, limit: int | None, is_within: bool
+) -> None:
+    assert within_limit(count, cost, limit) == is_within

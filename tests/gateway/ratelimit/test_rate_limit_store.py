@@ -1,4 +1,9 @@
-"""One suite, run against both stores: in-process, and Redis on a real redis-server."""
+"""One suite, run against both stores: in-process, and Redis on a real redis-server.
+
+The rule itself (within, at and over the limits, the window rolling, limits that can never be
+met) is the table of cases in ``tests/policies/rate_limit_cases.py``, which also runs against
+the policy; the other tests here check what it cannot: several gateways on one store,
+concurrency, tenants, and bad arguments."""
 
 from __future__ import annotations
 
@@ -11,16 +16,22 @@ from redis.asyncio import Redis
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
 from gateway.ratelimit.rate_limit_store import RateLimitStore, WindowState
 from gateway.ratelimit.redis_store import RedisRateLimitStore
-
-TENANT = "acme"
-T0 = 1_750_000_000.0
+from tests.policies.rate_limit_cases import (
+    RATE_LIMIT_CASES,
+    T0,
+    TENANT,
+    WINDOW_S,
+    RateLimitCase,
+    case_id,
+    check_hit,
+)
 
 
 @pytest.fixture(params=["memory", "redis"])
 async def new_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[], RateLimitStore]]:
     """``new_store()`` is one more gateway on the same counts (memory: there is only one)."""
     if request.param == "memory":
-        store = MemoryRateLimitStore()
+        store = MemoryRateLimitStore(window_s=WINDOW_S)
         yield lambda: store
         return
     url: str = request.getfixturevalue("redis_url")
@@ -28,7 +39,7 @@ async def new_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[]
 
     def new_redis_store() -> RateLimitStore:
         clients.append(Redis.from_url(url))
-        return RedisRateLimitStore(clients[-1])
+        return RedisRateLimitStore(clients[-1], window_s=WINDOW_S)
 
     yield new_redis_store
     for client in clients:
@@ -38,6 +49,13 @@ async def new_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[]
 @pytest.fixture
 def store(new_store: Callable[[], RateLimitStore]) -> RateLimitStore:
     return new_store()
+
+
+@pytest.mark.parametrize("case", RATE_LIMIT_CASES, ids=case_id)
+async def test_rate_limit_cases(store: RateLimitStore, case: RateLimitCase) -> None:
+    for hit in case.hits:
+        rpm, tpm = case.limits_of(hit)
+        check_hit(case, hit, await store.hit(TENANT, hit.tokens, rpm, tpm, now=T0 + hit.at))
 
 
 async def test_requests_slide_out_of_the_window(store: RateLimitStore) -> None:
@@ -72,56 +90,6 @@ async def test_requests_slide_out_of_the_window(store: RateLimitStore) -> None:
         T0 + 10,
         T0 + 60,
     )
-
-
-async def test_requests_fit_at_waits_for_enough_hits_to_expire(store: RateLimitStore) -> None:
-    for offset in (0, 5, 10, 15):
-        assert (await store.hit(TENANT, 1, 4, None, now=T0 + offset)).is_admitted
-    refused = await store.hit(TENANT, 1, rpm_limit=2, tpm_limit=None, now=T0 + 20)
-    assert not refused.is_admitted
-    assert refused.requests_fit_at == T0 + 10 + 60  # three of the four must leave first
-
-
-async def test_refused_requests_are_not_counted(store: RateLimitStore) -> None:
-    assert (await store.hit(TENANT, 1, rpm_limit=1, tpm_limit=None, now=T0)).is_admitted
-    for second in range(1, 60):
-        state = await store.hit(TENANT, 1, rpm_limit=1, tpm_limit=None, now=T0 + second)
-        assert not state.is_admitted
-        assert (state.num_requests, state.num_tokens) == (1, 1)
-    assert (await store.hit(TENANT, 1, rpm_limit=1, tpm_limit=None, now=T0 + 60)).is_admitted
-
-
-async def test_token_limit(store: RateLimitStore) -> None:
-    for offset in (0, 10, 20):
-        assert (
-            await store.hit(TENANT, 30, rpm_limit=None, tpm_limit=100, now=T0 + offset)
-        ).is_admitted
-    refused = await store.hit(TENANT, 50, rpm_limit=None, tpm_limit=100, now=T0 + 30)
-    assert not refused.is_admitted
-    assert (refused.num_requests, refused.num_tokens) == (3, 90)
-    assert refused.requests_fit_at == T0 + 30
-    assert refused.tokens_fit_at == T0 + 10 + 60  # 40 tokens must leave: the first two hits
-    exact_fit = await store.hit(TENANT, 10, rpm_limit=None, tpm_limit=100, now=T0 + 30)
-    assert exact_fit.is_admitted and exact_fit.num_tokens == 100
-    later = await store.hit(TENANT, 50, rpm_limit=None, tpm_limit=100, now=T0 + 70)
-    assert later.is_admitted
-    assert (later.num_requests, later.num_tokens, later.oldest_at) == (3, 90, T0 + 20)
-
-
-async def test_limits_that_can_never_fit(store: RateLimitStore) -> None:
-    too_large = await store.hit(TENANT, 101, rpm_limit=None, tpm_limit=100, now=T0)
-    assert not too_large.is_admitted
-    assert too_large.tokens_fit_at is None and too_large.requests_fit_at == T0
-    assert (too_large.num_requests, too_large.oldest_at, too_large.newest_at) == (0, None, None)
-    no_requests = await store.hit(TENANT, 1, rpm_limit=0, tpm_limit=None, now=T0)
-    assert not no_requests.is_admitted and no_requests.requests_fit_at is None
-
-
-async def test_no_limits_admit_everything(store: RateLimitStore) -> None:
-    for i in range(50):
-        state = await store.hit(TENANT, 1000, rpm_limit=None, tpm_limit=None, now=T0 + i / 10)
-        assert state.is_admitted
-    assert (state.num_requests, state.num_tokens) == (50, 50_000)
 
 
 async def test_tenants_have_separate_windows(store: RateLimitStore) -> None:
