@@ -10,9 +10,12 @@ The targets (a case lists those it runs against in ``targets``):
   ``admit_budget``'s over the balance the table expects just before it. The policy keeps no
   balance, so settle, release and expiry only matter to it through those balances.
 - ``memory`` and ``redis`` (``tests/gateway/ledger/test_budget_ledger.py``): the ledger runs
-  every step; its decisions and balances must be the table's. Redis keeps time on the
-  server, so `Advance` lets real time pass there: a case that needs an exact instant
-  (``EXACT_TIME``) does not run on it.
+  every step (`run_on_ledger`); its decisions and balances must be the table's. Redis keeps
+  time on the server, so `Advance` lets real time pass there: a case that needs an exact
+  instant (``EXACT_TIME``) does not run on it.
+- ``admission`` (``tests/gateway/admission/test_atomic_step.py``): the same, but reserving
+  through the admission step, the gateway's own path (its Redis script is not the ledger's
+  ``reserve`` script); it runs on memory and Redis as the case's other targets say.
 
 A case's clock starts at ``start``; the balance the table speaks of is that of the budget
 window (``policies/budget_period.py``) in force on that clock, the period key the gateway
@@ -21,16 +24,18 @@ would pass. `Advance` moves the case's clock and the ledger's together.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from gateway.ledger.budget_ledger import Balance
+from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
+from policies.budget_period import budget_window
 from policies.quota import BudgetPeriod
 
-Target = Literal["policy", "memory", "redis"]
-ALL: frozenset[Target] = frozenset({"policy", "memory", "redis"})
-EXACT_TIME: frozenset[Target] = frozenset({"policy", "memory"})  # no real-time sleeps
+Target = Literal["policy", "memory", "redis", "admission"]
+ALL: frozenset[Target] = frozenset({"policy", "memory", "redis", "admission"})
+EXACT_TIME: frozenset[Target] = ALL - {"redis"}  # no real-time sleeps
 POLICY_ONLY: frozenset[Target] = frozenset({"policy"})  # the ledgers take an int limit
 
 TTL_S = 30.0
@@ -285,3 +290,61 @@ def cases_for(target: Target) -> list[BudgetCase]:
 
 def case_id(case: BudgetCase) -> str:
     return case.name
+
+
+TENANT = "acme"
+# reserve(period_key, limit, tokens, ttl_s): a reservation, or None for a refusal
+ReserveFn = Callable[[str, int, int, float], Awaitable[Reservation | None]]
+
+
+async def run_on_ledger(
+    case: BudgetCase,
+    ledger: BudgetLedger,
+    advance: Callable[[float], Awaitable[None]],
+    reserve: ReserveFn | None = None,
+) -> None:
+    """Run every step of ``case`` on ``ledger`` and assert each decision and balance (but
+    the balance right after an `Advance` that is not the last step).
+    ``reserve`` replaces ``ledger.reserve`` (the admission step); ``advance`` lets the
+    ledger's time pass."""
+    limit = case.limit
+    if limit is None:
+        raise ValueError(f"{case.name!r} has no limit: the ledgers take one")
+    now = case.start
+
+    def period_key() -> str:
+        return budget_window(case.period, now).key
+
+    async def reserve_on_ledger(
+        key: str, limit: int, tokens: int, ttl_s: float
+    ) -> Reservation | None:
+        return await ledger.reserve(TENANT, key, limit, tokens, ttl_s)
+
+    reserve = reserve or reserve_on_ledger
+    if case.used:
+        assert await ledger.rebuild(TENANT, period_key(), case.used)
+    held: dict[str, Reservation] = {}
+    for n, (step, expected) in enumerate(case.steps, start=1):
+        if isinstance(step, Reserve):
+            reservation = await reserve(period_key(), limit, step.tokens, step.ttl_s)
+            assert (reservation is not None) == step.is_admitted, step
+            if reservation is not None:
+                assert (reservation.tenant_id, reservation.period_key, reservation.tokens) == (
+                    TENANT,
+                    period_key(),
+                    step.tokens,
+                )
+                held[step.name] = reservation
+        elif isinstance(step, Settle):
+            await ledger.settle(held[step.name], step.used_tokens)
+        elif isinstance(step, Release):
+            await ledger.release(held[step.name])
+        else:
+            now += timedelta(seconds=step.seconds)
+            await advance(step.seconds)
+            if n < len(case.steps):
+                # Reading a balance purges what expired: the next step must see to it alone.
+                continue
+        assert await ledger.balance(TENANT, period_key()) == expected, step
+    for key, balance in case.ends_with:
+        assert await ledger.balance(TENANT, key) == balance, key

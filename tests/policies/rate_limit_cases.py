@@ -4,14 +4,17 @@ implementation of the rule.
 The rule is written in three places: the contract and decision in ``policies/rate_limit.py``,
 the in-process store (``gateway/ratelimit/memory_store.py``) and the Lua of the Redis store
 (``gateway/ratelimit/redis_store.py``). Each `RateLimitCase` is a sequence of hits of one
-tenant, at times relative to ``T0``, and what each must see and decide. Every case runs
-against every target:
+tenant, at times relative to ``T0``, and what each must see and decide. A case runs against
+the targets in its ``targets`` (all of them unless it says otherwise):
 
 - ``policy`` (``tests/policies/test_rate_limit.py``): `ReferenceWindow`, the store contract of
   ``policies/rate_limit.py`` written as plainly as it reads (``within_limit`` for the checks,
   and the fit times found by trying each instant a hit expires), then ``check_rate_limit``;
 - ``memory`` and ``redis`` (``tests/gateway/ratelimit/test_rate_limit_store.py``): the store's
-  ``hit``, then ``check_rate_limit``.
+  ``hit``, then ``check_rate_limit``;
+- ``admission`` (``tests/gateway/admission/test_atomic_step.py``): the same through the
+  admission step, the gateway's own path, in process and in Redis (whose script is not the
+  store's ``hit`` script). It does not consult the window of a request with no limit.
 
 `check_hit` asserts what the table says of one hit, for any of them. The stores have no
 refunds (a hit is never given back, e.g. when the request fails upstream), so there is no
@@ -33,6 +36,9 @@ T0 = 1_750_000_000.0
 WINDOW_S = 60.0
 TENANT = "acme"
 NOW: Literal["now"] = "now"  # `Hit.passes_at` of a hit that passes at once
+
+Target = Literal["policy", "memory", "redis", "admission"]
+ALL: frozenset[Target] = frozenset({"policy", "memory", "redis", "admission"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class RateLimitCase:
     rpm: int | None
     tpm: int | None
     hits: tuple[Hit, ...] = field(default=())
+    targets: frozenset[Target] = ALL
 
     def limits_of(self, hit: Hit) -> tuple[int | None, int | None]:
         return hit.limits if hit.limits is not None else (self.rpm, self.tpm)
@@ -171,6 +178,7 @@ RATE_LIMIT_CASES: tuple[RateLimitCase, ...] = (
         rpm=None,
         tpm=None,
         hits=tuple(Hit(i, 1000, True, i + 1, 1000 * (i + 1), (0, i)) for i in range(5)),
+        targets=ALL - {"admission"},
     ),
     RateLimitCase(
         "hits arriving out of order (replica clocks) count by their own times",
@@ -188,6 +196,10 @@ RATE_LIMIT_CASES: tuple[RateLimitCase, ...] = (
 
 def case_id(case: RateLimitCase) -> str:
     return case.name
+
+
+def cases_for(target: Target) -> list[RateLimitCase]:
+    return [case for case in RATE_LIMIT_CASES if target in case.targets]
 
 
 @dataclass(frozen=True)

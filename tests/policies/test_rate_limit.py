@@ -10,11 +10,11 @@ from policies.rate_limit import (
     within_limit,
 )
 from tests.policies.rate_limit_cases import (
-    RATE_LIMIT_CASES,
     T0,
     RateLimitCase,
     ReferenceWindow,
     case_id,
+    cases_for,
     check_hit,
 )
 
@@ -146,7 +146,7 @@ def test_format_duration(seconds, text):
 # -- the table of cases (tests/policies/rate_limit_cases.py), against the policy ------------
 
 
-@pytest.mark.parametrize("case", RATE_LIMIT_CASES, ids=case_id)
+@pytest.mark.parametrize("case", cases_for("policy"), ids=case_id)
 def test_rate_limit_cases_against_the_policy(case: RateLimitCase) -> None:
     window = ReferenceWindow()
     for hit in case.hits:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -26,11 +26,14 @@ from gateway.admission.atomic_step import (
 from gateway.admission.memory_atomic_step import MemoryAdmissionStore
 from gateway.admission.redis_atomic_step import RedisAdmissionStore
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
-from gateway.ledger.budget_ledger import Balance, BudgetLedger
+from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
 from gateway.storage.redis_client import LeanRedis
+from policies.budget_admission import fits_budget
+from tests.policies import budget_cases, rate_limit_cases
+from tests.policies.rate_limit_cases import T0, WINDOW_S
 
 TENANT, MONTH = "acme", "month:2025-06"
 TTL_S = 30.0
@@ -190,3 +193,118 @@ async def test_200_concurrent_requests_on_two_replicas_stay_within_budget(
     assert await replicas[0].ledger.balance(TENANT, MONTH) == Balance(
         used=len(reservations), reserved=0
     )
+
+
+# -- the tables of cases (tests/policies/budget_cases.py, rate_limit_cases.py) --------------
+# The gateway reserves budget and hits rate limits through this step, not through the
+# ledger's and store's own calls, so both tables run here too.
+
+
+@dataclass(frozen=True)
+class TableReplica:
+    store: AdmissionStore
+    ledger: BudgetLedger
+    advance: Callable[[float], Awaitable[None]]
+
+
+@pytest.fixture
+async def new_table_replica(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Callable[[float], TableReplica]]:
+    """``new(retention_s)``: a fresh admission step and ledger (budget retention as given),
+    in process on a clock the test moves, or on Redis with a new client (server time)."""
+    clients: list[Redis | LeanRedis] = []
+
+    if request.param == "memory":
+        clock = [T0]
+
+        def now() -> float:
+            return clock[0]
+
+        async def advance_clock(seconds: float) -> None:
+            clock[0] += seconds
+
+        def new_memory(retention_s: float) -> TableReplica:
+            ledger = MemoryBudgetLedger(clock=now, settled_retention_s=retention_s)
+            rate_limits = MemoryRateLimitStore(window_s=WINDOW_S)
+            store = MemoryAdmissionStore(ledger, rate_limits, MemoryAuthEpochs())
+            return TableReplica(store, ledger, advance_clock)
+
+        yield new_memory
+        return
+    url: str = request.getfixturevalue("redis_url")
+
+    def new_redis(retention_s: float) -> TableReplica:
+        client = Redis.from_url(url) if request.param == "redis" else LeanRedis(url)
+        clients.append(client)
+        store = RedisAdmissionStore(client, window_s=WINDOW_S)
+        return TableReplica(store, RedisBudgetLedger(client, retention_s), asyncio.sleep)
+
+    yield new_redis
+    for client in clients:
+        await client.aclose()
+
+
+def _kinds_for(targets: frozenset[str]) -> list[str]:
+    """The replica kinds a case runs on: the admission step, where the case's store runs."""
+    if "admission" not in targets:
+        return []
+    kinds = ["memory"] if "memory" in targets else []
+    return kinds + (["redis", "lean-redis"] if "redis" in targets else [])
+
+
+@pytest.mark.parametrize(
+    ("new_table_replica", "case"),
+    [
+        pytest.param(kind, case, id=f"{kind}-{budget_cases.case_id(case)}")
+        for case in budget_cases.BUDGET_CASES
+        for kind in _kinds_for(case.targets)
+    ],
+    indirect=["new_table_replica"],
+)
+async def test_budget_cases_through_the_admission_step(
+    new_table_replica: Callable[[float], TableReplica], case: budget_cases.BudgetCase
+) -> None:
+    replica = new_table_replica(case.retention_s)
+
+    async def reserve(period_key: str, limit: int, tokens: int, ttl_s: float) -> Reservation | None:
+        budget = BudgetAsk(period_key, limit, ttl_s)
+        ask = AdmissionAsk(budget_cases.TENANT, INITIAL_EPOCH, tokens, None, None, T0, budget)
+        result = await replica.store.admit(ask)
+        if isinstance(result, BalanceUnknown):  # a new period: the gateway rebuilds it
+            await replica.ledger.rebuild(budget_cases.TENANT, period_key, 0)
+            result = await replica.store.admit(ask)
+        assert isinstance(result, Counted) and result.window is None
+        if result.reservation is None:  # the balance it refused on refuses under the policy
+            balance = result.balance
+            assert balance is not None
+            assert balance == await replica.ledger.balance(budget_cases.TENANT, period_key)
+            assert not fits_budget(
+                used=balance.used, reserved=balance.reserved, request_tokens=tokens, limit=limit
+            )
+        return result.reservation
+
+    await budget_cases.run_on_ledger(case, replica.ledger, replica.advance, reserve)
+
+
+@pytest.mark.parametrize(
+    ("new_table_replica", "case"),
+    [
+        pytest.param(kind, case, id=f"{kind}-{rate_limit_cases.case_id(case)}")
+        for case in rate_limit_cases.RATE_LIMIT_CASES
+        for kind in _kinds_for(case.targets)
+    ],
+    indirect=["new_table_replica"],
+)
+async def test_rate_limit_cases_through_the_admission_step(
+    new_table_replica: Callable[[float], TableReplica], case: rate_limit_cases.RateLimitCase
+) -> None:
+    replica = new_table_replica(3600.0)
+    for hit in case.hits:
+        rpm, tpm = case.limits_of(hit)
+        now = T0 + hit.at
+        ask = AdmissionAsk(rate_limit_cases.TENANT, INITIAL_EPOCH, hit.tokens, rpm, tpm, now, None)
+        result = await replica.store.admit(ask)
+        assert isinstance(result, Counted) and result.window is not None
+        assert result.reservation is None and result.balance is None
+        rate_limit_cases.check_hit(case, hit, result.window)

@@ -12,7 +12,6 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
@@ -26,16 +25,7 @@ from gateway.ledger.budget_ledger import (
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.redis_client import LeanRedis
-from policies.budget_period import budget_window
-from tests.policies.budget_cases import (
-    BUDGET_CASES,
-    BudgetCase,
-    Release,
-    Reserve,
-    Settle,
-    Target,
-    case_id,
-)
+from tests.policies.budget_cases import BUDGET_CASES, BudgetCase, Target, case_id, run_on_ledger
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0
@@ -146,38 +136,7 @@ def _ledger_target(kind: str) -> Target:
     indirect=["ledgers"],
 )
 async def test_budget_cases(ledgers: Ledgers, case: BudgetCase) -> None:
-    limit = case.limit
-    assert limit is not None, "a case without a limit is the policy's only"
-    ledger = ledgers.with_retention(case.retention_s)
-    now = case.start
-
-    def period_key() -> str:
-        return budget_window(case.period, now).key
-
-    if case.used:
-        assert await ledger.rebuild(TENANT, period_key(), case.used)
-    held: dict[str, Reservation] = {}
-    for step, expected in case.steps:
-        if isinstance(step, Reserve):
-            reservation = await ledger.reserve(TENANT, period_key(), limit, step.tokens, step.ttl_s)
-            assert (reservation is not None) == step.is_admitted, step
-            if reservation is not None:
-                assert (reservation.tenant_id, reservation.period_key, reservation.tokens) == (
-                    TENANT,
-                    period_key(),
-                    step.tokens,
-                )
-                held[step.name] = reservation
-        elif isinstance(step, Settle):
-            await ledger.settle(held[step.name], step.used_tokens)
-        elif isinstance(step, Release):
-            await ledger.release(held[step.name])
-        else:
-            now += timedelta(seconds=step.seconds)
-            await ledgers.advance(step.seconds)
-        assert await ledger.balance(TENANT, period_key()) == expected, step
-    for key, balance in case.ends_with:
-        assert await ledger.balance(TENANT, key) == balance, key
+    await run_on_ledger(case, ledgers.with_retention(case.retention_s), ledgers.advance)
 
 
 async def test_finished_reservations_leave_nothing_behind(ledgers: Ledgers) -> None:

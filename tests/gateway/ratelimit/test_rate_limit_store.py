@@ -17,12 +17,12 @@ from gateway.ratelimit.memory_store import MemoryRateLimitStore
 from gateway.ratelimit.rate_limit_store import RateLimitStore, WindowState
 from gateway.ratelimit.redis_store import RedisRateLimitStore
 from tests.policies.rate_limit_cases import (
-    RATE_LIMIT_CASES,
     T0,
     TENANT,
     WINDOW_S,
     RateLimitCase,
     case_id,
+    cases_for,
     check_hit,
 )
 
@@ -51,7 +51,15 @@ def store(new_store: Callable[[], RateLimitStore]) -> RateLimitStore:
     return new_store()
 
 
-@pytest.mark.parametrize("case", RATE_LIMIT_CASES, ids=case_id)
+@pytest.mark.parametrize(
+    ("new_store", "case"),
+    [
+        pytest.param(kind, case, id=f"{kind}-{case_id(case)}")
+        for kind in ("memory", "redis")
+        for case in cases_for(kind)
+    ],
+    indirect=["new_store"],
+)
 async def test_rate_limit_cases(store: RateLimitStore, case: RateLimitCase) -> None:
     for hit in case.hits:
         rpm, tpm = case.limits_of(hit)
