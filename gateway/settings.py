@@ -66,6 +66,7 @@ from typing import Any
 import yaml
 
 from gateway.storage.database import default_database_url
+from gateway.storage.redis_client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from policies.routing import ModelPair, RoutingPolicy
 
 _ENV_FIELDS: dict[str, str] = {
@@ -166,8 +167,8 @@ class GatewaySettings:
     # (see `gateway.auth.epochs`); this bounds how long a change made around it may go unseen.
     auth_cache_ttl_s: float = 10.0
     auth_stale_ttl_s: float = 600.0
-    redis_connect_timeout_s: float = 0.5
-    redis_timeout_s: float = 0.5
+    redis_connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    redis_timeout_s: float = DEFAULT_TIMEOUT_S
     redis_failure_mode: str = "closed"
     max_body_bytes: int = 1 << 20
     otel_endpoint: str | None = None
