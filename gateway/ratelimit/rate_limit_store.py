@@ -15,8 +15,10 @@ The store only counts; turning a ``WindowState`` into a decision, ``Retry-After`
 
     retry_after_s              = max(requests_fit_at, tokens_fit_at) - now   (refused hits)
     x-ratelimit-remaining-*    = limit - num_requests / num_tokens
-    x-ratelimit-reset-*        = newest_at + window_s - now  (back to full capacity), or
-                                 oldest_at + window_s - now  (the next slot frees up)
+    x-ratelimit-reset-*        = newest_at + window_s - now  (back to full capacity)
+
+The contract is the policy's (its docstring); ``tests/policies/rate_limit_cases.py`` runs one
+table of cases against it and both stores.
 """
 
 from __future__ import annotations
