@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
 
+from gateway.launcher import serve_cli
 from gateway.launcher.serve_config import config_plan, context_window
 from gateway.settings import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from tests.backend_engine.gguf_tokenizer_files import write_tokenizer_gguf
@@ -35,3 +37,11 @@ def test_a_config_without_an_address_listens_where_the_embedded_default_does(
     settings = config_plan(config, data_dir=None, env={}).settings
     assert (settings.host, settings.port) == (DEFAULT_HOST, DEFAULT_PORT) == ("127.0.0.1", 8000)
     assert settings.data_dir == (tmp_path / DEFAULT_DATA_DIR).resolve()
+
+
+def test_the_serve_flags_name_the_default_address() -> None:
+    """`tollway serve --help` states the defaults the settings hold, not copies of them."""
+    hints = typing.get_type_hints(serve_cli.serve, include_extras=True)
+    helps = {name: hints[name].__metadata__[0].help for name in ("host", "port")}
+    assert f"default {DEFAULT_HOST}" in helps["host"]
+    assert f"default {DEFAULT_PORT}" in helps["port"]
