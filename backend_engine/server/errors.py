@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backend_engine.async_engine import EngineError
-from backend_engine.server.field_rules import FieldError
+from openai_protocol.field_rules import FieldError
 
 logger = logging.getLogger(__name__)
 

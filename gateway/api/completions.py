@@ -32,8 +32,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from backend_engine.server.disconnect import run_to_end, until_client_leaves
-from backend_engine.server.sse import EventStreamResponse
 from gateway.admission.admitter import Admission, Refusal
 from gateway.api.errors import ApiError, error_response, invalid_api_key, to_rejection
 from gateway.api.handler_context import GatewayContext
@@ -49,6 +47,8 @@ from gateway.ledger.settlement import RequestInfo
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
+from openai_protocol.disconnect import run_to_end, until_client_leaves
+from openai_protocol.sse import EventStreamResponse
 from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import orjson
 
-from backend_engine.server.sse import DONE, event
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
+from openai_protocol.sse import DONE, event
 from policies.decision import Rejection
 
 _NULL_USAGE_LAST = ',"usage":null}'  # how our engine ends every chunk but the last

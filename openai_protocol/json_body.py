@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from backend_engine.server.field_rules import MAX_JSON_DEPTH, FieldError
+from openai_protocol.field_rules import MAX_JSON_DEPTH, FieldError
 
 
 def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
