@@ -49,7 +49,9 @@ def _import_alone(module: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_module_is_checked() -> None:
-    assert {"openai_protocol.sse", "openai_protocol.field_rules"} <= set(MODULES)
+    assert {"openai_protocol.errors", "openai_protocol.sse", "openai_protocol.field_rules"} <= set(
+        MODULES
+    )
 
 
 @pytest.mark.parametrize("module", MODULES)
