@@ -17,9 +17,9 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from backend_engine.server.field_rules import FieldError, check_fields
-from backend_engine.server.json_body import parse_json_object
 from gateway.api.request_body import parse_body
+from openai_protocol.field_rules import FieldError, check_fields
+from openai_protocol.json_body import parse_json_object
 
 TYPICAL: dict[str, Any] = {
     "model": "small",

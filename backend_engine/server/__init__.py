@@ -1,5 +1,5 @@
 """The engine's OpenAI-compatible HTTP server (`backend_engine.server.app`).
 
-Nothing is imported here: the gateway uses `backend_engine.server.sse` and must not load the
-engine (and torch) by importing this package.
+The wire format it speaks (request models, field rules, SSE framing, error vocabulary) is
+`openai_protocol`, shared with the gateway.
 """

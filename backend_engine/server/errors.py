@@ -1,9 +1,9 @@
 """The one place that turns exceptions into OpenAI error JSON.
 
 Every error the server returns has the shape
-``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``; handlers
-raise :class:`APIError` (or let a pydantic ``ValidationError`` escape) and never
-build error bodies themselves.
+``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``, in the words of the
+vocabulary the gateway uses too (`openai_protocol.errors`); handlers raise :class:`APIError`
+(or let a pydantic ``ValidationError`` escape) and never build error bodies themselves.
 """
 
 from __future__ import annotations
@@ -18,19 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backend_engine.async_engine import EngineError
-from backend_engine.server.field_rules import FieldError
+from openai_protocol import errors as vocabulary
+from openai_protocol.errors import ErrorKind
+from openai_protocol.field_rules import FieldError
 
 logger = logging.getLogger(__name__)
-
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    500: "internal_error",
-    503: "service_unavailable_error",
-}
 
 
 class APIError(Exception):
@@ -50,72 +42,69 @@ class APIError(Exception):
         self.status_code = status_code
         self.param = param
         self.code = code
-        self.error_type = error_type or _TYPE_BY_STATUS.get(status_code, "invalid_request_error")
+        self.error_type = error_type or vocabulary.type_for(status_code)
+
+    @classmethod
+    def of(cls, kind: ErrorKind, message: str, *, param: str | None = None) -> APIError:
+        """An error of one of the vocabulary's kinds (its status, type and code)."""
+        return cls(
+            message, status_code=kind.status, param=param, code=kind.code, error_type=kind.type
+        )
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return vocabulary.error_body(self.message, self.error_type, self.code, self.param)
 
 
 def invalid_request(message: str, *, param: str | None = None) -> APIError:
-    return APIError(message, param=param)
+    return APIError.of(vocabulary.INVALID_REQUEST, message, param=param)
 
 
 def context_length_exceeded(message: str, *, param: str) -> APIError:
-    return APIError(message, param=param, code="context_length_exceeded")
+    return APIError.of(vocabulary.CONTEXT_LENGTH_EXCEEDED, message, param=param)
 
 
 def model_not_found(model: str) -> APIError:
-    return APIError(
-        f"The model {model!r} does not exist",
-        status_code=404,
-        param="model",
-        code="model_not_found",
+    return APIError.of(
+        vocabulary.MODEL_NOT_FOUND, f"The model {model!r} does not exist", param="model"
     )
 
 
 def body_too_large(limit_bytes: int) -> APIError:
-    return APIError(
+    return APIError.of(
+        vocabulary.REQUEST_TOO_LARGE,
         f"Request body is larger than the limit of {limit_bytes} bytes",
-        status_code=413,
-        code="request_too_large",
     )
 
 
 def unsupported_encoding(encoding: str) -> APIError:
-    return APIError(
+    return APIError.of(
+        vocabulary.UNSUPPORTED_CONTENT_ENCODING,
         f"Content-Encoding {encoding[:40]!r} is not supported: send the body uncompressed.",
-        status_code=415,
-        code="unsupported_content_encoding",
     )
 
 
 def from_field_error(exc: FieldError) -> APIError:
-    return APIError(exc.message, param=exc.param, code=exc.code)
+    return APIError(exc.message, param=exc.param, code=exc.code)  # a 400 of the field's code
 
 
 def from_validation_error(exc: ValidationError) -> APIError:
     """The first problems pydantic found, with the offending field as ``param``."""
     errors = exc.errors(include_url=False)
     if errors and errors[0]["type"] == "json_invalid":
-        return APIError(f"Request body is not valid JSON: {errors[0]['msg']}")
+        return APIError.of(
+            vocabulary.INVALID_JSON, f"Request body is not valid JSON: {errors[0]['msg']}"
+        )
     parts = []
     for error in errors[:3]:
         where = ".".join(str(p) for p in error["loc"])
         parts.append(f"{where}: {error['msg']}" if where else error["msg"])
     param = str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
-    return APIError("; ".join(parts) or "Invalid request", param=param)
+    return invalid_request("; ".join(parts) or "Invalid request", param=param)
 
 
 def engine_failure(exc: EngineError) -> APIError:
     """This request failed inside the engine (the requests batched with it went on)."""
-    return APIError(str(exc), status_code=500, code="engine_error", error_type="server_error")
+    return APIError.of(vocabulary.ENGINE_ERROR, str(exc))
 
 
 def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -132,8 +121,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return engine_failure(exc)
     if isinstance(exc, HTTPException):
         message = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, exc.detail)
-        return APIError(str(message), status_code=exc.status_code)
-    return APIError("Internal server error", status_code=500)
+        return APIError.of(vocabulary.http_error_kind(exc.status_code), str(message))
+    return APIError.of(vocabulary.INTERNAL_ERROR, "Internal server error")
 
 
 async def _handle_api_error(request: Request, exc: Exception) -> Response:

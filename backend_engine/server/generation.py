@@ -21,9 +21,9 @@ from starlette.types import Receive
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.outputs import RequestOutputDelta
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.server.disconnect import run_to_end, until_client_leaves
 from backend_engine.server.errors import invalid_request
 from backend_engine.server.request_reader import RequestMeta
+from openai_protocol.disconnect import run_to_end, until_client_leaves
 
 
 class GenerationStream:

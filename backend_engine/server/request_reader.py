@@ -16,8 +16,8 @@ from backend_engine.server.errors import (
     invalid_request,
     unsupported_encoding,
 )
-from backend_engine.server.field_rules import Endpoint, FieldError, check_fields, drop_nulls
-from backend_engine.server.json_body import parse_json_object
+from openai_protocol.field_rules import Endpoint, FieldError, check_fields, drop_nulls
+from openai_protocol.json_body import parse_json_object
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_TENANT = "default"

@@ -23,15 +23,15 @@ from backend_engine.server.openai_format import (
     Formatter,
     ResponseIdentity,
 )
-from backend_engine.server.protocol import (
+from backend_engine.server.request_reader import RequestMeta, read_meta, read_model
+from backend_engine.server.sampling import completion_budget, sampling_params
+from openai_protocol.request_models import (
     AbortRequest,
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
 )
-from backend_engine.server.request_reader import RequestMeta, read_meta, read_model
-from backend_engine.server.sampling import completion_budget, sampling_params
-from backend_engine.server.sse import DONE, EventStreamResponse, event
+from openai_protocol.sse import DONE, EventStreamResponse, event
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import context_length_exceeded, invalid_request
-from backend_engine.server.protocol import GenerationRequest
+from openai_protocol.request_models import GenerationRequest
 
 
 def completion_budget(

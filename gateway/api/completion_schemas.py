@@ -1,6 +1,6 @@
 """The completion endpoints' bodies for the OpenAPI document (pydantic).
 
-Requests: the engine's own request models (`backend_engine.server.protocol`), which validate
+Requests: the engine's own request models (`openai_protocol.request_models`), which validate
 every field the gateway forwards, plus the gateway's ``tollway_hint``. Responses: OpenAI's
 shapes, as the engine's `openai_format` writes them and the gateway relays them; a streamed
 answer is ``text/event-stream`` whose ``data:`` lines are the chunk models, then ``[DONE]``.
@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend_engine.server.field_rules import RULES, Endpoint
-from backend_engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from openai_protocol.field_rules import RULES, Endpoint
+from openai_protocol.request_models import ChatCompletionRequest, CompletionRequest
 
 Hint = Literal["small", "large"] | None
 _HINT = "Tollway: on a routing alias (model: auto), ask for its small or large model."

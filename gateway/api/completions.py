@@ -4,10 +4,10 @@ authenticate (key cache) ─401─► (no record: no tenant to charge)
      │
 read + parse body ─400/413─┐
 admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record; a key revoked
-engine's 4xx (as is) ──────┤                        meanwhile is a 401 without one; the
+engine's 400/413 ──────────┤                        meanwhile is a 401 without one; the
      │ Admission           │                        engine's: its code, reservation released)
 UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
-engine's 5xx ─502──────────┤
+engine's other errors ─502─┤
      │                     │
 relay (stream or JSON) ────┴─► Accountant.record   (one record, durable in the spill file)
                                                    before the answer's last bytes ([DONE], or
@@ -32,10 +32,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from backend_engine.server.disconnect import run_to_end, until_client_leaves
-from backend_engine.server.sse import EventStreamResponse
 from gateway.admission.admitter import Admission, Refusal
-from gateway.api.errors import ApiError, error_response, invalid_api_key, to_rejection
+from gateway.api.errors import (
+    ApiError,
+    error_response,
+    from_engine_answer,
+    invalid_api_key,
+    to_rejection,
+)
 from gateway.api.handler_context import GatewayContext
 from gateway.api.request_body import (
     CompletionBody,
@@ -49,17 +53,16 @@ from gateway.ledger.settlement import RequestInfo
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
+from openai_protocol.disconnect import run_to_end, until_client_leaves
+from openai_protocol.errors import UPSTREAM_ERROR
+from openai_protocol.sse import EventStreamResponse
 from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
-MAX_REASON_CHARS = 200  # the usage record's reject_reason column
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
-ENGINE_FAILED = Rejection(
-    502, "upstream_error", "server_error", "The engine failed while generating this response."
-)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -177,23 +180,23 @@ async def _forward(
     response_headers = dict(admission.headers)
     if admission.route is not None:
         response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
-    if call.status_code >= 500:  # the engine failed: a 502, recorded as its error
-        meter.finish(UsageStatus.UPSTREAM_ERROR)
-        await ctx.accountant.finish(info, admission, meter, was_answered=False)
-        return error_response(ENGINE_FAILED, response_headers)
-    if call.status_code >= 400:  # the engine refused the request: relayed as is, recorded
-        refusal = Refusal(engine_refusal(call), model, admission.route, admission.prompt_tokens)
-        ctx.accountant.reject(info, refusal)  # as a refusal at the door, with the engine's code
+    if call.status_code >= 400:  # an engine's error: the client gets the gateway's own
+        rejection = from_engine_answer(call.status_code, call.body, model)
+        if rejection.status >= 500:  # the engine failed (or cannot serve): its error, recorded
+            meter.finish(UsageStatus.UPSTREAM_ERROR)
+            await ctx.accountant.finish(info, admission, meter, was_answered=False)
+            return error_response(rejection, response_headers)
+        # The engine refused the request: recorded as a refusal at the door, with its code.
+        refusal = Refusal(rejection, model, admission.route, admission.prompt_tokens)
+        ctx.accountant.reject(info, refusal)
         await ctx.accountant.settle(admission, 0)  # releases the reservation
-        return Response(
-            call.body, call.status_code, response_headers, media_type="application/json"
-        )
+        return error_response(rejection, response_headers)
     if not body.is_stream:
         answer = _json_object(call.body)
         if answer is None:
             meter.finish(UsageStatus.UPSTREAM_ERROR)
             await ctx.accountant.finish(info, admission, meter, was_answered=False)
-            raise ApiError(Rejection(502, "upstream_error", "server_error", "Bad engine answer."))
+            raise ApiError(Rejection.of(UPSTREAM_ERROR, "Bad engine answer."))
         measure_body(answer, meter)
         meter.finish(UsageStatus.COMPLETED)
         # The engine's JSON as it came: recorded before it is sent, settled after.
@@ -263,25 +266,6 @@ class AnswerThenSettle(Response):
             await run_to_end(self._settle())
             raise
         await self._settle()
-
-
-def engine_refusal(call: UpstreamCall) -> Rejection:
-    """An engine's 4xx answer as a `Rejection` (its status, and its error's code, type and
-    message when it sent OpenAI's error format), so the usage record names the reason."""
-    answer = _json_object(call.body) or {}
-    error = answer.get("error")
-    fields = error if isinstance(error, dict) else {}
-
-    def text(name: str, default: str) -> str:
-        value = fields.get(name)
-        return value[:MAX_REASON_CHARS] if isinstance(value, str) and value else default
-
-    return Rejection(
-        call.status_code,
-        text("code", "engine_refused"),
-        text("type", "invalid_request_error"),
-        text("message", "The engine refused the request."),
-    )
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

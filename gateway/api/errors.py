@@ -1,34 +1,30 @@
-"""The one place that turns exceptions into OpenAI's error JSON.
+"""The one place that turns exceptions, and engines' errors, into OpenAI's error JSON.
 
 Handlers raise `ApiError` (usually from a policy's `Rejection`). Redis and the database
 failing to answer (redis-py's ``RedisError``, SQLAlchemy's ``OperationalError``) become a 503
 ``service_unavailable`` with ``Retry-After``, whichever handler they escape; anything else
-becomes a 500 with a generic message, so internal details never reach clients.
+becomes a 500 with a generic message, so internal details never reach clients. Codes, types
+and the body's shape are the vocabulary the engine speaks too (`openai_protocol.errors`);
+an engine's error answer becomes the gateway's own in `from_engine_answer`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 
+import orjson
 from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from openai_protocol import errors as vocabulary
 from policies.decision import Rejection
 
 logger = logging.getLogger(__name__)
-
-_HTTP_TYPES = {
-    401: "invalid_request_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-}
 
 
 class ApiError(Exception):
@@ -44,17 +40,15 @@ class ApiError(Exception):
 
 
 def invalid_request(
-    message: str, param: str | None = None, *, code: str = "invalid_request"
+    message: str, param: str | None = None, *, code: str = vocabulary.INVALID_REQUEST.code
 ) -> ApiError:
-    return ApiError(Rejection(400, code, "invalid_request_error", message, param))
+    return ApiError(Rejection(400, code, vocabulary.INVALID_REQUEST_ERROR, message, param))
 
 
 def invalid_api_key() -> ApiError:
     return ApiError(
-        Rejection(
-            401,
-            "invalid_api_key",
-            "invalid_request_error",
+        Rejection.of(
+            vocabulary.INVALID_API_KEY,
             "Incorrect API key provided. Pass a valid key as `Authorization: Bearer <key>`.",
         )
     )
@@ -62,10 +56,8 @@ def invalid_api_key() -> ApiError:
 
 def body_too_large(limit: int) -> ApiError:
     return ApiError(
-        Rejection(
-            413,
-            "request_too_large",
-            "invalid_request_error",
+        Rejection.of(
+            vocabulary.REQUEST_TOO_LARGE,
             f"The request body is larger than the limit of {limit} bytes.",
         )
     )
@@ -73,10 +65,8 @@ def body_too_large(limit: int) -> ApiError:
 
 def unsupported_encoding(encoding: str) -> ApiError:
     return ApiError(
-        Rejection(
-            415,
-            "unsupported_content_encoding",
-            "invalid_request_error",
+        Rejection.of(
+            vocabulary.UNSUPPORTED_CONTENT_ENCODING,
             f"Content-Encoding {encoding[:40]!r} is not supported: send the body uncompressed.",
         )
     )
@@ -84,10 +74,8 @@ def unsupported_encoding(encoding: str) -> ApiError:
 
 def upstream_unavailable(model: str) -> ApiError:
     return ApiError(
-        Rejection(
-            503,
-            "upstream_unavailable",
-            "server_error",
+        Rejection.of(
+            vocabulary.UPSTREAM_UNAVAILABLE,
             f"No engine serving `{model}` could take the request; please retry.",
         )
     )
@@ -100,10 +88,8 @@ def state_unavailable(what: str) -> ApiError:
     """The 503 for "a store the gateway needs did not answer in time" (``what``: Redis, the
     database): a clean refusal a client may retry, never a 500 and never a hang."""
     return ApiError(
-        Rejection(
-            503,
-            "service_unavailable",
-            "server_error",
+        Rejection.of(
+            vocabulary.SERVICE_UNAVAILABLE,
             f"The gateway cannot reach {what} right now; please retry.",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
@@ -114,16 +100,78 @@ def change_not_announced() -> ApiError:
     """The 503 for an admin change saved in the database whose announcement to the other
     replicas (the auth epoch, in Redis) failed: retrying the request announces it."""
     return ApiError(
-        Rejection(
-            503,
-            "service_unavailable",
-            "server_error",
+        Rejection.of(
+            vocabulary.SERVICE_UNAVAILABLE,
             "The change is saved, but the gateway could not announce it to its replicas "
             "(Redis did not answer): retry the request to announce it; until then other "
             "replicas apply it within auth_cache_ttl_s.",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     )
+
+
+ENGINE_FAILED_MESSAGE = "The engine failed while generating this response."
+MAX_ENGINE_MESSAGE_CHARS = 1000
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def from_engine_answer(status: int, body: bytes, model: str) -> Rejection:
+    """What the client sees for an engine's error answer (status >= 400): the gateway's own
+    error, in the shared vocabulary, never the engine's body as it came.
+
+    - 400 (or 422): the request itself is at fault, as if the gateway had refused it: 400
+      ``invalid_request_error`` with the engine's code (``context_length_exceeded``, a field
+      rule's) and param when it sent them, and its message, which names what is wrong.
+    - 413: the body is too large for the engine: 413 ``request_too_large``, its message.
+    - 429: the engine is over capacity, not the tenant over its limits: 503
+      ``upstream_unavailable`` with ``Retry-After``.
+    - any other 4xx (401, 403, 404: the engine does not know the model or the gateway's
+      credentials) is the deployment's fault: 502 ``upstream_error``, naming the engine's
+      status and code but not its message.
+    - 5xx: 502 ``upstream_error``; the engine's message (its internals) stays inside.
+    """
+    fields = _engine_error_fields(body)
+    code = fields.get("code")
+    engine_code = code if code is not None and _CODE.fullmatch(code) else None
+    message = (fields.get("message") or "")[:MAX_ENGINE_MESSAGE_CHARS]
+    if status in (400, 422):
+        return invalid_request(
+            message or "The engine refused the request.",
+            fields.get("param"),
+            code=engine_code or vocabulary.INVALID_REQUEST.code,
+        ).rejection
+    if status == 413:
+        return Rejection.of(
+            vocabulary.REQUEST_TOO_LARGE, message or "The request is too large for the engine."
+        )
+    if status == 429:
+        return Rejection.of(
+            vocabulary.UPSTREAM_UNAVAILABLE,
+            f"The engine serving `{model}` is over capacity; please retry.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    if status < 500:
+        refused = f"{status} {engine_code}" if engine_code else str(status)
+        return Rejection.of(
+            vocabulary.UPSTREAM_ERROR,
+            f"The engine serving `{model}` refused the gateway's request ({refused}).",
+        )
+    return Rejection.of(vocabulary.UPSTREAM_ERROR, ENGINE_FAILED_MESSAGE)
+
+
+def _engine_error_fields(body: bytes) -> dict[str, str]:
+    """The string fields of an OpenAI-format error body; nothing for anything else."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return {}
+    return {k: v for k, v in error.items() if k in _FIELDS and isinstance(v, str) and v}
+
+
+_FIELDS = ("message", "code", "param")
 
 
 def error_response(rejection: Rejection, headers: Mapping[str, str] | None = None) -> Response:
@@ -142,14 +190,12 @@ def to_rejection(exc: BaseException) -> Rejection:
     if isinstance(exc, OperationalError):
         return state_unavailable("its database").rejection
     if isinstance(exc, HTTPException):
-        return Rejection(
-            exc.status_code,
-            f"http_{exc.status_code}",
-            _HTTP_TYPES.get(exc.status_code, "invalid_request_error"),
+        return Rejection.of(
+            vocabulary.http_error_kind(exc.status_code),
             str(exc.detail),
             headers=exc.headers or {},  # a 405's Allow
         )
-    return Rejection(500, "internal_error", "server_error", "The gateway failed unexpectedly.")
+    return Rejection.of(vocabulary.INTERNAL_ERROR, "The gateway failed unexpectedly.")
 
 
 async def handle_exception(request: Request, exc: Exception) -> Response:

@@ -34,6 +34,7 @@ from gateway.api.completion_schemas import REQUEST_MODELS as COMPLETION_REQUESTS
 from gateway.api.completion_schemas import RESPONSE_MODELS as COMPLETION_RESPONSES
 from gateway.api.tenant_api import DEFAULT_PAGE_SIZE, USAGE_FORMATS, Budget, UsageList, UsageSummary
 from gateway.storage.usage_store import MAX_PAGE_SIZE
+from openai_protocol.errors import ERROR_TYPES
 from policies.quota import BUDGET_PERIODS
 
 
@@ -198,7 +199,7 @@ _ERROR_SCHEMA = {
             "required": ["message", "type", "param", "code"],
             "properties": {
                 "message": {"type": "string"},
-                "type": {"type": "string"},
+                "type": {"enum": sorted(ERROR_TYPES)},
                 "param": {"type": ["string", "null"]},
                 "code": {"type": ["string", "null"]},
             },

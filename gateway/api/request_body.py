@@ -1,9 +1,9 @@
 """Reading and validating a completion request body: bounded, JSON, every field OpenAI defines.
 
 The body is read up to ``max_body_bytes`` (413 beyond), uncompressed only (415 for any
-``Content-Encoding``), and parsed with a nesting cap (``backend_engine.server.json_body``).
+``Content-Encoding``), and parsed with a nesting cap (``openai_protocol.json_body``).
 The sampling fields are checked against the table the engine server checks too
-(``backend_engine.server.field_rules``): ranges, integer widths, counts and lengths, so a
+(``openai_protocol.field_rules``): ranges, integer widths, counts and lengths, so a
 value the engine could not run is a 400 here. ``null`` is "not given" for every optional
 field and is not forwarded. Fields outside the table are passed to the engine untouched.
 """
@@ -15,15 +15,15 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from backend_engine.server.field_rules import (
+from gateway.api.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
+from openai_protocol.field_rules import (
     RULES,
     Endpoint,
     FieldError,
     check_fields,
     drop_nulls,
 )
-from backend_engine.server.json_body import parse_json_object
-from gateway.api.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
+from openai_protocol.json_body import parse_json_object
 
 __all__ = ["CompletionBody", "Endpoint", "parse_body", "read_json", "requested_model"]
 

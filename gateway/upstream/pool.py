@@ -127,9 +127,10 @@ class UpstreamPool:
     ) -> UpstreamCall:
         """The first replica that answers; raises a 503 `ApiError` if none does.
 
-        A 4xx answer is returned as is (the engine's own error for this request). A 500 is
-        tried on the next replica; if no replica does better, the last 500 is returned (the
-        engines failed this request, which the caller reports as a 502, not a 503).
+        A 4xx answer is returned (the engine's own error for this request, which the caller
+        rewrites as the gateway's). A 500 is tried on the next replica; if no replica does
+        better, the last 500 is returned (the engines failed this request, which the caller
+        reports as a 502, not a 503).
         """
         payload = json.dumps(body).encode()
         request_headers = {**headers, "content-type": "application/json"}

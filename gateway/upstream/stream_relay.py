@@ -23,16 +23,17 @@ from typing import Any
 import httpx
 import orjson
 
-from backend_engine.server.sse import DONE, event
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
+from openai_protocol.errors import UPSTREAM_ERROR
+from openai_protocol.sse import DONE, event
 from policies.decision import Rejection
 
 _NULL_USAGE_LAST = ',"usage":null}'  # how our engine ends every chunk but the last
-MID_STREAM_ERROR = Rejection(
-    502,
-    "upstream_error",
-    "server_error",
+# What a client sees when the engine's stream breaks or carries an error event (its own
+# words, e.g. an engine's ``engine_error``, stay inside): the gateway's 502 as an event.
+MID_STREAM_ERROR = Rejection.of(
+    UPSTREAM_ERROR,
     "The engine failed while generating this response; the tokens sent so far are charged.",
 )
 

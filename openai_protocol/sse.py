@@ -11,7 +11,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from backend_engine.server.disconnect import run_to_end, until_client_leaves
+from openai_protocol.disconnect import run_to_end, until_client_leaves
 
 DONE = "data: [DONE]\n\n"
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 import pytest
 from starlette.types import Message, Scope
 
-from backend_engine.server.sse import EventStreamResponse
+from openai_protocol.sse import EventStreamResponse
 
 SCOPE: Scope = {"type": "http"}
 

@@ -2,7 +2,7 @@
 
 Types are checked strictly (``"ten"`` is not a number, ``"true"`` is not a bool);
 fields this server does not know are ignored, as OpenAI's own API does. The sampling
-fields' ranges, widths and lengths are not repeated here: ``request_reader.read_model``
+fields' ranges, widths and lengths are not repeated here: the engine server's ``read_model``
 checks them first against the table the gateway uses too (``field_rules``), and drops
 ``null`` fields so they take their defaults.
 """

@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from backend_engine.server.field_rules import MAX_JSON_DEPTH, FieldError
+from openai_protocol.errors import INVALID_JSON
+from openai_protocol.field_rules import MAX_JSON_DEPTH, FieldError
 
 
 def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
@@ -27,10 +28,10 @@ def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str,
         if "depth" in str(exc) or "recursion" in str(exc):
             raise _too_deep(max_depth) from None
         raise FieldError(
-            f"We could not parse the JSON body of your request: {exc}.", None, "invalid_json"
+            f"We could not parse the JSON body of your request: {exc}.", None, INVALID_JSON.code
         ) from None
     if not isinstance(data, dict):
-        raise FieldError("The request body must be a JSON object.", None, "invalid_json")
+        raise FieldError("The request body must be a JSON object.", None, INVALID_JSON.code)
     if body.count(b"[") + body.count(b"{") > max_depth and _is_deeper_than(data, max_depth):
         raise _too_deep(max_depth)
     return data
@@ -41,7 +42,7 @@ def _too_deep(max_depth: int) -> FieldError:
         f"The JSON body of your request is nested too deeply: at most {max_depth} levels of "
         "arrays and objects are allowed.",
         None,
-        "invalid_json",
+        INVALID_JSON.code,
     )
 
 

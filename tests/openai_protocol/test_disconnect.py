@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from backend_engine.server.disconnect import run_to_end, until_client_leaves
+from openai_protocol.disconnect import run_to_end, until_client_leaves
 
 
 class Connection:

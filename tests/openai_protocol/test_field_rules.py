@@ -8,14 +8,14 @@ from typing import Any
 import orjson
 import pytest
 
-from backend_engine.server.field_rules import (
+from openai_protocol.field_rules import (
     MAX_STOP_CHARS,
     Endpoint,
     FieldError,
     check_fields,
     drop_nulls,
 )
-from backend_engine.server.json_body import parse_json_object
+from openai_protocol.json_body import parse_json_object
 
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 
