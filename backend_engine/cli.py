@@ -24,6 +24,9 @@ import typer
 
 from backend_engine.config import HELP, EngineConfig
 
+ENGINE_INSTALL_COMMAND = "pip install 'tollway[engine]'"
+_ENGINE_DEPENDENCIES = ("torch", "triton", "safetensors")
+
 _SERVER_OPTIONS: tuple[inspect.Parameter, ...] = tuple(
     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
     for name, annotation, default in (
@@ -92,6 +95,11 @@ def engine(**options: Any) -> None:
             uds=server_options["uds"],
             model_name=server_options["served_model_name"],
         )
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] not in _ENGINE_DEPENDENCIES:
+            raise
+        typer.echo(f"error: {exc.name} is not installed: {ENGINE_INSTALL_COMMAND}", err=True)
+        raise typer.Exit(code=1) from exc
     except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint or setting
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from exc

@@ -27,7 +27,7 @@ import sys
 class _NoEngine(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in {ENGINE_DEPENDENCIES!r}:
-            raise ImportError(f"No module named {{name!r}} (a gateway-only install)")
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
 
 

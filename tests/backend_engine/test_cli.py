@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from backend_engine import cli
 from backend_engine.config import HELP, EngineConfig
+from tests.without_engine import run_without_engine
 
 runner = CliRunner()
 
@@ -97,3 +98,13 @@ def test_a_setting_without_help_cannot_become_a_flag() -> None:
 
     with pytest.raises(TypeError, match=r"WithNewSetting\.new_setting has no 'help'"):
         cli.engine_config_options(WithNewSetting)
+
+
+def test_without_torch_the_engine_says_how_to_install_it() -> None:
+    result = run_without_engine(
+        "from backend_engine.cli import engine_app\nengine_app()\n",
+        "--model",
+        "m.gguf",
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: torch is not installed: pip install 'tollway[engine]'"
