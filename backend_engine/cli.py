@@ -1,17 +1,123 @@
-"""Engine subcommands of the ``tollway`` CLI: ``demo-model``, ``convert`` and ``engine``."""
+"""The engine's command line: ``python -m backend_engine`` serves one checkpoint.
+
+``tollway engine``, ``tollway demo-model`` and ``tollway convert`` run the commands of `app`
+(the gateway's CLI hands them over without importing this module until one is run). The
+engine never imports the gateway.
+
+The ``engine`` command's flags are generated from `EngineConfig`'s fields: one flag per
+field (``kv_cache_memory_bytes`` -> ``--kv-cache-memory-bytes``), with the field's default
+and the help in its metadata, so a setting, its default and its flag cannot drift apart.
+Only where the server listens (``--host``/``--port``/``--uds``/``--served-model-name``) is
+the command's own.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import types
+import typing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Union
 
 import typer
 
+from backend_engine.config import HELP, EngineConfig
 
-def register_engine_commands(app: typer.Typer) -> None:
-    app.command("demo-model")(demo_model)
-    app.command("convert")(convert)
-    app.command("engine")(engine)
+ENGINE_INSTALL_COMMAND = "pip install 'tollway[engine]'"
+_ENGINE_DEPENDENCIES = ("torch", "triton", "safetensors")
+
+_SERVER_OPTIONS: tuple[inspect.Parameter, ...] = tuple(
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+    for name, annotation, default in (
+        ("host", Annotated[str, typer.Option(help="Address to listen on.")], "127.0.0.1"),
+        ("port", Annotated[int, typer.Option(help="TCP port.")], 8100),
+        (
+            "uds",
+            Annotated[str | None, typer.Option(help="Listen on this Unix socket instead.")],
+            None,
+        ),
+        (
+            "served_model_name",
+            Annotated[str | None, typer.Option(help="Model id in the API.")],
+            None,
+        ),
+    )
+)
+
+
+def engine_config_options(config_type: type[Any] = EngineConfig) -> tuple[inspect.Parameter, ...]:
+    """One keyword parameter per field of ``config_type``, in field order, as typer reads them:
+    the field's type and default, and the help in its metadata (a field without is an error)."""
+    hints = typing.get_type_hints(config_type)
+    options = []
+    for config_field in dataclasses.fields(config_type):
+        help_text = config_field.metadata.get(HELP)
+        if not help_text:
+            raise TypeError(
+                f"{config_type.__name__}.{config_field.name} has no {HELP!r} in its metadata, "
+                "so it cannot be an engine flag"
+            )
+        annotation = _option_annotation(hints[config_field.name], help_text)
+        default: Any = config_field.default
+        if default is dataclasses.MISSING:
+            default = inspect.Parameter.empty  # a required option (--model)
+        options.append(
+            inspect.Parameter(
+                config_field.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=annotation,
+                default=default,
+            )
+        )
+    return tuple(options)
+
+
+def _option_annotation(hint: Any, help_text: str) -> Any:
+    if typing.get_origin(hint) in (Union, types.UnionType):  # X | None
+        (value_type,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+        return Annotated[value_type | None, typer.Option(help=help_text)]
+    return Annotated[hint, typer.Option(help=help_text)]
+
+
+def engine(**options: Any) -> None:
+    """Serve one checkpoint over an OpenAI-compatible HTTP API."""
+    server_options = {parameter.name: options.pop(parameter.name) for parameter in _SERVER_OPTIONS}
+    try:
+        config = EngineConfig(**options)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        run_server(
+            config,
+            host=server_options["host"],
+            port=server_options["port"],
+            uds=server_options["uds"],
+            model_name=server_options["served_model_name"],
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] not in _ENGINE_DEPENDENCIES:
+            raise
+        typer.echo(f"error: {exc.name} is not installed: {ENGINE_INSTALL_COMMAND}", err=True)
+        raise typer.Exit(code=1) from exc
+    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint or setting
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from exc
+
+
+_CONFIG_OPTIONS = engine_config_options()
+engine.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_CONFIG_OPTIONS[0], *_SERVER_OPTIONS, *_CONFIG_OPTIONS[1:]]  # --model first
+)
+
+
+def run_server(
+    config: EngineConfig, *, host: str, port: int, uds: str | None, model_name: str | None
+) -> None:
+    """Load the model and serve it until SIGINT or SIGTERM."""
+    from backend_engine.server.app import serve
+
+    serve(config, host=host, port=port, uds=uds, model_name=model_name)
 
 
 def demo_model(
@@ -47,41 +153,16 @@ def convert(
     typer.echo(f"wrote {out_dir} from {source} ({dtype})")
 
 
-def engine(
-    model: Annotated[
-        str, typer.Option(help="A Hugging Face checkpoint directory or a .gguf file.")
-    ],
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8100,
-    uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket instead.")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="Model id in the API.")] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    kv_cache_memory_bytes: Annotated[int, typer.Option(help="KV cache budget.")] = 512 << 20,
-    max_num_seqs: Annotated[int, typer.Option(help="Most sequences per step.")] = 64,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget per step.")] = 2048,
-    enable_prefix_caching: Annotated[bool, typer.Option(help="Reuse shared prefixes.")] = True,
-) -> None:
-    """Serve one checkpoint over an OpenAI-compatible HTTP API."""
-    from backend_engine.config import EngineConfig
-    from backend_engine.server.app import serve
+def register_engine_commands(app: typer.Typer) -> None:
+    app.command("demo-model")(demo_model)
+    app.command("convert")(convert)
+    app.command("engine")(engine)
 
-    try:
-        config = EngineConfig(
-            model=model,
-            device=device,
-            dtype=dtype,
-            block_size=block_size,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    try:
-        serve(config, host=host, port=port, uds=uds, model_name=served_model_name)
-    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint or setting
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1) from exc
+
+# `tollway demo-model|convert|engine ...` (through the gateway's CLI).
+app = typer.Typer(name="tollway", add_completion=False, no_args_is_help=True)
+register_engine_commands(app)
+
+# `python -m backend_engine --model ...`: the engine command alone.
+engine_app = typer.Typer(add_completion=False)
+engine_app.command()(engine)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 SchedulingMode = Literal["continuous", "static"]
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` shows
 
 
 @dataclass(frozen=True)
@@ -17,25 +20,44 @@ class EngineConfig:
     ``kv_cache_memory_bytes`` is the memory budget for the paged KV cache: the
     number of blocks is derived from it and the model's shape, and nothing is
     reserved per request up front.
+
+    Every field is also a flag of the engine's command line (``backend_engine.cli``), with
+    this default and the help in its metadata: a new field needs a ``HELP`` line, nothing else.
     """
 
-    model: str
-    device: str = "cpu"
-    dtype: str = "auto"
-    block_size: int = 16
-    kv_cache_memory_bytes: int = 256 * 1024 * 1024
-    num_kv_blocks: int | None = None  # overrides the memory budget (tests)
-    enable_prefix_caching: bool = True
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
-    scheduling: SchedulingMode = "continuous"
+    model: str = field(metadata={HELP: "A Hugging Face checkpoint directory or a .gguf file."})
+    device: str = field(default="cpu", metadata={HELP: "cpu, cuda or cuda:N"})
+    dtype: str = field(default="auto", metadata={HELP: "auto, float32, bfloat16 or float16"})
+    block_size: int = field(default=16, metadata={HELP: "Tokens per KV block (a power of two)."})
+    kv_cache_memory_bytes: int = field(
+        default=256 * 1024 * 1024, metadata={HELP: "KV cache budget in bytes."}
+    )
+    num_kv_blocks: int | None = field(
+        default=None, metadata={HELP: "Number of KV blocks; overrides the memory budget."}
+    )
+    enable_prefix_caching: bool = field(default=True, metadata={HELP: "Reuse shared prefixes."})
+    max_num_batched_tokens: int = field(default=2048, metadata={HELP: "Token budget per step."})
+    max_num_seqs: int = field(default=64, metadata={HELP: "Most sequences per step."})
+    max_model_len: int | None = field(
+        default=None,
+        metadata={HELP: "Longest sequence (prompt + output); default: the model's own."},
+    )
+    scheduling: SchedulingMode = field(
+        default="continuous",
+        metadata={HELP: "continuous batching, or static (a batch runs to its end)."},
+    )
     # Fraction of blocks kept free when admitting new requests, so running ones
     # can grow without immediately being preempted (anti-thrashing).
-    watermark: float = 0.01
-    seed: int = 0
-    num_threads: int | None = None
-    show_progress: bool = True
+    watermark: float = field(
+        default=0.01, metadata={HELP: "Fraction of KV blocks kept free when admitting."}
+    )
+    seed: int = field(default=0, metadata={HELP: "Seed for sampling requests that set none."})
+    num_threads: int | None = field(
+        default=None, metadata={HELP: "CPU threads for torch; default: torch's own choice."}
+    )
+    show_progress: bool = field(
+        default=True, metadata={HELP: "Show progress bars while loading the model."}
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

@@ -1,4 +1,8 @@
-"""Shared fixtures for the whole test suite."""
+"""Shared fixtures for the whole test suite.
+
+Nothing here imports torch: the gateway's and the policies' tests also run in a gateway-only
+install (``.ci/gateway_only.sh``). A fixture that needs the engine skips there.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-# Without a GPU the Triton kernels run under Triton's interpreter. Triton reads this when
-# it is first imported and when a kernel is defined, so it is set here, before any test
-# module (or transformers, which probes for triton) can import it.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from backend_engine.demo_model import write_demo_checkpoint
 from gateway.launcher.bundled_model import GGUF_NAME, INSTALL_COMMAND, find_bundled_gguf
 
 
@@ -26,8 +22,12 @@ def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
     """``demo_checkpoint(architecture="LlamaForCausalLM", size="tiny", **kw) -> Path``.
 
     Each distinct set of arguments is written once per session and shared: treat the
-    directory as read-only (copy it first to modify it).
+    directory as read-only (copy it first to modify it). Writing one needs torch: without
+    it (a gateway-only install) the tests that use this fixture skip.
     """
+    pytest.importorskip("torch", reason="demo checkpoints need the engine (torch)")
+    from backend_engine.demo_model import write_demo_checkpoint
+
     cache: dict[str, Path] = {}
 
     def make(architecture: str = "LlamaForCausalLM", size: str = "tiny", **kwargs: Any) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from backend_engine.cli import register_engine_commands
+from gateway.launcher.engine_commands import register_engine_commands
 from gateway.launcher.serve_cli import register_serve_commands
 from gateway.launcher.storage_cli import register_storage_commands
 

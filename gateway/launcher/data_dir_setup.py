@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from gateway.launcher.engine_install import require_engine
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database
 from policies.quota import TenantQuota
@@ -66,9 +67,8 @@ def ensure_demo_checkpoints(
     """Write a demo checkpoint for each ``name -> size`` that is not there yet; return the paths.
 
     ``on_write(name, path)`` is called before each checkpoint is written (to tell the user).
+    Writing one needs the engine (torch): without it, `EngineNotInstalledError`.
     """
-    from backend_engine.demo_model import write_demo_checkpoint
-
     paths: dict[str, Path] = {}
     for name, size in sizes.items():
         path = models_dir / name
@@ -79,6 +79,9 @@ def ensure_demo_checkpoints(
             raise ValueError(
                 f"{path} exists but holds no config.json: remove it to get a new demo checkpoint"
             )
+        require_engine("writing the demo models")
+        from backend_engine.demo_model import write_demo_checkpoint
+
         if on_write is not None:
             on_write(name, path)
         partial = models_dir / f".{name}.partial"

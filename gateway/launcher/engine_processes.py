@@ -1,7 +1,9 @@
 """Engines as child processes of ``tollway serve``: start, wait until healthy, stop.
 
-Each engine is ``python -m gateway.launcher.cli engine --uds SOCKET`` with its output in a log
-file (a pipe nobody reads would fill up and stall the engine). No engine outlives the gateway:
+Each engine is ``python -m backend_engine --model CHECKPOINT --uds SOCKET``, the engine's own
+entry point (this module is the only part of the gateway that knows it), with its output in a
+log file (a pipe nobody reads would fill up and stall the engine). No engine outlives the
+gateway:
 
 - a clean stop (``stop()``, from a ``finally`` and from ``atexit``) sends SIGTERM to every
   engine, waits, then SIGKILLs the ones still running;
@@ -42,7 +44,8 @@ logger = logging.getLogger(__name__)
 MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 30
-_ERROR_PREFIX = "error: "  # how `tollway engine` reports what it refuses
+ENGINE_MODULE = "backend_engine"  # `python -m backend_engine`: the engine's entry point
+_ERROR_PREFIX = "error: "  # how the engine's command reports what it refuses
 FIRST_RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 STABLE_UPTIME_S = 60.0  # an engine up this long has recovered: the back-off starts over
@@ -74,8 +77,7 @@ class EngineSpec:
         return [
             sys.executable,
             "-m",
-            "gateway.launcher.cli",
-            "engine",
+            ENGINE_MODULE,
             "--model",
             str(self.checkpoint),
             "--uds",

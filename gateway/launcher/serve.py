@@ -37,6 +37,7 @@ from gateway.launcher.data_dir_setup import (
     ensure_credentials,
     ensure_demo_checkpoints,
 )
+from gateway.launcher.engine_install import require_engine
 from gateway.launcher.serve_config import (
     ServePlan,
     config_plan,
@@ -73,7 +74,10 @@ def prepare(options: ServeOptions, say: Echo = echo) -> tuple[ServePlan, Credent
 
     if options.config is not None:
         plan = config_plan(options.config, options.data_dir)
+        if plan.engines:  # only remote upstreams: the gateway alone is enough
+            require_engine(f"spawning engines ({', '.join(spec.name for spec in plan.engines)})")
     else:
+        require_engine("`tollway serve` without --config (it spawns its engines)")
         data_dir = (options.data_dir or DEFAULT_DATA_DIR).resolve()
         plan = embedded_plan(data_dir, default_checkpoints(data_dir, options, say))
     plan = with_address(plan, options.host, options.port)

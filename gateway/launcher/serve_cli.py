@@ -54,6 +54,7 @@ def serve(
     from sqlalchemy.exc import SQLAlchemyError
 
     from gateway.launcher import serve as serving
+    from gateway.launcher.engine_install import EngineNotInstalledError
     from gateway.launcher.engine_processes import EngineStartError
 
     if demo_models and config is not None:
@@ -71,7 +72,14 @@ def serve(
     )
     try:
         serving.run(options)
-    except (EngineStartError, ValueError, OSError, yaml.YAMLError, SQLAlchemyError) as exc:
+    except (
+        EngineNotInstalledError,
+        EngineStartError,
+        ValueError,
+        OSError,
+        yaml.YAMLError,
+        SQLAlchemyError,
+    ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from exc
 

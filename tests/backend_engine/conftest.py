@@ -6,7 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.triton_interpreter import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()  # before anything here imports triton
+
+import torch  # noqa: E402
 
 GreedyReference = Callable[[Path, list[list[int]], int], list[list[int]]]
 

@@ -1,7 +1,7 @@
 """Run the Triton kernels under Triton's interpreter when there is no GPU.
 
-``TRITON_INTERPRET`` is set by ``tests/conftest.py`` (it must be set before anything
-imports triton); this conftest only mends the interpreter's bf16 ``tl.dot``. With CUDA
+``TRITON_INTERPRET`` is set first (`tests.triton_interpreter`: before anything imports
+triton); then this conftest mends the interpreter's bf16 ``tl.dot``. With CUDA
 present nothing changes and the same tests run the compiled kernels on the GPU.
 """
 
@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-import torch
+from tests.triton_interpreter import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 
 def _patch_interpreter_bf16_dot() -> None:
@@ -39,6 +43,5 @@ def _patch_interpreter_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
-# tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU.
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
     _patch_interpreter_bf16_dot()

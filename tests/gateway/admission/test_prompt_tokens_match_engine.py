@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+pytest.importorskip("torch", reason="a real engine server needs torch")
+
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app

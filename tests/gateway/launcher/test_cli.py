@@ -10,10 +10,12 @@ from typer.testing import CliRunner, Result
 
 from gateway.launcher.cli import app
 from tests.gguf_files import FFN, HIDDEN, hf_tensors, write_gguf
+from tests.without_engine import needs_engine
 
 runner = CliRunner()
 
 
+@needs_engine
 def test_demo_model_writes_a_loadable_checkpoint(tmp_path):
     result = runner.invoke(app, ["demo-model", str(tmp_path / "m"), "--size", "tiny"])
     assert result.exit_code == 0, result.output
@@ -23,18 +25,21 @@ def test_demo_model_writes_a_loadable_checkpoint(tmp_path):
         assert (tmp_path / "m" / name).is_file()
 
 
+@needs_engine
 def test_demo_model_rejects_an_unknown_size(tmp_path):
     result = runner.invoke(app, ["demo-model", str(tmp_path / "m"), "--size", "huge"])
     assert result.exit_code != 0
     assert "size must be one of" in result.output
 
 
+@needs_engine
 def test_engine_rejects_bad_settings_before_loading(tmp_path):
     result = runner.invoke(app, ["engine", "--model", str(tmp_path), "--block-size", "3"])
     assert result.exit_code != 0
     assert "power of two" in result.output
 
 
+@needs_engine
 def test_engine_reports_a_missing_checkpoint_clearly(tmp_path):
     result = runner.invoke(app, ["engine", "--model", str(tmp_path / "nowhere")])
     assert result.exit_code != 0
@@ -88,6 +93,7 @@ def _assert_one_line_error(result: Result, pattern: str) -> None:
     assert re.search(pattern, lines[0]), lines[0]
 
 
+@needs_engine
 @pytest.mark.parametrize("kind", BAD_FILES)
 def test_engine_refuses_a_bad_gguf_file_in_one_line(tmp_path: Path, kind: str) -> None:
     path, message = _bad_gguf_files(tmp_path)[kind]

@@ -42,6 +42,7 @@ from gateway.storage import api_keys, migrate, tenants
 from gateway.storage.database import Database, default_database_url
 from policies.quota import TenantQuota
 from tests.gguf_files import CONTEXT, hf_tensors, write_gguf
+from tests.without_engine import needs_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -86,6 +87,7 @@ def _is_gone(pid: int, timeout_s: float = 10.0) -> bool:
 # -- first run ---------------------------------------------------------------------------
 
 
+@needs_engine
 def test_demo_checkpoints_are_written_once(tmp_path: Path) -> None:
     written: list[str] = []
 
@@ -274,6 +276,7 @@ def test_the_default_plan_serves_the_installed_real_model_as_small_and_large(
         assert plan.settings.models[name].checkpoint == smollm2_gguf.resolve()
 
 
+@needs_engine
 def test_without_the_wheel_serve_says_how_to_install_it_and_falls_back_to_the_demo_model(
     short_tmp: Path,
 ) -> None:
@@ -288,6 +291,7 @@ def test_without_the_wheel_serve_says_how_to_install_it_and_falls_back_to_the_de
     assert said[1].startswith("first run: writing the small demo model")
 
 
+@needs_engine
 def test_demo_models_are_served_on_request_without_looking_for_the_real_model(
     short_tmp: Path,
 ) -> None:
@@ -375,6 +379,7 @@ def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> N
     assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid and _is_gone(pid)
 
 
+@needs_engine
 def test_an_engine_that_dies_at_start_reports_its_log(short_tmp: Path) -> None:
     empty = short_tmp / "no-model"
     empty.mkdir()

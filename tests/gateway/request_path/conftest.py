@@ -1,7 +1,8 @@
 """Request-path fixtures: real tiny engines on Unix sockets, real gateways on 127.0.0.1.
 
-- ``engine_sockets``: two in-process engines (``tiny`` and ``tiny-large``, the same tiny
-  checkpoint under two names) served by uvicorn on Unix sockets, once per session.
+- ``engines``: two in-process engines (``tiny`` and ``tiny-large``, the same tiny
+  checkpoint under two names) served by uvicorn on Unix sockets, once per session. They need
+  torch: without it (a gateway-only install) the tests that use them skip.
 - ``gateway``: ``gateway(settings) -> base_url`` runs `build_gateway` under uvicorn in a
   thread (lifespan included) and stops it after the test.
 - ``db_url``: a migrated SQLite database per test; ``tenant_key(db_url, **quota)`` makes a
@@ -24,9 +25,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
-from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
-from backend_engine.server.app import build_app
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import create_key, hash_key
@@ -58,7 +57,10 @@ def _serve(
 
 @pytest.fixture(scope="session")
 def engines(demo_checkpoint: Callable[..., Path]) -> Iterator[Engines]:
-    checkpoint = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")
+    checkpoint = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")  # needs torch
+    from backend_engine.async_engine import AsyncEngine
+    from backend_engine.server.app import build_app
+
     tmp = tempfile.mkdtemp(prefix="tw-eng-")  # short: a socket path must stay under 108 bytes
     running = []
     sockets: dict[str, str] = {}

