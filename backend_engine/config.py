@@ -30,7 +30,10 @@ class EngineConfig:
     dtype: str = field(default="auto", metadata={HELP: "auto, float32, bfloat16 or float16"})
     block_size: int = field(default=16, metadata={HELP: "Tokens per KV block (a power of two)."})
     kv_cache_memory_bytes: int = field(
-        default=256 * 1024 * 1024, metadata={HELP: "KV cache budget in bytes."}
+        # 512 MiB holds one whole 8,192-token context of the default model (SmolLM2-135M,
+        # 46 KB a token in float32) with room to spare.
+        default=512 * 1024 * 1024,
+        metadata={HELP: "KV cache budget in bytes."},
     )
     num_kv_blocks: int | None = field(
         default=None, metadata={HELP: "Number of KV blocks; overrides the memory budget."}

@@ -4,11 +4,35 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from backend_engine.config import EngineConfig, SchedulingMode
 from backend_engine.llm_engine import LLMEngine
 from backend_engine.outputs import RequestOutput, TokenLogprob
 from backend_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class EngineOptions(TypedDict, total=False):
+    """:class:`EngineConfig`'s fields other than ``model``, as :class:`LLM`'s keyword
+    arguments: names and types only; every default is EngineConfig's."""
+
+    device: str
+    dtype: str
+    block_size: int
+    kv_cache_memory_bytes: int
+    num_kv_blocks: int | None
+    enable_prefix_caching: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int | None
+    scheduling: SchedulingMode
+    watermark: float
+    seed: int
+    num_threads: int | None
+    show_progress: bool
 
 
 class LLM:
@@ -18,39 +42,12 @@ class LLM:
     >>> [out.text for out in llm.generate(["Hello"], SamplingParams(temperature=0))]
     """
 
-    def __init__(
-        self,
-        model: str,
-        device: str = "cpu",
-        dtype: str = "auto",
-        block_size: int = 16,
-        kv_cache_memory_bytes: int = 256 * 1024 * 1024,
-        enable_prefix_caching: bool = True,
-        max_num_batched_tokens: int = 2048,
-        max_num_seqs: int = 64,
-        max_model_len: int | None = None,
-        scheduling: SchedulingMode = "continuous",
-        num_kv_blocks: int | None = None,
-        seed: int = 0,
-        show_progress: bool = False,
-        num_threads: int | None = None,
-    ) -> None:
-        self.config = EngineConfig(
-            model=str(model),
-            device=device,
-            dtype=dtype,
-            block_size=block_size,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            enable_prefix_caching=enable_prefix_caching,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            scheduling=scheduling,
-            num_kv_blocks=num_kv_blocks,
-            seed=seed,
-            show_progress=show_progress,
-            num_threads=num_threads,
-        )
+    def __init__(self, model: str, **options: Unpack[EngineOptions]) -> None:
+        """``options``: any :class:`EngineConfig` field, with EngineConfig's defaults, except
+        that progress bars are off unless ``show_progress=True`` (a library call, not a
+        command line)."""
+        options.setdefault("show_progress", False)
+        self.config = EngineConfig(model=str(model), **options)
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

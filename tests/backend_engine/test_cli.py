@@ -63,7 +63,7 @@ def test_every_engine_setting_is_a_flag_with_the_configs_default() -> None:
 
 def test_the_kv_cache_default_is_the_configs() -> None:
     (param,) = (p for p in _engine_command().params if p.name == "kv_cache_memory_bytes")
-    assert param.default == EngineConfig(model="m").kv_cache_memory_bytes == 256 << 20
+    assert param.default == EngineConfig(model="m").kv_cache_memory_bytes == 512 << 20
 
 
 def test_every_flag_reaches_the_engine_config(started: list[Any]) -> None:

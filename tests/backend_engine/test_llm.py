@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import pytest
 
 from backend_engine import LLM, SamplingParams
+from backend_engine.config import EngineConfig
+from backend_engine.llm import EngineOptions
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +150,13 @@ def test_a_request_that_fails_in_the_engine_comes_back_as_an_error_the_others_co
     assert outputs[1].error and "Overflow" in outputs[1].error and outputs[1].token_ids == []
     assert outputs[0].token_ids == outputs[2].token_ids == alone.token_ids
     assert outputs[0].error is None
+
+
+def test_llm_options_are_the_engine_configs_fields() -> None:
+    """LLM's keyword arguments are EngineConfig's fields (names and types; the defaults are
+    EngineConfig's own, written once)."""
+    fields = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "model"}
+    hints = typing.get_type_hints(EngineOptions)
+    assert set(hints) == set(fields)
+    config_hints = typing.get_type_hints(EngineConfig)
+    assert all(hints[name] == config_hints[name] for name in fields)
