@@ -309,6 +309,41 @@ def test_the_banner_says_what_each_engine_serves(short_tmp: Path, tiny: Path) ->
     assert f"  large:    {tiny.resolve()}" in text.splitlines()
 
 
+def test_the_banner_example_asks_for_auto_where_the_config_has_it(
+    short_tmp: Path, tiny: Path
+) -> None:
+    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "auto", "max_tokens": 32,""" in text
+
+
+def test_the_banner_example_asks_for_a_model_the_config_serves(short_tmp: Path) -> None:
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  chat: {upstreams: [http://10.0.0.2:8100], context_window: 4096}\n"
+        "  other: {upstreams: [http://10.0.0.3:8100], context_window: 4096}\n"
+    )
+    plan = config_plan(config, short_tmp / "data", env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "chat", "max_tokens": 32,""" in text
+    assert '"auto"' not in text
+
+
+def test_the_banner_example_prefers_a_routing_alias_to_a_model(short_tmp: Path) -> None:
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  a: {upstreams: [http://10.0.0.2:8100], context_window: 4096}\n"
+        "  b: {upstreams: [http://10.0.0.3:8100], context_window: 4096}\n"
+        "routing:\n"
+        "  aliases: {smart: {small: a, large: b}}\n"
+    )
+    plan = config_plan(config, short_tmp / "data", env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "smart", "max_tokens": 32,""" in text
+
+
 def test_demo_models_and_a_config_do_not_mix(tmp_path: Path) -> None:
     config = tmp_path / "tollway.yaml"
     config.write_text("models: {}\n")
