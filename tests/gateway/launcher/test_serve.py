@@ -42,6 +42,7 @@ from gateway.storage import api_keys, migrate, tenants
 from gateway.storage.database import Database, default_database_url
 from policies.quota import TenantQuota
 from tests.gguf_files import CONTEXT, hf_tensors, write_gguf
+from tests.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -406,7 +407,8 @@ def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> N
         engines.wait_until_healthy(timeout_s=120)
         engines.watch(poll_s=0.01)
     pid = engines.engines[0].pid
-    time.sleep(0.3)
+    # The watchdog has ended, so nothing can restart the engine later.
+    assert not any(thread.name == "engine-watchdog" for thread in threading.enumerate())
     assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid and _is_gone(pid)
 
 
@@ -435,6 +437,13 @@ def _free_port() -> int:
 def _child_pids(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _answers_health(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
@@ -468,7 +477,12 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
             assert process.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.1)
-        time.sleep(0.5)  # the rest of the banner
+        wait_until(
+            lambda: any('"content": "Hello!"' in line for line in lines),
+            what="the rest of the banner, up to its last line",
+        )
+        # The banner comes just before uvicorn starts listening on the bound socket.
+        wait_until(lambda: _answers_health(port), what="the gateway answers /health")
         api_key = next(
             line.split("=", 1)[1].split()[0] for line in lines if "TOLLWAY_API_KEY=" in line
         )
