@@ -15,9 +15,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.storage.redis_client import LeanRedis
+from tests.gateway.redis_server_state import until_asleep, until_blocked_in
 from tests.polling import eventually
-
-ASLEEP_PROBE_S = 0.05  # a server that does not answer a PING this fast is taken as asleep
 
 
 @pytest.fixture
@@ -30,30 +29,6 @@ async def client(redis_url: str) -> AsyncIterator[LeanRedis]:
 def kill_normal_clients(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url) as admin:
         assert admin.client_kill_filter(skipme=True, _type="normal") >= 1
-
-
-async def until_blocked_in(redis_url: str, command: str) -> None:
-    """Wait until some client of the server is blocked in ``command`` (its call was sent)."""
-
-    def is_blocked() -> bool:
-        with redis.Redis.from_url(redis_url) as admin:
-            return any(c["cmd"] == command for c in admin.client_list(_type="normal"))
-
-    await eventually(is_blocked, what=f"a client is blocked in {command}")
-
-
-async def until_asleep(redis_url: str) -> None:
-    """Wait until the server has stopped answering (``pause_server`` has begun)."""
-
-    def is_asleep() -> bool:
-        with redis.Redis.from_url(redis_url, socket_timeout=ASLEEP_PROBE_S) as probe:
-            try:
-                probe.ping()
-            except redis.TimeoutError:
-                return True
-        return False
-
-    await eventually(is_asleep, what="the server is asleep")
 
 
 async def test_concurrent_calls_get_their_own_replies_on_one_connection(
