@@ -34,7 +34,7 @@ from tests.uvicorn_thread import start_in_thread, stop_thread
 CONTEXT_WINDOW = 4096
 
 
-def _serve(app: Any, sock: socket.socket) -> tuple[uvicorn.Server, Any]:
+def _serve(app: Any, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
     config = uvicorn.Config(app, loop="asyncio", http="h11", lifespan="on", log_level="warning")
     server = uvicorn.Server(config)
     return server, start_in_thread(server, [sock])
