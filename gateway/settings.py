@@ -317,6 +317,12 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
             upstreams = [upstreams]
         if not isinstance(upstreams, list):
             raise ValueError(f"model {name!r}: upstreams must be a list of URLs")
+        if "context_window" not in spec:
+            raise ValueError(
+                f"model {name!r}: context_window is required: the most tokens its engine "
+                "holds for one request, prompt and completion together (its max model "
+                "length, e.g. 8192)"
+            )
         checkpoint = spec.get("checkpoint")
         prices = spec.get("prices") or {}
         if not isinstance(prices, dict):
@@ -330,7 +336,7 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
         models[str(name)] = ModelSettings(
             name=str(name),
             upstreams=tuple(str(u) for u in upstreams),
-            context_window=spec.get("context_window", 0),
+            context_window=spec["context_window"],
             checkpoint=base_dir / Path(str(checkpoint)) if checkpoint else None,
             prices=price,
         )

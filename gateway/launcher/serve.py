@@ -39,12 +39,13 @@ from gateway.launcher.data_dir_setup import (
 )
 from gateway.launcher.engine_install import require_engine
 from gateway.launcher.serve_config import (
+    AUTO_ALIAS,
     ServePlan,
     config_plan,
     embedded_plan,
     with_address,
 )
-from gateway.settings import DEFAULT_DATA_DIR
+from gateway.settings import DEFAULT_DATA_DIR, GatewaySettings
 
 Echo = Callable[[str], None]
 YOUNG_GC_THRESHOLD = 10_000  # net allocations between young-generation collections (CPython: 700)
@@ -199,11 +200,20 @@ def banner(plan: ServePlan, credentials: Credentials) -> str:
         "Try it:",
         f'  curl -s {url}/v1/chat/completions -H "Authorization: Bearer {key}" \\',
         "    -H 'content-type: application/json' \\",
-        """    -d '{"model": "auto", "max_tokens": 32,"""
+        f"""    -d '{{"model": "{example_model(settings)}", "max_tokens": 32,"""
         """ "messages": [{"role": "user", "content": "Hello!"}]}'""",
         "",
     ]
     return "\n".join(lines)
+
+
+def example_model(settings: GatewaySettings) -> str:
+    """The model the banner's example asks for: a name this config serves, preferring the
+    ``auto`` alias (the embedded default's), then any routing alias, then the first model."""
+    aliases = list(settings.routing.aliases) if settings.routing is not None else []
+    if AUTO_ALIAS in aliases:
+        return AUTO_ALIAS
+    return (aliases or list(settings.models))[0]
 
 
 def credential_lines(credentials: Credentials, base_url: str | None) -> str:

@@ -42,7 +42,8 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
     ("patch", "message"),
     [
         ({"models": {"m": {"upstreams": ["ftp://x"], "context_window": 10}}}, "unix:/path"),
-        ({"models": {"m": {"upstreams": ["http://x"]}}}, "context_window"),
+        ({"models": {"m": {"upstreams": ["http://x"]}}}, "context_window is required"),
+        ({"models": {"m": {"upstreams": ["http://x"], "context_window": 1}}}, "at least 2"),
         ({"routing": {"aliases": {"auto": {"small": "m", "large": "nope"}}}}, "nope"),
         ({"reservation_ttl_s": 0}, "reservation_ttl_s"),
         ({"admin_key_hash": "secret"}, "sha256"),
@@ -58,6 +59,16 @@ def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> 
     data.update(patch)
     with pytest.raises(ValueError, match=message):
         GatewaySettings.from_dict(data)
+
+
+def test_a_missing_context_window_is_named_required_and_explained() -> None:
+    data: dict[str, object] = {"models": {"m": {"upstreams": ["http://x"]}}}
+    with pytest.raises(ValueError) as raised:
+        GatewaySettings.from_dict(data)
+    message = str(raised.value)
+    assert message.startswith("model 'm': context_window is required: ")
+    assert "prompt and completion together" in message
+    assert "must be at least 2" not in message
 
 
 def test_cost_is_integer_micros_rounded_up() -> None:

@@ -16,12 +16,14 @@ from openai_protocol.disconnect import run_to_end, until_client_leaves
 class Connection:
     def __init__(self) -> None:
         self.leave = asyncio.Event()
+        self.is_listening = asyncio.Event()  # someone waits for the disconnect
         self.num_receives = 0
 
     async def receive(self) -> Message:
         self.num_receives += 1
         if self.num_receives == 1:
             return {"type": "http.request", "body": b"", "more_body": False}  # ignored
+        self.is_listening.set()
         await self.leave.wait()
         return {"type": "http.disconnect"}
 
@@ -32,7 +34,7 @@ async def leave_during(
     """Run ``until_client_leaves`` over ``work`` in a task, let the client leave while the
     work waits, and return the finished task."""
     task = asyncio.create_task(until_client_leaves(connection.receive, work))
-    await asyncio.sleep(0.01)
+    await connection.is_listening.wait()  # the work is waiting too: it ran first
     connection.leave.set()
     await asyncio.wait_for(asyncio.shield(task), timeout=5)
     return task
@@ -45,9 +47,14 @@ async def test_returns_the_result_when_the_work_ends_first() -> None:
         await asyncio.sleep(0)
         return "answer"
 
+    this_task = asyncio.current_task()
+    assert this_task is not None
     assert await until_client_leaves(connection.receive, work()) == "answer"
+    await asyncio.sleep(0)  # the watcher's own cancellation is delivered
+    assert asyncio.all_tasks() == {this_task}  # no watcher is left to read the disconnect
     connection.leave.set()  # the disconnect after the response: nothing left to cancel
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # a cancellation of this task would land here
+    assert connection.num_receives == 2 and this_task.cancelling() == 0
 
 
 async def test_returns_none_and_cancels_the_work_when_the_client_leaves() -> None:
@@ -76,7 +83,7 @@ async def test_a_cancellation_from_outside_is_not_taken_for_the_client_leaving()
         return await until_client_leaves(connection.receive, asyncio.Event().wait())
 
     task = asyncio.create_task(handler())
-    await asyncio.sleep(0.01)
+    await connection.is_listening.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -107,16 +114,21 @@ async def test_work_that_turns_the_cancellation_into_an_error_still_reads_as_lea
 
 async def test_run_to_end_finishes_a_clean_up_through_cancellations_then_raises() -> None:
     steps: list[int] = []
+    is_waiting = [asyncio.Event() for _ in range(3)]
+    may_go_on = [asyncio.Event() for _ in range(3)]
 
     async def clean_up() -> None:
         for i in range(3):
-            await asyncio.sleep(0.01)
+            is_waiting[i].set()
+            await may_go_on[i].wait()
             steps.append(i)
 
     task = asyncio.create_task(run_to_end(clean_up()))
-    for _ in range(2):  # two cancellations land while it runs
-        await asyncio.sleep(0.005)
+    for i in range(2):  # two cancellations land while it runs, at steps 0 and 1
+        await is_waiting[i].wait()
         task.cancel()
+        may_go_on[i].set()
+    may_go_on[2].set()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert steps == [0, 1, 2]

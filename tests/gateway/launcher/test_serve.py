@@ -42,6 +42,7 @@ from gateway.storage import api_keys, migrate, tenants
 from gateway.storage.database import Database, default_database_url
 from policies.quota import TenantQuota
 from tests.gguf_files import CONTEXT, hf_tensors, write_gguf
+from tests.polling import wait_until
 from tests.without_engine import needs_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -313,6 +314,41 @@ def test_the_banner_says_what_each_engine_serves(short_tmp: Path, tiny: Path) ->
     assert f"  large:    {tiny.resolve()}" in text.splitlines()
 
 
+def test_the_banner_example_asks_for_auto_where_the_config_has_it(
+    short_tmp: Path, tiny: Path
+) -> None:
+    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "auto", "max_tokens": 32,""" in text
+
+
+def test_the_banner_example_asks_for_a_model_the_config_serves(short_tmp: Path) -> None:
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  chat: {upstreams: [http://10.0.0.2:8100], context_window: 4096}\n"
+        "  other: {upstreams: [http://10.0.0.3:8100], context_window: 4096}\n"
+    )
+    plan = config_plan(config, short_tmp / "data", env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "chat", "max_tokens": 32,""" in text
+    assert '"auto"' not in text
+
+
+def test_the_banner_example_prefers_a_routing_alias_to_a_model(short_tmp: Path) -> None:
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  a: {upstreams: [http://10.0.0.2:8100], context_window: 4096}\n"
+        "  b: {upstreams: [http://10.0.0.3:8100], context_window: 4096}\n"
+        "routing:\n"
+        "  aliases: {smart: {small: a, large: b}}\n"
+    )
+    plan = config_plan(config, short_tmp / "data", env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "smart", "max_tokens": 32,""" in text
+
+
 def test_demo_models_and_a_config_do_not_mix(tmp_path: Path) -> None:
     config = tmp_path / "tollway.yaml"
     config.write_text("models: {}\n")
@@ -375,7 +411,8 @@ def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> N
         engines.wait_until_healthy(timeout_s=120)
         engines.watch(poll_s=0.01)
     pid = engines.engines[0].pid
-    time.sleep(0.3)
+    # The watchdog has ended, so nothing can restart the engine later.
+    assert not any(thread.name == "engine-watchdog" for thread in threading.enumerate())
     assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid and _is_gone(pid)
 
 
@@ -405,6 +442,13 @@ def _free_port() -> int:
 def _child_pids(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _answers_health(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
@@ -438,7 +482,12 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
             assert process.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.1)
-        time.sleep(0.5)  # the rest of the banner
+        wait_until(
+            lambda: any('"content": "Hello!"' in line for line in lines),
+            what="the rest of the banner, up to its last line",
+        )
+        # The banner comes just before uvicorn starts listening on the bound socket.
+        wait_until(lambda: _answers_health(port), what="the gateway answers /health")
         api_key = next(
             line.split("=", 1)[1].split()[0] for line in lines if "TOLLWAY_API_KEY=" in line
         )

@@ -14,6 +14,7 @@ from gateway.ledger.budget_ledger import Balance
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.storage.redis_client import LeanRedis
+from tests.gateway.redis_server_state import until_asleep
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ async def test_a_settle_that_times_out_lands_once_redis_answers_and_counts_once(
     reservation = await ledger.reserve("acme", "total", 1000, 100, 60)
     assert reservation is not None
     stalled = asyncio.ensure_future(asyncio.to_thread(stall, redis_url, 0.5))
-    await asyncio.sleep(0.1)
+    await until_asleep(redis_url)
     await retries.settle(reservation, 30)  # times out: sent, and run when Redis wakes
     assert retries.num_pending == 1
     await stalled

@@ -86,7 +86,8 @@ def gateway_process(
 
 
 # The poller is a process of its own: this one also runs the engines, whose tokenizer holds
-# the GIL while it encodes 1 MiB. It polls until its stdin closes, then prints its latencies.
+# the GIL while it encodes 1 MiB. It says "polling" once its first poll is answered, polls
+# until its stdin closes, then prints its latencies.
 _POLL = """
 import json, sys, threading, time
 import httpx
@@ -101,6 +102,8 @@ with httpx.Client(base_url=sys.argv[1], timeout=5) as client:
         except httpx.TimeoutException:
             pass  # counted as the time it took
         latencies.append(time.perf_counter() - started)
+        if len(latencies) == 1:
+            print("polling", flush=True)
         time.sleep(0.002)
 print(json.dumps(latencies))
 """
@@ -141,7 +144,8 @@ def test_one_mib_words_leave_health_fast(
             text=True,
         )
         try:
-            time.sleep(1.0)  # it has started polling
+            assert poller.stdout is not None
+            assert poller.stdout.readline() == "polling\n"  # it has started polling
             for _ in range(num_rounds):
                 for path, body in requests:
                     try:

@@ -15,6 +15,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.storage.redis_client import LeanRedis
+from tests.gateway.redis_server_state import until_asleep, until_blocked_in
+from tests.polling import eventually
 
 
 @pytest.fixture
@@ -52,9 +54,11 @@ async def test_errors_are_redis_py_exceptions_and_the_connection_goes_on(
     assert await client.execute_command("GET", "s") == b"text"
 
 
-async def test_a_cancelled_call_does_not_shift_the_replies(client: LeanRedis) -> None:
-    slow = asyncio.ensure_future(client.execute_command("DEBUG", "SLEEP", "0.2"))
-    await asyncio.sleep(0.05)
+async def test_a_cancelled_call_does_not_shift_the_replies(
+    client: LeanRedis, redis_url: str
+) -> None:
+    slow = asyncio.ensure_future(client.execute_command("BLPOP", "never", "0.2"))
+    await until_blocked_in(redis_url, "blpop")  # sent: its reply comes in 0.2 s
     slow.cancel()
     after = await asyncio.gather(*(client.execute_command("ECHO", n) for n in range(50)))
     assert after == [str(n).encode() for n in range(50)]
@@ -74,7 +78,7 @@ async def test_a_lost_connection_fails_pending_calls_then_reconnects(
 ) -> None:
     assert await client.execute_command("CLIENT", "SETNAME", "victim") == b"OK"
     pending = asyncio.ensure_future(client.execute_command("BLPOP", "never", 5))
-    await asyncio.sleep(0.05)
+    await until_blocked_in(redis_url, "blpop")
     kill_normal_clients(redis_url)
     with pytest.raises(RedisConnectionError):
         await pending
@@ -86,16 +90,18 @@ async def test_an_idle_connection_closed_by_the_server_is_replaced(
     client: LeanRedis, redis_url: str
 ) -> None:
     assert await client.execute_command("PING") == b"PONG"
+    pipe = client._pipe
+    assert pipe is not None and not pipe.is_closed
     kill_normal_clients(redis_url)
-    await asyncio.sleep(0.05)  # the reader sees the end of the stream
+    await eventually(lambda: pipe.is_closed, what="the reader sees the end of the stream")
     assert await client.execute_command("PING") == b"PONG"
 
 
 async def test_aclose_fails_calls_in_flight_and_later_calls_reconnect(
-    client: LeanRedis,
+    client: LeanRedis, redis_url: str
 ) -> None:
     pending = asyncio.ensure_future(client.execute_command("BLPOP", "never", 5))
-    await asyncio.sleep(0.05)
+    await until_blocked_in(redis_url, "blpop")
     await client.aclose()
     with pytest.raises(RedisConnectionError):
         await pending
@@ -145,7 +151,7 @@ async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_sta
     try:
         assert await client.execute_command("PING") == b"PONG"
         stall = asyncio.ensure_future(asyncio.to_thread(pause_server, redis_url, 0.8))
-        await asyncio.sleep(0.1)  # the server is asleep
+        await until_asleep(redis_url)
         started = time.monotonic()
         late = [client.execute_command("ECHO", f"late-{n}") for n in range(5)]
         results = await asyncio.wait_for(asyncio.gather(*late, return_exceptions=True), 3)
@@ -169,14 +175,14 @@ async def test_calls_still_writing_to_a_stalled_server_fail_at_the_timeout(
     try:
         assert await client.execute_command("PING") == b"PONG"
         stall = asyncio.ensure_future(asyncio.to_thread(pause_server, redis_url, 2.5))
-        await asyncio.sleep(0.2)  # the server is asleep
+        await until_asleep(redis_url)
         started = time.monotonic()
         value = b"v" * (8 << 20)
         calls = [client.execute_command("SET", f"big-{n}", value) for n in range(4)]
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
         waited = time.monotonic() - started
         assert all(isinstance(r, RedisTimeoutError | RedisConnectionError) for r in results)
-        assert waited < 1.5, waited  # the server sleeps until 2.3 s from here
+        assert waited < 1.5, waited  # the server sleeps until nearly 2.5 s from here
         await stall
         assert await client.execute_command("PING") == b"PONG"  # a new connection
     finally:

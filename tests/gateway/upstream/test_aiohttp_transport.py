@@ -119,7 +119,7 @@ async def test_nobody_listening_is_a_connect_error(transport: AiohttpTransport) 
 
 async def test_a_silent_engine_is_a_read_timeout(serve: Serve, transport: AiohttpTransport) -> None:
     async def handler(request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
+        await asyncio.Event().wait()  # never answers
         return web.Response()
 
     base = await serve(handler)
