@@ -134,6 +134,9 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             )
             sock = config.bind_socket()
+            # Listening from here on, so a client that connects as soon as the banner says
+            # ready waits in the backlog until the app has started, instead of being refused.
+            sock.listen(config.backlog)
             with EngineSupervisor(plan.engines, plan.log_dir) as engines:
                 if plan.engines:
                     names = ", ".join(spec.name for spec in plan.engines)
