@@ -2,7 +2,7 @@
 
 ::
 
-    host: 127.0.0.1               # DEFAULT_HOST
+    host: 127.0.0.1               # gateway/defaults.py: DEFAULT_HOST
     port: 8000                    # DEFAULT_PORT
     data_dir: tollway-data        # DEFAULT_DATA_DIR
     database_url: null            # null: sqlite:///<data_dir>/tollway.db
@@ -65,6 +65,7 @@ from typing import Any
 
 import yaml
 
+from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from gateway.storage.database import default_database_url
 from gateway.storage.redis_client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from policies.routing import ModelPair, RoutingPolicy
@@ -95,11 +96,6 @@ _OPTIONAL_FIELDS = (
     "otel_endpoint",
 )
 REDIS_FAILURE_MODES = ("closed", "open")
-# The address and data directory when neither the config, ``TOLLWAY_*`` nor a flag sets one:
-# `tollway serve` with and without ``--config`` and the settings object itself read these.
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-DEFAULT_DATA_DIR = Path("tollway-data")
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_ENGINE_TIMEOUT_S
 from gateway.launcher.bundled_model import find_bundled_gguf, missing_model_warning
 from gateway.launcher.data_dir_setup import (
     ADMIN_KEY_FILENAME,
@@ -45,7 +46,7 @@ from gateway.launcher.serve_config import (
     embedded_plan,
     with_address,
 )
-from gateway.settings import DEFAULT_DATA_DIR, GatewaySettings
+from gateway.settings import GatewaySettings
 
 Echo = Callable[[str], None]
 YOUNG_GC_THRESHOLD = 10_000  # net allocations between young-generation collections (CPython: 700)
@@ -61,7 +62,7 @@ class ServeOptions:
     demo_sizes: Mapping[str, str] = dataclasses.field(default_factory=lambda: DEMO_MODEL_SIZES)
     demo_models: bool = False  # the random demo checkpoints even if the real model is installed
     find_model: Callable[[], Path | None] = find_bundled_gguf
-    engine_timeout_s: float = 600.0
+    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     show_progress: bool = True
 
 

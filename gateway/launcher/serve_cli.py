@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_ENGINE_TIMEOUT_S, DEFAULT_HOST, DEFAULT_PORT
+
 
 def register_serve_commands(app: typer.Typer) -> None:
     app.command("serve")(serve)
@@ -24,13 +26,14 @@ def serve(
         Path | None,
         typer.Option(
             envvar="TOLLWAY_DATA_DIR",
-            help="Models, database, keys and logs. Default: the config's, else ./tollway-data.",
+            help="Models, database, keys and logs. "
+            f"Default: the config's, else ./{DEFAULT_DATA_DIR}.",
         ),
     ] = None,
     host: Annotated[
-        str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")
+        str | None, typer.Option(help=f"Address to listen on (default {DEFAULT_HOST}).")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
+    port: Annotated[int | None, typer.Option(help=f"TCP port (default {DEFAULT_PORT}).")] = None,
     demo_models: Annotated[
         bool,
         typer.Option(
@@ -40,7 +43,7 @@ def serve(
     ] = False,
     engine_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for all engines to answer /health.")
-    ] = 600.0,
+    ] = DEFAULT_ENGINE_TIMEOUT_S,
 ) -> None:
     """Run the gateway and its engines. With no options: SmolLM2-135M-Instruct as both
     `small` and `large`, SQLite, one machine.

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from gateway.defaults import DEFAULT_DATA_DIR
+
 DATABASE_URL_HELP = "sqlite:///… or postgresql+psycopg://…; default: SQLite in --data-dir."
 
 
@@ -24,7 +26,7 @@ def migrate(
     ] = None,
     data_dir: Annotated[
         Path, typer.Option(envvar="TOLLWAY_DATA_DIR", help="Where the embedded database lives.")
-    ] = Path("tollway-data"),
+    ] = DEFAULT_DATA_DIR,
 ) -> None:
     """Bring the database schema to a revision (the latest by default)."""
     from sqlalchemy.engine import make_url

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from gateway.launcher import serve_cli
 from gateway.launcher.serve_config import config_plan, context_window
-from gateway.settings import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from tests.backend_engine.gguf_tokenizer_files import write_tokenizer_gguf
 
 
