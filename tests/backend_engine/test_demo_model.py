@@ -10,13 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from backend_engine.demo_model import (
-    ARCHITECTURES,
-    DEMO_SHAPES,
-    DEMO_SIZES,
-    SPECIAL_TOKENS,
-    write_demo_checkpoint,
-)
+from backend_engine.demo_model import write_demo_checkpoint
+from backend_engine.demo_model_files import ARCHITECTURES, DEMO_SHAPES, DEMO_SIZES, SPECIAL_TOKENS
 from backend_engine.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -197,3 +192,21 @@ def test_small_checkpoint_loads(demo_checkpoint: Callable[..., Path]) -> None:
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         write_demo_checkpoint(tmp_path, **{"size": "tiny", **kwargs})
+
+
+def test_the_files_without_weights_are_the_checkpoints_own(
+    demo_checkpoint: Callable[..., Path], demo_model_files: Callable[..., Path]
+) -> None:
+    """What ``demo_model_files`` writes without torch is byte for byte what the checkpoint
+    holds, so the gateway's tests count tokens as the engine's checkpoint does."""
+    for architecture in ARCHITECTURES:
+        with_weights = demo_checkpoint(architecture=architecture, size="tiny")
+        without = demo_model_files(architecture=architecture, size="tiny")
+        assert sorted(p.name for p in without.iterdir()) == [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+        for file in without.iterdir():
+            assert file.read_bytes() == (with_weights / file.name).read_bytes(), file.name

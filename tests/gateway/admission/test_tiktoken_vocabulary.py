@@ -65,11 +65,11 @@ def _break_unreachable_token(spec: dict[str, Any]) -> None:
     ],
 )
 def test_unrepresentable_tokenizers_say_why(
-    demo_checkpoint: Callable[..., Path],
+    demo_model_files: Callable[..., Path],
     breaker: Callable[[dict[str, Any]], None],
     reason: str,
 ) -> None:
-    path = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")
+    path = demo_model_files(architecture="LlamaForCausalLM", size="tiny")
     spec = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     breaker(spec)
     with pytest.raises(UnsupportedTokenizer, match=reason):

@@ -87,10 +87,10 @@ def _random_texts(num_texts: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module", params=[(a, s) for a in ARCHITECTURES for s in ("tiny", "small")])
 def pair(
-    request: pytest.FixtureRequest, demo_checkpoint: Callable[..., Path]
+    request: pytest.FixtureRequest, demo_model_files: Callable[..., Path]
 ) -> tuple[CheckpointTokenCounter, Tokenizer]:
     architecture, size = request.param
-    path = demo_checkpoint(architecture=architecture, size=size)
+    path = demo_model_files(architecture=architecture, size=size)
     return from_checkpoint(path), Tokenizer.from_pretrained(path)
 
 
@@ -121,8 +121,8 @@ def test_chat_matches_encode_chat(pair: tuple[CheckpointTokenCounter, Tokenizer]
         assert counter.count_chat(messages) == len(expected)
 
 
-def test_qwen2_normalizes_nfc_outside_special_tokens(demo_checkpoint: Callable[..., Path]) -> None:
-    path = demo_checkpoint(architecture="Qwen2ForCausalLM", size="small")
+def test_qwen2_normalizes_nfc_outside_special_tokens(demo_model_files: Callable[..., Path]) -> None:
+    path = demo_model_files(architecture="Qwen2ForCausalLM", size="small")
     counter, tokenizer = from_checkpoint(path), Tokenizer.from_pretrained(path)
     for text in ("cafe\u0301", "<|eot_id|>\u0338", "x<|eot_id|>A\u030a"):
         _assert_same_text(counter, tokenizer, text)
@@ -155,9 +155,9 @@ def _assert_variant_matches(path: Path) -> CheckpointTokenCounter:
 
 
 def test_ids_out_of_merge_order_use_merge_ranks(
-    demo_checkpoint: Callable[..., Path], tmp_path: Path
+    demo_model_files: Callable[..., Path], tmp_path: Path
 ) -> None:
-    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    source = demo_model_files(architecture="LlamaForCausalLM", size="small")
     spec = _spec(source)
     vocab = spec["model"]["vocab"]
     merged = [
@@ -170,10 +170,10 @@ def test_ids_out_of_merge_order_use_merge_ranks(
 
 
 def test_tokens_no_merge_makes_are_left_out(
-    demo_checkpoint: Callable[..., Path], tmp_path: Path
+    demo_model_files: Callable[..., Path], tmp_path: Path
 ) -> None:
     """Without ignore_merges HF never produces such a token (llama.cpp's [PAD123] fillers)."""
-    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    source = demo_model_files(architecture="LlamaForCausalLM", size="small")
     spec = _spec(source)
     *spec["model"]["merges"], last = spec["model"]["merges"]
     assert not spec["model"].get("ignore_merges")
@@ -186,9 +186,9 @@ def test_tokens_no_merge_makes_are_left_out(
 
 
 def test_byte_level_regex_pre_tokenizer(
-    demo_checkpoint: Callable[..., Path], tmp_path: Path
+    demo_model_files: Callable[..., Path], tmp_path: Path
 ) -> None:
-    source = demo_checkpoint(architecture="LlamaForCausalLM", size="small")
+    source = demo_model_files(architecture="LlamaForCausalLM", size="small")
     spec = _spec(source)
     spec["pre_tokenizer"] = {
         "type": "ByteLevel",
@@ -200,9 +200,9 @@ def test_byte_level_regex_pre_tokenizer(
 
 
 def test_added_tokens_match_leftmost_longest(
-    demo_checkpoint: Callable[..., Path], tmp_path: Path
+    demo_model_files: Callable[..., Path], tmp_path: Path
 ) -> None:
-    source = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")
+    source = demo_model_files(architecture="LlamaForCausalLM", size="tiny")
     backend = HFTokenizer.from_file(str(source / "tokenizer.json"))
     backend.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in ("<|x|>", "<|x|>y", "<|x")]
@@ -329,9 +329,9 @@ COMPOSING = ["a\u0308\u0304", "\u1100\u1161\u11a8", "\u03b1\u0313\u0300\u0345", 
 
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
 def test_the_bound_from_length_never_exceeds_the_count(
-    demo_checkpoint: Callable[..., Path], architecture: str
+    demo_model_files: Callable[..., Path], architecture: str
 ) -> None:
-    counter = from_checkpoint(demo_checkpoint(architecture=architecture, size="tiny"))
+    counter = from_checkpoint(demo_model_files(architecture=architecture, size="tiny"))
     texts = TEXTS + _random_texts(200, seed=1) + [c * 50 for c in COMPOSING]
     texts += ["<|reserved_special_token_0|>" * 40, "a" * 5000]
     openai = for_openai_model("gpt-4")
@@ -346,9 +346,9 @@ def test_the_bound_from_length_never_exceeds_the_count(
 
 
 def test_a_prompt_too_long_by_its_length_is_not_tokenized(
-    demo_checkpoint: Callable[..., Path],
+    demo_model_files: Callable[..., Path],
 ) -> None:
-    counter = from_checkpoint(demo_checkpoint(architecture="LlamaForCausalLM", size="tiny"))
+    counter = from_checkpoint(demo_model_files(architecture="LlamaForCausalLM", size="tiny"))
     word = "a" * (1 << 20)
     counter.encoding = None  # type: ignore[assignment]  # tokenizing now raises
     assert counter.count_prompt(word, limit=2047) > 2047
