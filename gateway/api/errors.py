@@ -137,7 +137,7 @@ def from_engine_answer(status: int, body: bytes, model: str) -> Rejection:
     if status in (400, 422):
         return invalid_request(
             message or "The engine refused the request.",
-            fields.get("param"),
+            (fields.get("param") or "")[:MAX_ENGINE_MESSAGE_CHARS] or None,
             code=engine_code or vocabulary.INVALID_REQUEST.code,
         ).rejection
     if status == 413:

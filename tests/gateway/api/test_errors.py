@@ -17,9 +17,11 @@ def test_a_code_that_is_not_an_identifier_is_not_passed_on() -> None:
     assert (rejection.status, rejection.code, rejection.message) == (400, "invalid_request", "Bad.")
 
 
-def test_an_engine_message_is_bounded() -> None:
-    rejection = from_engine_answer(400, _body(message="x" * 100_000, code="invalid_value"), "m")
+def test_an_engine_message_and_param_are_bounded() -> None:
+    body = _body(message="x" * 100_000, code="invalid_value", param="p" * 100_000)
+    rejection = from_engine_answer(400, body, "m")
     assert len(rejection.message) == MAX_ENGINE_MESSAGE_CHARS
+    assert rejection.param is not None and len(rejection.param) == MAX_ENGINE_MESSAGE_CHARS
     assert rejection.code == "invalid_value"
 
 

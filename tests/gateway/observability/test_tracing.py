@@ -4,6 +4,8 @@ decodes what the exporter sent."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -30,6 +32,20 @@ def _export_soon(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS)
 
 
+@contextmanager
+def traced_gateway(db_url: str, tmp_path: Path) -> Iterator[tuple[OtlpCollector, str]]:
+    """A gateway exporting its spans to a stand-in collector, before the stand-in engine:
+    ``(collector, base_url)``."""
+    with (
+        OtlpCollector() as collector,
+        stand_in_engine(num_chunks=NUM_CHUNKS) as engine,
+        gateway(
+            stand_in_settings(engine, tmp_path / "gw", db_url, otel_endpoint=collector.traces_url)
+        ) as base,
+    ):
+        yield collector, base
+
+
 def _has_usage(span: Span) -> bool:
     return "gen_ai.usage.output_tokens" in span_attributes(span)
 
@@ -38,15 +54,7 @@ def test_a_completion_is_exported_over_otlp_http_with_gen_ai_attributes(
     sqlite_db_url: str, tmp_path: Path
 ) -> None:
     _, key = tenant_key(sqlite_db_url)
-    with (
-        OtlpCollector() as collector,
-        stand_in_engine(num_chunks=NUM_CHUNKS) as engine,
-        gateway(
-            stand_in_settings(
-                engine, tmp_path / "gw", sqlite_db_url, otel_endpoint=collector.traces_url
-            )
-        ) as base,
-    ):
+    with traced_gateway(sqlite_db_url, tmp_path) as (collector, base):
         response = httpx.post(
             f"{base}/v1/chat/completions",
             headers={"authorization": f"Bearer {key}"},
@@ -83,15 +91,7 @@ def test_a_streamed_completion_is_exported_with_the_tokens_it_streamed(
     sqlite_db_url: str, tmp_path: Path
 ) -> None:
     _, key = tenant_key(sqlite_db_url)
-    with (
-        OtlpCollector() as collector,
-        stand_in_engine(num_chunks=NUM_CHUNKS) as engine,
-        gateway(
-            stand_in_settings(
-                engine, tmp_path / "gw", sqlite_db_url, otel_endpoint=collector.traces_url
-            )
-        ) as base,
-    ):
+    with traced_gateway(sqlite_db_url, tmp_path) as (collector, base):
         with httpx.stream(
             "POST",
             f"{base}/v1/completions",
