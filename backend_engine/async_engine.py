@@ -32,6 +32,7 @@ from backend_engine.outputs import EngineStats, RequestOutputDelta
 from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
+from backend_engine.step_runner import PlanRunner
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,13 @@ class AsyncEngine:
     # after each batch of commands, so a reader never sees a step in progress.
     _stats: EngineStats
 
-    def __init__(self, config: EngineConfig, model_name: str | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_name: str | None = None,
+        plan_runner: PlanRunner | None = None,
+    ) -> None:
+        """``plan_runner``: what computes the tokens; by default the model (see `LLMEngine`)."""
         self.config = config
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -85,7 +92,10 @@ class AsyncEngine:
         # daemon, so a process that never calls shutdown() can still exit.
         built: Future[LLMEngine] = Future()
         self._thread = threading.Thread(
-            target=self._thread_main, args=(config, built), name="tollway-engine", daemon=True
+            target=self._thread_main,
+            args=(config, plan_runner, built),
+            name="tollway-engine",
+            daemon=True,
         )
         self._thread.start()
         self.engine = built.result()  # re-raises what building raised
@@ -162,9 +172,11 @@ class AsyncEngine:
         self._commands.put(command)
         self._wakeup.set()
 
-    def _thread_main(self, config: EngineConfig, built: Future[LLMEngine]) -> None:
+    def _thread_main(
+        self, config: EngineConfig, plan_runner: PlanRunner | None, built: Future[LLMEngine]
+    ) -> None:
         try:
-            engine = LLMEngine(config)
+            engine = LLMEngine(config, plan_runner)
         except BaseException as exc:
             built.set_exception(exc)
             return

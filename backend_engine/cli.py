@@ -115,9 +115,14 @@ def run_server(
     config: EngineConfig, *, host: str, port: int, uds: str | None, model_name: str | None
 ) -> None:
     """Load the model and serve it until SIGINT or SIGTERM."""
+    # The model's runner needs torch: imported first, so a missing torch is said before the
+    # checkpoint is read.
+    from backend_engine.model_runner import plan_model_runner
     from backend_engine.server.app import serve
 
-    serve(config, host=host, port=port, uds=uds, model_name=model_name)
+    serve(
+        config, host=host, port=port, uds=uds, model_name=model_name, plan_runner=plan_model_runner
+    )
 
 
 def demo_model(

@@ -15,38 +15,32 @@ import hashlib
 import itertools
 import logging
 
-import torch
-
 from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
-from backend_engine.cpu_runtime import tune_cpu_runtime
 from backend_engine.kv_cache_manager import KVCacheManager
-from backend_engine.model_runner import ModelRunner, engine_dtype, kv_bytes_per_block
+from backend_engine.model_config import ModelConfig
 from backend_engine.output_processor import OutputProcessor
 from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta
 from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
+from backend_engine.step_runner import PlanRunner, RunnerPlan
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
-        if config.device == "cpu":
-            tune_cpu_runtime()
-        elif not torch.cuda.is_available():
-            raise ValueError(f"device={config.device!r} was asked for but CUDA is not available")
+    def __init__(self, config: EngineConfig, plan_runner: PlanRunner | None = None) -> None:
+        """``plan_runner``: what computes the tokens (`backend_engine.step_runner`); by
+        default the checkpoint's model, on ``config.device``, with torch."""
         self.config = config
         checkpoint = Checkpoint(config.model)
         self.model_config = checkpoint.check()  # refuses a bad file before anything is built
         self.tokenizer = checkpoint.tokenizer()
         self.max_model_len = self.model_config.check_max_model_len(config.max_model_len)
-        dtype = engine_dtype(config, self.model_config)
-        block_bytes = kv_bytes_per_block(self.model_config, config.block_size, dtype)
+        plan = (plan_runner or _plan_model_runner)(config, self.model_config)
+        block_bytes = plan.kv_bytes_per_block
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
         if num_blocks < 1:
             raise ValueError(
@@ -57,7 +51,7 @@ class LLMEngine:
             num_blocks,
             config.block_size,
             enable_caching=config.enable_prefix_caching,
-            extra_key=_model_identity(checkpoint, dtype),
+            extra_key=_model_identity(checkpoint, plan.kv_dtype),
         )
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -68,7 +62,7 @@ class LLMEngine:
             mode=config.scheduling,
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
-        self.runner = ModelRunner(config, self.model_config, num_blocks, checkpoint)
+        self.runner = plan.build(num_blocks, checkpoint)
         self.outputs = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
@@ -219,7 +213,14 @@ class LLMEngine:
         )
 
 
-def _model_identity(checkpoint: Checkpoint, dtype: torch.dtype) -> bytes:
+def _plan_model_runner(config: EngineConfig, model_config: ModelConfig) -> RunnerPlan:
+    # Imported here: torch comes in with the model, not with the engine's loop.
+    from backend_engine.model_runner import plan_model_runner
+
+    return plan_model_runner(config, model_config)
+
+
+def _model_identity(checkpoint: Checkpoint, kv_dtype: str) -> bytes:
     """Prefix-cache key: blocks from another checkpoint or dtype must never match."""
-    key = f"{checkpoint.fingerprint()}|{dtype}"
+    key = f"{checkpoint.fingerprint()}|{kv_dtype}"
     return hashlib.blake2b(key.encode(), digest_size=16).digest()

@@ -16,6 +16,7 @@ import torch
 from backend_engine.attention_metadata import AttentionMetadata
 from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
+from backend_engine.cpu_runtime import tune_cpu_runtime
 from backend_engine.failure_isolation import isolate_failures
 from backend_engine.model_config import ModelConfig
 from backend_engine.models import load_model
@@ -23,6 +24,7 @@ from backend_engine.models.packed_linear import pack_linears
 from backend_engine.outputs import TokenLogprob
 from backend_engine.sampler import choose_tokens, token_logprobs
 from backend_engine.scheduler import ScheduledRequest, SchedulerOutput
+from backend_engine.step_runner import RunnerOutput, SampledToken
 from backend_engine.weights import resolve_dtype
 
 
@@ -41,15 +43,35 @@ def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.
 
 
 @dataclass(frozen=True)
-class SampledToken:
-    token_id: int
-    logprob: TokenLogprob | None
+class ModelRunnerPlan:
+    """The `RunnerPlan` of a real model: its KV dtype and block size, then the runner."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    dtype: torch.dtype
+
+    @property
+    def kv_dtype(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return kv_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+
+    def build(self, num_blocks: int, checkpoint: Checkpoint) -> ModelRunner:
+        return ModelRunner(self.config, self.model_config, num_blocks, checkpoint)
 
 
-@dataclass(frozen=True)
-class RunnerOutput:
-    sampled: dict[str, SampledToken]  # request id -> the token sampled for it this step
-    failed: dict[str, Exception]  # requests whose work raised even alone: only they fail
+def plan_model_runner(config: EngineConfig, model_config: ModelConfig) -> ModelRunnerPlan:
+    """Set the device up (torch's threads, the CPU runtime; refuse CUDA that is not there)
+    and plan a `ModelRunner` for it: the engine's default `PlanRunner`."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    if config.device == "cpu":
+        tune_cpu_runtime()
+    elif not torch.cuda.is_available():
+        raise ValueError(f"device={config.device!r} was asked for but CUDA is not available")
+    return ModelRunnerPlan(config, model_config, engine_dtype(config, model_config))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Shared fixtures for the whole test suite.
 
 Nothing here imports torch: the gateway's and the policies' tests also run in a gateway-only
-install (``.ci/gateway_only.sh``). A fixture that needs the engine skips there.
+install (``.ci/gateway_only.sh``). A fixture that needs the engine skips there, except
+``demo_engine_model``, which gives the engine a stand-in for the model there instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from gateway.launcher.bundled_model import GGUF_NAME, INSTALL_COMMAND, find_bundled_gguf
+from gateway.launcher.engine_install import is_engine_installed
+from tests.stand_in_runner import DemoEngineModel, plan_stand_in_runner
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +70,26 @@ def demo_model_files(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., 
         return cache[architecture, size]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demo_engine_model(request: pytest.FixtureRequest) -> Callable[..., DemoEngineModel]:
+    """``demo_engine_model(architecture="LlamaForCausalLM", size="tiny")``: with the engine
+    installed, the demo checkpoint and its model; without it (a gateway-only install), the
+    same tokenizer and config and the stand-in runner (`tests.stand_in_runner`), so the
+    engine's own tokenizing, scheduling, HTTP server and errors still run. For tests about
+    the engine's contract with the gateway, not about the tokens a model chooses."""
+    if is_engine_installed():
+        make: Callable[..., Path] = request.getfixturevalue("demo_checkpoint")
+        plan_runner = None
+    else:
+        make = request.getfixturevalue("demo_model_files")
+        plan_runner = plan_stand_in_runner()
+
+    def model(architecture: str = "LlamaForCausalLM", size: str = "tiny") -> DemoEngineModel:
+        return DemoEngineModel(make(architecture=architecture, size=size), plan_runner)
+
+    return model
 
 
 @pytest.fixture(scope="session")

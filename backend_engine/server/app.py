@@ -20,6 +20,7 @@ from backend_engine.server.request_id import RequestIdMiddleware
 from backend_engine.server.request_reader import DEFAULT_MAX_BODY_BYTES
 from backend_engine.server.routes import ROUTES
 from backend_engine.server.token_text import TokenText
+from backend_engine.step_runner import PlanRunner
 
 
 def build_app(engine: AsyncEngine, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
@@ -76,9 +77,11 @@ def serve(
     port: int = 8100,
     uds: str | None = None,
     model_name: str | None = None,
+    plan_runner: PlanRunner | None = None,
 ) -> None:
-    """Load the model and serve it on TCP ``host:port``, or on the Unix socket ``uds``."""
-    engine = AsyncEngine(config, model_name)
+    """Load the model and serve it on TCP ``host:port``, or on the Unix socket ``uds``
+    (``plan_runner``: what computes the tokens, by default the model; see `LLMEngine`)."""
+    engine = AsyncEngine(config, model_name, plan_runner)
     server = uvicorn.Server(uvicorn_config(build_app(engine), host=host, port=port, uds=uds))
     # The model, tokenizer and imports live as long as the process: keep full collections
     # from walking them (each one pauses the step loop and every stream).

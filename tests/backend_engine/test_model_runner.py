@@ -7,8 +7,8 @@ from pathlib import Path
 
 from backend_engine.config import EngineConfig
 from backend_engine.llm_engine import LLMEngine
-from backend_engine.model_runner import SampledToken
 from backend_engine.sampling_params import SamplingParams
+from backend_engine.step_runner import SampledToken
 
 
 def test_decodes_and_prefills_are_told_apart_by_kind_not_by_position(

@@ -1,4 +1,6 @@
-"""The scheduling and KV bookkeeping modules are plain Python: they must import without torch.
+"""The engine's loop is plain Python: it must import without torch. That is the scheduling
+and KV bookkeeping, the engine that drives them (`LLMEngine`, `AsyncEngine`, which import the
+model's runner only when they build one) and the HTTP server in front.
 
 Each is imported in a fresh interpreter where importing torch raises, so an import anywhere
 in its import graph (direct, through another engine module, or through the package's
@@ -20,6 +22,11 @@ TORCH_FREE_MODULES = [
     "backend_engine.request_priority",
     "backend_engine.request",
     "backend_engine.stop_rules",
+    "backend_engine.step_runner",
+    "backend_engine.output_processor",
+    "backend_engine.llm_engine",
+    "backend_engine.async_engine",
+    "backend_engine.server.app",
 ]
 
 IMPORT_WITHOUT_TORCH = """

@@ -1,7 +1,9 @@
 """The gateway reserves exactly the prompt tokens the engine then reports, on both endpoints.
 
 Random prompts (unicode, whitespace runs, text that looks like special tokens, token-id lists)
-and conversations go to a real engine server (tiny demo weights) for one token each; the
+and conversations go to a real engine server (tiny demo weights, or the stand-in runner where
+the engine is not installed: the count is the engine's tokenizer's either way) for one token
+each; the
 ``usage.prompt_tokens`` it answers must equal what admission counts for the same body
 (`gateway.admission.admitter.count_prompt_tokens`, the number its budget reservation is made of).
 Tokenizers: the Llama and Qwen2 demos (a post-processor BOS, a template that writes its own
@@ -23,14 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-pytest.importorskip("torch", reason="a real engine server needs torch")
-
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app
 from gateway.admission.admitter import count_prompt_tokens
 from gateway.admission.token_counter import CheckpointTokenCounter, from_checkpoint
 from gateway.api.request_body import parse_body
+from tests.stand_in_runner import DemoEngineModel
 
 MODEL = "tiny"
 CHATML = (
@@ -128,16 +129,16 @@ def _checkpoint(source: Path, target: Path, change: Callable[..., None] | None) 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def served(
     request: pytest.FixtureRequest,
-    demo_checkpoint: Callable[..., Path],
+    demo_engine_model: Callable[..., DemoEngineModel],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Served]:
     architecture, change = VARIANTS[request.param]
-    source = demo_checkpoint(architecture=architecture, size="tiny")
-    path = _checkpoint(source, tmp_path_factory.mktemp("variant") / "ckpt", change)
+    model = demo_engine_model(architecture=architecture, size="tiny")
+    path = _checkpoint(model.checkpoint, tmp_path_factory.mktemp("variant") / "ckpt", change)
     config = EngineConfig(
         model=str(path), max_model_len=2048, num_kv_blocks=256, max_num_seqs=4, show_progress=False
     )
-    engine = AsyncEngine(config, model_name=MODEL)
+    engine = AsyncEngine(config, model_name=MODEL, plan_runner=model.plan_runner)
     with TestClient(build_app(engine)) as client:
         yield Served(client, from_checkpoint(path), engine.tokenizer.vocab_size)
 

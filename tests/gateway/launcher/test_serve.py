@@ -58,7 +58,14 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture
 def tiny(demo_checkpoint: Callable[..., Path]) -> Path:
+    """A demo checkpoint an engine process can load (weights too): needs the engine."""
     return demo_checkpoint(size="tiny")
+
+
+@pytest.fixture
+def tiny_files(demo_model_files: Callable[..., Path]) -> Path:
+    """The same checkpoint without its weights: what a serve plan reads (torch-free)."""
+    return demo_model_files(size="tiny")
 
 
 def _migrated(data_dir: Path) -> str:
@@ -175,8 +182,10 @@ def test_a_lost_hash_file_makes_new_keys_for_the_existing_tenant(tmp_path: Path)
 # -- serve plans -------------------------------------------------------------------------
 
 
-def test_the_embedded_plan_serves_small_and_large_behind_auto(short_tmp: Path, tiny: Path) -> None:
-    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env={})
+def test_the_embedded_plan_serves_small_and_large_behind_auto(
+    short_tmp: Path, tiny_files: Path
+) -> None:
+    plan = embedded_plan(short_tmp, {"small": tiny_files, "large": tiny_files}, env={})
     settings = plan.settings
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
     assert settings.known_models == {"small", "large", "auto"}
@@ -186,7 +195,7 @@ def test_the_embedded_plan_serves_small_and_large_behind_auto(short_tmp: Path, t
     assert settings.models["large"].prices.output == 4000
     assert settings.models["small"].prices.input == 100
     assert settings.models["small"].context_window == 2048  # the tiny config's positions
-    assert settings.models["small"].checkpoint == tiny.resolve()
+    assert settings.models["small"].checkpoint == tiny_files.resolve()
     assert [(e.name, e.socket_path.name) for e in plan.engines] == [
         ("small", "small.sock"),
         ("large", "large.sock"),
@@ -194,22 +203,24 @@ def test_the_embedded_plan_serves_small_and_large_behind_auto(short_tmp: Path, t
 
 
 def test_environment_overrides_the_embedded_plan_and_flags_override_both(
-    short_tmp: Path, tiny: Path
+    short_tmp: Path, tiny_files: Path
 ) -> None:
     env = {"TOLLWAY_PORT": "9001", "TOLLWAY_REDIS_URL": "redis://r:6379/0"}
-    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env=env)
+    plan = embedded_plan(short_tmp, {"small": tiny_files, "large": tiny_files}, env=env)
     assert (plan.settings.port, plan.settings.redis_url) == (9001, "redis://r:6379/0")
     flagged = with_address(plan, "0.0.0.0", 9002)
     assert (flagged.settings.host, flagged.settings.port) == ("0.0.0.0", 9002)
 
 
-def test_a_config_may_spawn_local_engines_next_to_remote_ones(short_tmp: Path, tiny: Path) -> None:
+def test_a_config_may_spawn_local_engines_next_to_remote_ones(
+    short_tmp: Path, tiny_files: Path
+) -> None:
     config = short_tmp / "tollway.yaml"
     config.write_text(
         f"""
 models:
   local:
-    spawn: {{checkpoint: {tiny}, args: [--max-num-seqs, "8"]}}
+    spawn: {{checkpoint: {tiny_files}, args: [--max-num-seqs, "8"]}}
     upstreams: [http://10.0.0.3:8100]
   remote:
     upstreams: [http://10.0.0.2:8100]
@@ -307,17 +318,17 @@ def test_demo_models_are_served_on_request_without_looking_for_the_real_model(
     assert not any("WARNING" in line for line in said)
 
 
-def test_the_banner_says_what_each_engine_serves(short_tmp: Path, tiny: Path) -> None:
-    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env={})
+def test_the_banner_says_what_each_engine_serves(short_tmp: Path, tiny_files: Path) -> None:
+    plan = embedded_plan(short_tmp, {"small": tiny_files, "large": tiny_files}, env={})
     text = banner(plan, Credentials(admin_key_hash="0" * 64))
-    assert f"  small:    {tiny.resolve()}" in text.splitlines()
-    assert f"  large:    {tiny.resolve()}" in text.splitlines()
+    assert f"  small:    {tiny_files.resolve()}" in text.splitlines()
+    assert f"  large:    {tiny_files.resolve()}" in text.splitlines()
 
 
 def test_the_banner_example_asks_for_auto_where_the_config_has_it(
-    short_tmp: Path, tiny: Path
+    short_tmp: Path, tiny_files: Path
 ) -> None:
-    plan = embedded_plan(short_tmp, {"small": tiny, "large": tiny}, env={})
+    plan = embedded_plan(short_tmp, {"small": tiny_files, "large": tiny_files}, env={})
     text = banner(plan, Credentials(admin_key_hash="0" * 64))
     assert """-d '{"model": "auto", "max_tokens": 32,""" in text
 

@@ -1,8 +1,10 @@
 """Request-path fixtures: real tiny engines on Unix sockets, real gateways on 127.0.0.1.
 
 - ``engines``: two in-process engines (``tiny`` and ``tiny-large``, the same tiny
-  checkpoint under two names) served by uvicorn on Unix sockets, once per session. They need
-  torch: without it (a gateway-only install) the tests that use them skip.
+  checkpoint under two names) served by uvicorn on Unix sockets, once per session. Where the
+  engine is not installed (a gateway-only install, no torch) they are the same engines with
+  a stand-in for the model (``demo_engine_model``): everything but the forward pass is the
+  engine's own code, so every test here runs in both environments.
 - ``gateway``: ``gateway(settings) -> base_url`` runs `build_gateway` under uvicorn in a
   thread (lifespan included) and stops it after the test.
 - ``db_url``: a migrated SQLite database per test; ``tenant_key(db_url, **quota)`` makes a
@@ -25,12 +27,15 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
+from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
+from backend_engine.server.app import build_app
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.tenants import create_tenant
+from tests.stand_in_runner import DemoEngineModel
 from tests.uvicorn_thread import start_in_thread, stop_thread
 
 SMALL, LARGE = "tiny", "tiny-large"
@@ -56,28 +61,25 @@ def _serve(
 
 
 @pytest.fixture(scope="session")
-def engines(demo_checkpoint: Callable[..., Path]) -> Iterator[Engines]:
-    checkpoint = demo_checkpoint(architecture="LlamaForCausalLM", size="tiny")  # needs torch
-    from backend_engine.async_engine import AsyncEngine
-    from backend_engine.server.app import build_app
-
+def engines(demo_engine_model: Callable[..., DemoEngineModel]) -> Iterator[Engines]:
+    model = demo_engine_model(architecture="LlamaForCausalLM", size="tiny")
     tmp = tempfile.mkdtemp(prefix="tw-eng-")  # short: a socket path must stay under 108 bytes
     running = []
     sockets: dict[str, str] = {}
     try:
         for name in (SMALL, LARGE):
             config = EngineConfig(
-                model=str(checkpoint),
+                model=str(model.checkpoint),
                 max_model_len=CONTEXT_WINDOW,
                 num_kv_blocks=512,
                 max_num_seqs=64,
                 show_progress=False,
             )
             path = f"{tmp}/{name}.sock"
-            app = build_app(AsyncEngine(config, model_name=name))
+            app = build_app(AsyncEngine(config, model_name=name, plan_runner=model.plan_runner))
             running.append(_serve(app, uds=path))
             sockets[name] = path
-        yield Engines(sockets, checkpoint)
+        yield Engines(sockets, model.checkpoint)
     finally:
         for server, thread in running:
             stop_thread(server, thread)
