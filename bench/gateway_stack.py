@@ -64,7 +64,7 @@ def gateway_stack(
         engine_urls, engine_pids, models, uds_paths = {}, [], {}, {}
         for i, spec in enumerate(engines):
             uds_path = f"{tmp}/engine{i}.sock"
-            tcp, uds = _tcp_socket(), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            tcp, uds = tcp_socket(), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             uds.bind(uds_path)
             pid = stack.enter_context(child_process(_serve_engine, [tcp, uds], spec))
             engine_pids.append(pid)
@@ -81,12 +81,12 @@ def gateway_stack(
         api_key = make_tenant_key(db_url)
         settings = {"data_dir": tmp, "database_url": db_url, "redis_url": redis_url}
         settings.update(gateway_settings or {})
-        gateway_sock = _tcp_socket()
+        gateway_sock = tcp_socket()
         gateway_pid = stack.enter_context(
-            child_process(_serve_gateway, {**settings, "models": models}, gateway_sock, profile)
+            child_process(serve_gateway, {**settings, "models": models}, gateway_sock, profile)
         )
         gateway_url = f"http://127.0.0.1:{gateway_sock.getsockname()[1]}"
-        floor_sock = _tcp_socket()
+        floor_sock = tcp_socket()
         floor_pid = stack.enter_context(
             child_process(_serve_floor_proxy, uds_paths, redis_url, floor_sock)
         )
@@ -158,7 +158,7 @@ def _serve_engine(sockets: list[socket.socket], spec: EngineSpec) -> None:
     uvicorn.Server(config).run(sockets=sockets)
 
 
-def _serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: str | None) -> None:
+def serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: str | None) -> None:
     import cProfile
 
     from bench.memory_probe import install_from_environment
@@ -196,7 +196,7 @@ def _serve_floor_proxy(upstreams: dict[str, str], redis_url: str, sock: socket.s
     bench_server(app).run(sockets=[sock])
 
 
-def _tcp_socket() -> socket.socket:
+def tcp_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

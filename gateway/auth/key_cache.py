@@ -20,6 +20,11 @@ guess matches a stored one, which does not help find a key (the database path st
 in constant time). ``ttl_s`` bounds how long a change made without the admin API (straight in
 the database) can go unseen; ``ttl_s == 0`` reads the database on every request.
 
+Concurrent misses for one key share one read (unless ``ttl_s == 0``): the first starts it,
+the others wait for its answer (or its error). A gateway that starts, or a key whose entry
+ages out, under a burst of its requests would otherwise send the whole burst to the database
+at once, and a burst larger than the connection pool then fails its waits with 503s.
+
 The database unreachable (serve-stale-on-error): an entry older than ``ttl_s`` is read again;
 if that read fails (the database, not the key: a key found revoked or missing is refused at
 once) and the tenant's epoch is the one the entry holds, the entry keeps working until
@@ -40,6 +45,7 @@ reloads it once the store answers with the real epoch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -96,6 +102,7 @@ class KeyCache:
         self._clock = clock
         self._wall_clock = wall_clock
         self._entries: dict[str, CachedKey] = {}
+        self._reads: dict[str, asyncio.Future[CachedKey]] = {}  # by key hash: misses in flight
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -109,6 +116,23 @@ class KeyCache:
             now = self._clock()
             if now - entry.loaded_at < self._ttl_s and now - entry.verified_at < self._trust_s:
                 return self._unexpired(key_hash, entry)
+        if self._ttl_s == 0:  # every request reads for itself: none joins an earlier read
+            return await self._refresh(key_hash, entry)
+        read = self._reads.get(key_hash)
+        if read is None:
+            read = asyncio.ensure_future(self._refresh(key_hash, entry))
+            self._reads[key_hash] = read
+            read.add_done_callback(lambda done: self._read_done(key_hash, done))
+        # Shielded: a caller that leaves (its client gone) does not cancel the others' read.
+        return await asyncio.shield(read)
+
+    def _read_done(self, key_hash: str, read: asyncio.Future[CachedKey]) -> None:
+        self._reads.pop(key_hash, None)
+        if not read.cancelled():
+            read.exception()  # retrieved here too: every caller may have left before it ended
+
+    async def _refresh(self, key_hash: str, entry: CachedKey | None) -> CachedKey:
+        """The miss path of `key`: read the key (and its tenant's epoch) from the stores."""
         tenant_id = entry.caller.tenant_id if entry is not None else None
         if tenant_id is None:  # a key's tenant never changes: only a first sight reads it
             found = await self._read(key_hash)

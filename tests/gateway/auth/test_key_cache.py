@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import event
 
 from gateway.api.errors import ApiError
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
@@ -269,3 +271,46 @@ async def test_a_zero_ttl_still_lets_a_verified_key_stand_in_for_a_failed_databa
     with database_unreachable(db):
         clock.now += 1
         assert (await cache.key(token)).caller == entry.caller
+
+
+async def test_concurrent_misses_for_one_key_share_one_database_read(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    cache = KeyCache(db, new_epochs(), ttl_s=60)
+    token, unknown = new_key(db), "tw-" + "0" * 40
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if "api_keys" in statement:
+            statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        entries = await asyncio.gather(*(cache.key(token) for _ in range(50)))
+        assert all(entry is entries[0] for entry in entries)
+        first_sight = len(statements)  # the key, then the key again after its epoch
+        assert 1 <= first_sight <= 2
+        refusals = await asyncio.gather(
+            *(cache.key(unknown) for _ in range(50)), return_exceptions=True
+        )
+        assert all(isinstance(r, ApiError) and r.rejection.status == 401 for r in refusals)
+        assert len(statements) == first_sight + 1
+        # Once answered, the next miss reads again: an unknown key is never cached.
+        assert await refused(cache, unknown)
+        assert len(statements) == first_sight + 2
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+
+
+async def test_a_caller_that_leaves_does_not_cancel_the_shared_read(
+    db: Database, new_epochs: Callable[[], AuthEpochs]
+) -> None:
+    cache = KeyCache(db, new_epochs(), ttl_s=60)
+    token = new_key(db)
+    leaving = asyncio.ensure_future(cache.key(token))
+    staying = asyncio.ensure_future(cache.key(token))
+    await asyncio.sleep(0)  # both are waiting on the one read
+    leaving.cancel()
+    entry = await staying
+    assert entry.caller.tenant_id == "acme"
+    assert await cache.key(token) is entry  # cached by the read the first caller started
