@@ -55,6 +55,7 @@ from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
 from gateway.storage.redis_client import LeanRedis
 from gateway.storage.usage_writer import UsageWriter
+from gateway.upstream.dns_discovery import Resolver, system_resolver
 from gateway.upstream.pool import UpstreamPool
 from policies.decision import Rejection
 
@@ -70,8 +71,10 @@ def build_gateway(
     *,
     span_exporter: SpanExporter | None = None,
     extra_routes: list[BaseRoute] | None = None,
+    resolver: Resolver = system_resolver,
 ) -> Starlette:
-    """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
+    """The gateway app. ``span_exporter`` overrides the OTLP exporter, ``resolver`` the
+    system's DNS resolver for ``dns://`` upstreams (tests)."""
     database = Database(settings.resolved_database_url)
     redis = (
         LeanRedis(
@@ -103,7 +106,9 @@ def build_gateway(
         epochs_fail_open=settings.redis_failure_mode == "open",
     )
     metrics = GatewayMetrics()
-    upstreams = UpstreamPool(settings.models, watch=settings.replica_watch, metrics=metrics)
+    upstreams = UpstreamPool(
+        settings.models, watch=settings.replica_watch, resolver=resolver, metrics=metrics
+    )
     readiness = Readiness()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
