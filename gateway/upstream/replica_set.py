@@ -111,7 +111,11 @@ class ReplicaSet:
         return found
 
     def record_success(self, base: str) -> None:
-        self.health(base).record_success()
+        health = self.health(base)
+        was_ejected = health.num_ejections > 0
+        health.record_success()
+        if was_ejected:
+            self._publish()
 
     def record_failure(self, model: str, base: str) -> None:
         """A request to ``base`` failed before its first token."""

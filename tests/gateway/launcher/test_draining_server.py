@@ -19,6 +19,8 @@ import httpx
 import yaml
 
 from bench.stand_in_engine import MODEL
+from gateway.storage.database import Database, default_database_url
+from gateway.storage.usage_store import list_usage
 from tests.gateway.stand_in_stack import CONTEXT_WINDOW, TappedEngine, stand_in_engine
 from tests.polling import wait_until
 
@@ -115,6 +117,17 @@ class Stream:
         self._thread.join(timeout=60)
 
 
+def usage_records(data_dir: Path) -> list[tuple[str, int]]:
+    """Every usage record's (status, completion_tokens), oldest first."""
+    database = Database(default_database_url(data_dir))
+    try:
+        with database.session() as session:
+            records = list_usage(session).records
+    finally:
+        database.dispose()
+    return [(r.status.value, r.completion_tokens) for r in records]
+
+
 def _refuses_connections(base: str) -> bool:
     try:
         httpx.get(f"{base}/health", timeout=5)
@@ -147,6 +160,7 @@ def test_sigterm_reports_not_ready_then_lets_streams_finish(tmp_path: Path) -> N
         stream.join()
         assert stream.is_done and stream.num_words == num_words
         assert process.wait(timeout=30) == 0, "".join(lines)
+    assert usage_records(tmp_path / "data") == [("completed", num_words)]
 
 
 def test_streams_still_running_after_the_grace_period_are_cut(tmp_path: Path) -> None:
@@ -163,3 +177,5 @@ def test_streams_still_running_after_the_grace_period_are_cut(tmp_path: Path) ->
         assert time.monotonic() - signalled < 8  # drain_grace_s, not a default of 10 s or more
         stream.join()
         assert not stream.is_done and stream.num_words < num_words
+    # Billed for what was relayed, as for a client that leaves.
+    assert usage_records(tmp_path / "data") == [("cancelled", stream.num_words)]
