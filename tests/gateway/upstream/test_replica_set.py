@@ -36,8 +36,11 @@ class Replica(TappedEngine):
     (None: the stand-in has no such route, 404, like a foreign server)."""
 
     ready_status: int | None = None
+    num_ready_checks = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/ready":
+            self.num_ready_checks += 1
         if scope["type"] == "http" and scope["path"] == "/ready" and self.ready_status:
             await send({"type": "http.response.start", "status": self.ready_status})
             await send({"type": "http.response.body", "body": b"{}"})
@@ -198,6 +201,36 @@ def test_a_replica_that_is_not_ready_is_skipped_until_it_is(
             for _ in range(2):
                 assert complete(client, key).status_code == 200
             assert (foreign.num_posts, loading.num_posts) == (5, 1)
+
+
+def test_a_discovered_replica_joins_only_once_a_check_says_it_is_ready(
+    sqlite_db_url: str, tmp_path: Path
+) -> None:
+    addresses = ["127.0.0.1"]
+
+    async def resolver(host: str, port: int) -> Sequence[str]:
+        return list(addresses)
+
+    with replicas_on(["127.0.0.1", "127.0.0.2"]) as (port, (serving, loading)):
+        loading.ready_status = 503
+        settings = settings_with(
+            [f"dns://{NAME}:{port}"],
+            tmp_path,
+            sqlite_db_url,
+            dns_refresh_s=0.05,
+            health_check_interval_s=3600,  # only the check on joining runs in this test
+        )
+        _, key = tenant_key(sqlite_db_url)
+        with (
+            gateway(settings, resolver=resolver) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+            addresses.append("127.0.0.2")
+            wait_until(lambda: loading.num_ready_checks == 1, what="the check on joining")
+            for _ in range(4):
+                assert complete(client, key).status_code == 200
+            assert (serving.num_posts, loading.num_posts) == (4, 0)
+            assert metric(client, "tollway_gateway_healthy_replicas") == 1.0
 
 
 def test_failing_replicas_are_ejected_yet_still_tried_when_all_are(
