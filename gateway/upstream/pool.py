@@ -108,7 +108,11 @@ class UpstreamPool:
                     entries.append(url.rstrip("/"))
         self._mounts = mounts
         self.replica_set = ReplicaSet(
-            upstreams, watch or ReplicaWatch(), resolver=resolver, metrics=metrics
+            upstreams,
+            watch or ReplicaWatch(),
+            resolver=resolver,
+            metrics=metrics,
+            on_leave=self._forget,
         )
         self.client = httpx.AsyncClient(
             transport=tcp, mounts=mounts, timeout=timeout, trust_env=False
@@ -228,6 +232,11 @@ class UpstreamPool:
         """A Unix socket's own transport; the shared TCP one for every other replica (so a
         replica that joins later needs nothing set up)."""
         return self._mounts.get(base, self._tcp)
+
+    def _forget(self, base: str) -> None:
+        """A replica left (DNS): drop its parsed URLs, so churn does not grow the cache."""
+        for key in [key for key in self._urls if key[0] == base]:
+            del self._urls[key]
 
     def _url(self, base: str, path: str) -> httpx.URL:
         url = self._urls.get((base, path))

@@ -72,12 +72,15 @@ class ReplicaSet:
         resolver: Resolver = system_resolver,
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_leave: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_leave(base)``: called when a replica leaves every model (forget its URLs)."""
         self._upstreams = {model: tuple(entries) for model, entries in upstreams.items()}
         self._watch = watch
         self._resolver = resolver
         self._metrics = metrics
         self._clock = clock
+        self._on_leave = on_leave
         self._names = {
             entry.url: entry
             for entries in self._upstreams.values()
@@ -174,6 +177,8 @@ class ReplicaSet:
         still_members = self._all_members()
         for base in left - still_members:
             self._health.pop(base, None)
+            if self._on_leave is not None:
+                self._on_leave(base)
         self._publish()
 
     async def check(self, bases: Sequence[str]) -> None:
