@@ -1,12 +1,14 @@
 """`build_gateway`: the gateway's Starlette app, composed from the settings.
 
-Start-up opens nothing on the network: the Redis and httpx clients connect on first use.
-The lifespan starts the usage writer's thread and waits (up to ``USAGE_REPLAY_WAIT_S``) until
-the records it replayed from its spill file, left by a gateway that crashed, are in the
-database: budgets are rebuilt from the database on first use, so serving earlier would
-forget those records and let tenants overspend by them. On shutdown it closes the upstream
-client, Redis, the usage writer (flushing what it can; the rest stays in its spill file) and
-the tracer provider, in that order.
+Start-up opens nothing on the network but the engines: the Redis and httpx clients connect
+on first use, and the upstream pool resolves its ``dns://`` upstreams and checks every
+replica once (`UpstreamPool.start`) before serving. The lifespan also starts the usage
+writer's thread and waits (up to ``USAGE_REPLAY_WAIT_S``) until the records it replayed
+from its spill file, left by a gateway that crashed, are in the database: budgets are
+rebuilt from the database on first use, so serving earlier would forget those records and
+let tenants overspend by them. On shutdown it closes the upstream pool (its discovery and
+health checks, then its client), Redis, the usage writer (flushing what it can; the rest
+stays in its spill file) and the tracer provider, in that order.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gateway.api.completions import chat_completions, completions
 from gateway.api.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.api.handler_context import GatewayContext
 from gateway.api.openapi import openapi_route
+from gateway.api.readiness import Readiness, readiness_route
 from gateway.api.request_id import RequestIdMiddleware
 from gateway.api.tenant_api import tenant_routes
 from gateway.auth.bearer_keys import authenticate_request, bearer_matches
@@ -52,6 +55,7 @@ from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
 from gateway.storage.redis_client import LeanRedis
 from gateway.storage.usage_writer import UsageWriter
+from gateway.upstream.dns_discovery import Resolver, system_resolver
 from gateway.upstream.pool import UpstreamPool
 from policies.decision import Rejection
 
@@ -67,8 +71,10 @@ def build_gateway(
     *,
     span_exporter: SpanExporter | None = None,
     extra_routes: list[BaseRoute] | None = None,
+    resolver: Resolver = system_resolver,
 ) -> Starlette:
-    """The gateway app. ``span_exporter`` overrides the OTLP exporter (tests)."""
+    """The gateway app. ``span_exporter`` overrides the OTLP exporter, ``resolver`` the
+    system's DNS resolver for ``dns://`` upstreams (tests)."""
     database = Database(settings.resolved_database_url)
     redis = (
         LeanRedis(
@@ -99,8 +105,11 @@ def build_gateway(
         stale_ttl_s=settings.auth_stale_ttl_s,
         epochs_fail_open=settings.redis_failure_mode == "open",
     )
-    upstreams = UpstreamPool(settings.models)
     metrics = GatewayMetrics()
+    upstreams = UpstreamPool(
+        settings.models, watch=settings.replica_watch, resolver=resolver, metrics=metrics
+    )
+    readiness = Readiness()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
     retries = LedgerRetries(ledger)
@@ -137,6 +146,7 @@ def build_gateway(
                 "usage records replayed from the spill file are not in the database yet: "
                 "budgets rebuilt before they are may count too little"
             )
+        await upstreams.start()
         try:
             yield
         finally:
@@ -159,6 +169,7 @@ def build_gateway(
         *completion_routes,
         metrics_route(settings),
         Route("/health", health, methods=["GET"]),
+        readiness_route(readiness),
         *management_routes(
             settings, database, ledger, epochs, keys, also_described=completion_routes
         ),
@@ -171,6 +182,7 @@ def build_gateway(
         lifespan=lifespan,
     )
     app.state.gateway = context
+    app.state.readiness = readiness  # drained on SIGTERM (gateway.launcher.draining_server)
     return app
 
 

@@ -15,3 +15,7 @@ DEFAULT_DATA_DIR = Path("tollway-data")
 # How long `tollway serve` waits for every engine it starts to answer /health: loading a
 # checkpoint and, the first time, compiling the CPU kernels.
 DEFAULT_ENGINE_TIMEOUT_S = 600.0
+# A gateway told to stop (SIGTERM): how long it keeps serving while /ready says 503, so load
+# balancers stop sending to it, then how long streams in flight get to finish.
+DEFAULT_DRAIN_DELAY_S = 0.0
+DEFAULT_DRAIN_GRACE_S = 30.0

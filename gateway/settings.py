@@ -18,9 +18,16 @@
     max_body_bytes: 1048576
     otel_endpoint: null           # null: no span export
     log_prompts: false
+    dns_refresh_s: 5              # how often a dns:// upstream is resolved again
+    health_check_interval_s: 5    # GET /ready of every replica this often; 0: never
+    ejection_failures: 3          # consecutive failures that eject a replica ...
+    ejection_backoff_s: 1         # ... for this long, doubling per ejection in a row ...
+    ejection_backoff_max_s: 30    # ... up to this; a success resets it
+    drain_delay_s: 0              # SIGTERM: keep serving, /ready 503, this long; then
+    drain_grace_s: 30             # stop taking requests, let those in flight finish this long
     models:
       small:
-        upstreams: [unix:/run/tollway/small.sock, http://10.0.0.2:8100]
+        upstreams: [unix:/run/tollway/small.sock, http://10.0.0.2:8100, dns://engine-small:8100]
         context_window: 8192
         checkpoint: data/models/small   # exact token counts; null counts with cl100k_base
         prices: {input: 100000, cached_input: 25000, output: 400000}  # micros per 1M tokens
@@ -33,8 +40,24 @@ Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PO
 ``TOLLWAY_ADMIN_KEY_HASH``, ``TOLLWAY_METRICS_TOKEN_HASH``, ``TOLLWAY_RESERVATION_TTL_S``,
 ``TOLLWAY_AUTH_CACHE_TTL_S``, ``TOLLWAY_MAX_BODY_BYTES``, ``TOLLWAY_OTEL_ENDPOINT``,
 ``TOLLWAY_LOG_PROMPTS``, ``TOLLWAY_REDIS_CONNECT_TIMEOUT_S``, ``TOLLWAY_REDIS_TIMEOUT_S``,
-``TOLLWAY_REDIS_FAILURE_MODE``, ``TOLLWAY_AUTH_STALE_TTL_S`` (an empty value sets an
-optional field to null).
+``TOLLWAY_REDIS_FAILURE_MODE``, ``TOLLWAY_AUTH_STALE_TTL_S``, ``TOLLWAY_DNS_REFRESH_S``,
+``TOLLWAY_HEALTH_CHECK_INTERVAL_S``, ``TOLLWAY_EJECTION_FAILURES``,
+``TOLLWAY_EJECTION_BACKOFF_S``, ``TOLLWAY_EJECTION_BACKOFF_MAX_S``, ``TOLLWAY_DRAIN_DELAY_S``,
+``TOLLWAY_DRAIN_GRACE_S`` (an empty value sets an optional field to null).
+
+Engine replicas (see docs/operations.md): an upstream is ``http(s)://host:port``,
+``unix:/path.sock`` or ``dns://host:port``, a name resolved at start-up and every
+``dns_refresh_s``, each address one replica ``http://ip:port`` (a Kubernetes headless
+Service lists one per ready pod); replicas join and leave without a restart, and a failed
+resolution keeps the last good set. Every ``health_check_interval_s`` each replica's
+``GET /ready`` is read (``/health`` where ``/ready`` is a 404): one that is not ready is
+skipped. ``ejection_failures`` consecutive failures of a request (a connection error, a 5xx
+before the first token) eject a replica for ``ejection_backoff_s``, doubled per ejection in a
+row up to ``ejection_backoff_max_s``. With every replica skipped, all are tried anyway.
+
+Drain (``tollway serve``): on SIGTERM ``GET /ready`` answers 503 at once (``/health`` stays
+200); the gateway keeps serving for ``drain_delay_s``, then stops accepting connections and
+gives requests in flight up to ``drain_grace_s`` to finish before it cancels them and exits.
 
 ``GET /metrics`` needs ``Authorization: Bearer <token>``, since its labels name tenants'
 models and traffic: the token is the metrics token (``metrics_token_hash``, for a Prometheus
@@ -65,9 +88,24 @@ from typing import Any
 
 import yaml
 
-from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
+from gateway.defaults import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_DRAIN_DELAY_S,
+    DEFAULT_DRAIN_GRACE_S,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+)
 from gateway.storage.database import default_database_url
 from gateway.storage.redis_client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from gateway.upstream.dns_discovery import DEFAULT_DNS_REFRESH_S, DNS_SCHEME, DnsUpstream
+from gateway.upstream.health_checks import DEFAULT_HEALTH_CHECK_INTERVAL_S
+from gateway.upstream.replica_health import (
+    DEFAULT_EJECTION_BACKOFF_MAX_S,
+    DEFAULT_EJECTION_BACKOFF_S,
+    DEFAULT_FAILURES_TO_EJECT,
+    EjectionRule,
+)
+from gateway.upstream.replica_set import ReplicaWatch
 from policies.routing import ModelPair, RoutingPolicy
 
 _ENV_FIELDS: dict[str, str] = {
@@ -87,6 +125,13 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_REDIS_TIMEOUT_S": "redis_timeout_s",
     "TOLLWAY_REDIS_FAILURE_MODE": "redis_failure_mode",
     "TOLLWAY_AUTH_STALE_TTL_S": "auth_stale_ttl_s",
+    "TOLLWAY_DNS_REFRESH_S": "dns_refresh_s",
+    "TOLLWAY_HEALTH_CHECK_INTERVAL_S": "health_check_interval_s",
+    "TOLLWAY_EJECTION_FAILURES": "ejection_failures",
+    "TOLLWAY_EJECTION_BACKOFF_S": "ejection_backoff_s",
+    "TOLLWAY_EJECTION_BACKOFF_MAX_S": "ejection_backoff_max_s",
+    "TOLLWAY_DRAIN_DELAY_S": "drain_delay_s",
+    "TOLLWAY_DRAIN_GRACE_S": "drain_grace_s",
 }
 _OPTIONAL_FIELDS = (
     "database_url",
@@ -136,10 +181,15 @@ class ModelSettings:
         if not self.upstreams:
             raise ValueError(f"model {self.name!r} needs at least one upstream URL")
         for url in self.upstreams:
-            if not (url.startswith(("http://", "https://")) or _is_unix(url)):
+            if url.startswith(DNS_SCHEME):
+                try:
+                    DnsUpstream.parse(url)
+                except ValueError as exc:
+                    raise ValueError(f"model {self.name!r}: {exc}") from None
+            elif not (url.startswith(("http://", "https://")) or _is_unix(url)):
                 raise ValueError(
-                    f"model {self.name!r}: upstream {url!r} must be http://host:port or "
-                    "unix:/path/to/engine.sock"
+                    f"model {self.name!r}: upstream {url!r} must be http://host:port, "
+                    "unix:/path/to/engine.sock or dns://host:port"
                 )
         if isinstance(self.context_window, bool) or not isinstance(self.context_window, int):
             raise ValueError(f"model {self.name!r}: context_window must be an integer")
@@ -169,6 +219,13 @@ class GatewaySettings:
     max_body_bytes: int = 1 << 20
     otel_endpoint: str | None = None
     log_prompts: bool = False
+    dns_refresh_s: float = DEFAULT_DNS_REFRESH_S
+    health_check_interval_s: float = DEFAULT_HEALTH_CHECK_INTERVAL_S
+    ejection_failures: int = DEFAULT_FAILURES_TO_EJECT
+    ejection_backoff_s: float = DEFAULT_EJECTION_BACKOFF_S
+    ejection_backoff_max_s: float = DEFAULT_EJECTION_BACKOFF_MAX_S
+    drain_delay_s: float = DEFAULT_DRAIN_DELAY_S
+    drain_grace_s: float = DEFAULT_DRAIN_GRACE_S
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -207,6 +264,10 @@ class GatewaySettings:
                 f"redis_failure_mode must be closed (answer 503 while Redis is down) or open "
                 f"(admit without rate limits and budgets), got {self.redis_failure_mode!r}"
             )
+        self.replica_watch  # noqa: B018 (validates the replica settings)
+        for name in ("drain_delay_s", "drain_grace_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("admin_key_hash", "metrics_token_hash"):
@@ -216,6 +277,19 @@ class GatewaySettings:
                     f"{name} must be 64 lowercase hex characters: "
                     "python -c 'import hashlib;print(hashlib.sha256(b\"KEY\").hexdigest())'"
                 )
+
+    @property
+    def replica_watch(self) -> ReplicaWatch:
+        """How engine replicas are found, checked and ejected."""
+        return ReplicaWatch(
+            dns_refresh_s=self.dns_refresh_s,
+            health_check_interval_s=self.health_check_interval_s,
+            ejection=EjectionRule(
+                failures_to_eject=self.ejection_failures,
+                backoff_s=self.ejection_backoff_s,
+                backoff_max_s=self.ejection_backoff_max_s,
+            ),
+        )
 
     @property
     def resolved_database_url(self) -> str:
@@ -266,7 +340,7 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 out[name] = None
             continue
         try:
-            if name == "port" or name == "max_body_bytes":
+            if name in ("port", "max_body_bytes", "ejection_failures"):
                 out[name] = int(value)
             elif name in (
                 "reservation_ttl_s",
@@ -274,6 +348,12 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 "auth_stale_ttl_s",
                 "redis_connect_timeout_s",
                 "redis_timeout_s",
+                "dns_refresh_s",
+                "health_check_interval_s",
+                "ejection_backoff_s",
+                "ejection_backoff_max_s",
+                "drain_delay_s",
+                "drain_grace_s",
             ):
                 out[name] = float(value)
             elif name == "log_prompts":

@@ -9,8 +9,8 @@
     bind the gateway's port (fails fast if taken)
     start the engines, wait for /health                   gateway.launcher.engine_processes
       then restart any engine that dies (watchdog thread)
-    print the banner, run uvicorn until SIGINT/SIGTERM
-    stop the gateway (drains requests), then the engines
+    print the banner, run uvicorn until SIGINT/SIGTERM    gateway.launcher.draining_server
+    drain the gateway (/ready 503, requests in flight finish), then stop the engines
 
 Keys created on the first run are printed exactly once: in the banner, or, if start-up
 fails after they were created, in the error output.
@@ -50,7 +50,6 @@ from gateway.settings import GatewaySettings
 
 Echo = Callable[[str], None]
 YOUNG_GC_THRESHOLD = 10_000  # net allocations between young-generation collections (CPython: 700)
-GRACEFUL_SHUTDOWN_S = 10
 
 
 @dataclass(frozen=True)
@@ -117,6 +116,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
     import uvicorn
 
     from gateway.app import build_gateway
+    from gateway.launcher.draining_server import DrainingServer
     from gateway.launcher.engine_processes import EngineSupervisor
 
     credentials: Credentials | None = None
@@ -125,14 +125,15 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
         with _sigterm_exits():
             plan, credentials = prepare(options, say)
             settings = plan.settings
+            app = build_gateway(settings)
             config = uvicorn.Config(
-                build_gateway(settings),
+                app,
                 host=settings.host,
                 port=settings.port,
                 loop="uvloop",
                 http="httptools",
                 lifespan="on",
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                timeout_graceful_shutdown=settings.drain_grace_s,  # type: ignore[arg-type]
             )
             sock = config.bind_socket()
             # Listening from here on, so a client that connects as soon as the banner says
@@ -147,7 +148,10 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                 say(banner(plan, credentials))
                 is_shown = True
                 tune_gc_for_serving()
-                uvicorn.Server(config).run(sockets=[sock])
+                server = DrainingServer(
+                    config, app.state.readiness, drain_delay_s=settings.drain_delay_s
+                )
+                server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:

@@ -68,6 +68,24 @@ class GatewayMetrics:
             "(redis_failure_mode: open).",
             registry=self.registry,
         )
+        self.healthy_replicas = Gauge(
+            "tollway_gateway_healthy_replicas",
+            "Engine replicas that may take a request (ready, not ejected), by model.",
+            ("model",),
+            registry=self.registry,
+        )
+        self.replica_ejections = Counter(
+            "tollway_gateway_replica_ejections",
+            "Engine replicas ejected after consecutive failures, by model.",
+            ("model",),
+            registry=self.registry,
+        )
+        self.dns_resolution_failures = Counter(
+            "tollway_gateway_dns_resolution_failures",
+            "Failed resolutions of a dns:// upstream (its last good replicas stay), by upstream.",
+            ("upstream",),
+            registry=self.registry,
+        )
         self.reservations_in_flight = Gauge(
             "tollway_gateway_reservations_in_flight",
             "Budget reservations held by requests in flight on this gateway.",

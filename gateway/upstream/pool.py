@@ -5,7 +5,10 @@ upstream gets a private host name (``http://uds-N.tollway.invalid``) mounted on 
 transport bound to that socket, so TCP and Unix-socket engines share one client and one set
 of timeouts.
 
-`UpstreamPool.open` picks replicas round-robin and moves on to the next one when an engine
+A model's replicas are live (`gateway.upstream.replica_set`): ``dns://`` upstreams are
+resolved again and again, every replica is checked, and one that fails is ejected for a
+while; `UpstreamPool.start` (the app's start-up) begins that. `UpstreamPool.open` picks
+among the available replicas round-robin and moves on to the next one when an engine
 fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
 its first event with content. Once a token has been relayed the request stays where it is.
 When every replica fails, a 500 answer (an engine failed this request) is returned for the
@@ -32,8 +35,11 @@ import httpx
 import orjson
 
 from gateway.api.errors import upstream_unavailable
+from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import ModelSettings
 from gateway.upstream.aiohttp_transport import READ_BODY, AiohttpTransport
+from gateway.upstream.dns_discovery import DNS_SCHEME, DnsUpstream, Resolver, system_resolver
+from gateway.upstream.replica_set import ReplicaSet, ReplicaWatch, Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -78,28 +84,36 @@ class UpstreamPool:
         *,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         transport_factory: Callable[[str | None], httpx.AsyncBaseTransport] | None = None,
+        watch: ReplicaWatch | None = None,
+        resolver: Resolver = system_resolver,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         make = transport_factory or _aiohttp_transport
-        tcp = make(None)
-        mounts: dict[str, httpx.AsyncBaseTransport] = {}
-        self._transports: dict[str, httpx.AsyncBaseTransport] = {}  # by replica base URL
-        self._bases: dict[str, tuple[str, ...]] = {}
+        tcp = self._tcp = make(None)
+        mounts: dict[str, httpx.AsyncBaseTransport] = {}  # by a Unix socket's base URL
+        upstreams: dict[str, list[Upstream]] = {}
         socket_hosts: dict[str, str] = {}
         for name, model in models.items():
-            bases = []
+            entries = upstreams[name] = []
             for url in model.upstreams:
                 if url.startswith("unix:"):
                     path = url.removeprefix("unix:")
                     if path not in socket_hosts:
                         socket_hosts[path] = f"http://uds-{len(socket_hosts)}.tollway.invalid"
                         mounts[socket_hosts[path]] = make(path)
-                    base = socket_hosts[path]
-                    self._transports[base] = mounts[base]
+                    entries.append(socket_hosts[path])
+                elif url.startswith(DNS_SCHEME):
+                    entries.append(DnsUpstream.parse(url))
                 else:
-                    base = url.rstrip("/")
-                    self._transports[base] = tcp
-                bases.append(base)
-            self._bases[name] = tuple(bases)
+                    entries.append(url.rstrip("/"))
+        self._mounts = mounts
+        self.replica_set = ReplicaSet(
+            upstreams,
+            watch or ReplicaWatch(),
+            resolver=resolver,
+            metrics=metrics,
+            on_leave=self._forget,
+        )
         self.client = httpx.AsyncClient(
             transport=tcp, mounts=mounts, timeout=timeout, trust_env=False
         )
@@ -109,9 +123,16 @@ class UpstreamPool:
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._turns = {name: itertools.count() for name in models}
 
+    async def start(self) -> None:
+        """Resolve the ``dns://`` upstreams and check every replica, then keep doing so."""
+        await self.replica_set.start(self.client)
+
     def replicas(self, model: str) -> list[str]:
-        """The model's replicas, rotated by one on every call (round-robin start)."""
-        bases = self._bases[model]
+        """The model's available replicas (`ReplicaSet.available`), rotated by one on every
+        call (round-robin start)."""
+        bases = self.replica_set.available(model)
+        if not bases:
+            return []  # a dns:// name that has resolved to nothing yet
         start = next(self._turns[model]) % len(bases)
         return [*bases[start:], *bases[:start]]
 
@@ -146,7 +167,7 @@ class UpstreamPool:
             )
             response: httpx.Response | None = None
             try:
-                response = await self._transports[base].handle_async_request(request)
+                response = await self._transport(base).handle_async_request(request)
                 if response.status_code >= 500:
                     if response.status_code == 500:
                         failed_answer = UpstreamCall(response, base, body=await read_body(response))
@@ -157,9 +178,11 @@ class UpstreamPool:
                 else:
                     call.body = await read_body(response)
                     await response.aclose()
+                self.replica_set.record_success(base)
                 return call
             except (httpx.HTTPError, _ReplicaFailed) as exc:
                 num_failed += 1
+                self.replica_set.record_failure(model, base)
                 reason = type(exc).__name__ if isinstance(exc, httpx.HTTPError) else str(exc)
                 logger.warning("upstream %s for %s failed: %s", base, model, reason)
                 if on_replica_error is not None:
@@ -178,7 +201,7 @@ class UpstreamPool:
         False for engines without the endpoint and for any failure."""
         payload = json.dumps({"request_id": request_id}).encode()
         was_stopped = False
-        for base in self._bases[model]:
+        for base in self.replica_set.members(model):
             request = httpx.Request(
                 "POST",
                 self._url(base, "/abort_request"),
@@ -187,7 +210,7 @@ class UpstreamPool:
                 extensions=self._stop_extensions,
             )
             try:
-                response = await self._transports[base].handle_async_request(request)
+                response = await self._transport(base).handle_async_request(request)
                 try:
                     answer = (
                         json.loads(await response.aread()) if response.status_code == 200 else {}
@@ -202,7 +225,18 @@ class UpstreamPool:
         return was_stopped
 
     async def aclose(self) -> None:
+        await self.replica_set.aclose()
         await self.client.aclose()  # closes every transport, mounted ones included
+
+    def _transport(self, base: str) -> httpx.AsyncBaseTransport:
+        """A Unix socket's own transport; the shared TCP one for every other replica (so a
+        replica that joins later needs nothing set up)."""
+        return self._mounts.get(base, self._tcp)
+
+    def _forget(self, base: str) -> None:
+        """A replica left (DNS): drop its parsed URLs, so churn does not grow the cache."""
+        for key in [key for key in self._urls if key[0] == base]:
+            del self._urls[key]
 
     def _url(self, base: str, path: str) -> httpx.URL:
         url = self._urls.get((base, path))

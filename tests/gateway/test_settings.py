@@ -52,6 +52,12 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
         ({"redis_connect_timeout_s": 61}, "redis_connect_timeout_s must be in"),
         ({"redis_failure_mode": "ajar"}, "redis_failure_mode must be closed"),
         ({"auth_stale_ttl_s": -1}, "auth_stale_ttl_s must be >= 0"),
+        ({"models": {"m": {"upstreams": ["dns://x"], "context_window": 10}}}, "dns://host:port"),
+        ({"dns_refresh_s": 0}, "dns_refresh_s must be > 0"),
+        ({"health_check_interval_s": -1}, "health_check_interval_s must be >= 0"),
+        ({"ejection_failures": 0}, "ejection_failures must be"),
+        ({"ejection_backoff_s": 5, "ejection_backoff_max_s": 1}, "ejection_backoff_max_s"),
+        ({"drain_grace_s": -1}, "drain_grace_s must be >= 0"),
     ],
 )
 def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> None:
@@ -90,3 +96,30 @@ def test_outage_settings_have_documented_defaults_and_env_overrides() -> None:
     settings = GatewaySettings.from_dict(data, env=env)
     assert (settings.redis_connect_timeout_s, settings.redis_timeout_s) == (0.2, 1.0)
     assert (settings.redis_failure_mode, settings.auth_stale_ttl_s) == ("open", 0.0)
+
+
+def test_replica_and_drain_settings_have_documented_defaults_and_env_overrides() -> None:
+    upstreams = ["unix:/run/a.sock", "http://10.0.0.2:8100", "dns://engine-small:8100"]
+    data: dict[str, object] = {"models": {"m": {"upstreams": upstreams, "context_window": 64}}}
+    defaults = GatewaySettings.from_dict(data)
+    assert defaults.models["m"].upstreams == tuple(upstreams)
+    watch = defaults.replica_watch
+    assert (watch.dns_refresh_s, watch.health_check_interval_s) == (5.0, 5.0)
+    assert (watch.ejection.failures_to_eject, watch.ejection.backoff_s) == (3, 1.0)
+    assert watch.ejection.backoff_max_s == 30.0
+    assert (defaults.drain_delay_s, defaults.drain_grace_s) == (0.0, 30.0)
+    env = {
+        "TOLLWAY_DNS_REFRESH_S": "1",
+        "TOLLWAY_HEALTH_CHECK_INTERVAL_S": "0",
+        "TOLLWAY_EJECTION_FAILURES": "5",
+        "TOLLWAY_EJECTION_BACKOFF_S": "2",
+        "TOLLWAY_EJECTION_BACKOFF_MAX_S": "60",
+        "TOLLWAY_DRAIN_DELAY_S": "5",
+        "TOLLWAY_DRAIN_GRACE_S": "45",
+    }
+    settings = GatewaySettings.from_dict(data, env=env)
+    watch = settings.replica_watch
+    assert (watch.dns_refresh_s, watch.health_check_interval_s) == (1.0, 0.0)
+    assert (watch.ejection.failures_to_eject, watch.ejection.backoff_s) == (5, 2.0)
+    assert watch.ejection.backoff_max_s == 60.0
+    assert (settings.drain_delay_s, settings.drain_grace_s) == (5.0, 45.0)

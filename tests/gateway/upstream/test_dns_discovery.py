@@ -1,0 +1,46 @@
+"""``dns://host:port`` upstreams: parsing, and the replicas an answer stands for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.upstream.dns_discovery import DnsUpstream, resolve_bases, system_resolver
+
+
+def test_parse() -> None:
+    assert DnsUpstream.parse("dns://engine-small:8100") == DnsUpstream(
+        "dns://engine-small:8100", "engine-small", 8100
+    )
+    assert DnsUpstream.parse("dns://[::1]:80").host == "::1"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["dns://engine", "dns://engine:", "dns://:8100", "dns://e:0", "dns://e:1/v1", "dns://e:x"],
+)
+def test_parse_refuses_what_is_not_host_and_port(url: str) -> None:
+    with pytest.raises(ValueError, match="must be dns://host:port"):
+        DnsUpstream.parse(url)
+
+
+async def test_each_address_is_one_replica_sorted_once() -> None:
+    async def resolver(host: str, port: int) -> Sequence[str]:
+        assert (host, port) == ("engine", 8100)
+        return ["10.0.0.3", "10.0.0.1", "fd00::2", "10.0.0.1", "not-an-ip"]
+
+    bases = await resolve_bases(DnsUpstream.parse("dns://engine:8100"), resolver)
+    assert bases == ("http://10.0.0.1:8100", "http://10.0.0.3:8100", "http://[fd00::2]:8100")
+
+
+async def test_a_name_with_no_usable_address_is_a_failure() -> None:
+    async def resolver(host: str, port: int) -> Sequence[str]:
+        return []
+
+    with pytest.raises(OSError, match="no address"):
+        await resolve_bases(DnsUpstream.parse("dns://engine:8100"), resolver)
+
+
+async def test_the_system_resolver_answers_an_address_literal_without_a_lookup() -> None:
+    assert list(await system_resolver("127.0.0.1", 8100)) == ["127.0.0.1"]
