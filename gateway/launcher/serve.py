@@ -10,6 +10,7 @@
     start the engines, wait for /health                   gateway.launcher.engine_processes
       then restart any engine that dies (watchdog thread)
     print the banner, run uvicorn until SIGINT/SIGTERM
+      --config: apply its changed `rollouts:` meanwhile      gateway.launcher.config_reload
     stop the gateway (drains requests), then the engines
 
 Keys created on the first run are printed exactly once: in the banner, or, if start-up
@@ -24,7 +25,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -117,6 +118,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
     import uvicorn
 
     from gateway.app import build_gateway
+    from gateway.launcher.config_reload import watching_rollouts
     from gateway.launcher.engine_processes import EngineSupervisor
 
     credentials: Credentials | None = None
@@ -125,8 +127,9 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
         with _sigterm_exits():
             plan, credentials = prepare(options, say)
             settings = plan.settings
+            app = build_gateway(settings)
             config = uvicorn.Config(
-                build_gateway(settings),
+                app,
                 host=settings.host,
                 port=settings.port,
                 loop="uvloop",
@@ -138,7 +141,11 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
             # Listening from here on, so a client that connects as soon as the banner says
             # ready waits in the backlog until the app has started, instead of being refused.
             sock.listen(config.backlog)
-            with EngineSupervisor(plan.engines, plan.log_dir) as engines:
+            with ExitStack() as watch, EngineSupervisor(plan.engines, plan.log_dir) as engines:
+                if options.config is not None:  # its rollouts change without a restart
+                    watch.enter_context(
+                        watching_rollouts(options.config, app.state.gateway.rollouts, settings)
+                    )
                 if plan.engines:
                     names = ", ".join(spec.name for spec in plan.engines)
                     say(f"starting engines ({names}); logs in {plan.log_dir}")
