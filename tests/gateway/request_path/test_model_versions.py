@@ -46,7 +46,7 @@ def stack(sqlite_db_url: str, tmp_path: Path) -> Iterator[Stack]:
         engines["small"] = stack.enter_context(stand_in_engine(num_chunks=3))
 
         def model(engine: TappedEngine, **fields: Any) -> dict[str, Any]:
-            return {"upstreams": [engine.upstream], "context_window": 4096, **fields}
+            return {"upstreams": [engine.upstream], "context_window": 4096} | fields
 
         settings = GatewaySettings.from_dict(
             {
@@ -58,7 +58,9 @@ def stack(sqlite_db_url: str, tmp_path: Path) -> Iterator[Stack]:
                     "large-v1": model(
                         engines["v1"], upstream_model=LLAMA_ID, prices={"output": 1_000_000}
                     ),
-                    "large-v2": model(engines["v2"], prices={"output": 3_000_000}),
+                    "large-v2": model(
+                        engines["v2"], prices={"output": 3_000_000}, context_window=256
+                    ),
                 },
                 "rollouts": {"large": {"large-v1": 50, "large-v2": 50}},
                 "routing": {"aliases": {"auto": {"small": "small", "large": "large"}}},
@@ -182,3 +184,27 @@ def test_metrics_carry_the_version(stack: Stack, sqlite_db_url: str) -> None:
         f'tollway_gateway_tokens_total{{direction="output",model="large",version="{version}"}}'
         in metrics
     )
+
+
+def test_each_version_is_admitted_by_its_own_context_window(
+    stack: Stack, sqlite_db_url: str
+) -> None:
+    """large-v2 holds 256 tokens, large-v1 4096: a 500-token prompt fits one version only,
+    and the refusal is recorded under the version that refused it."""
+    tenant_id, key = tenant_key(sqlite_db_url)
+    users = {stack.version_for(tenant_id, f"u{n}"): f"u{n}" for n in range(50)}
+    long_chat = {"messages": [{"role": "user", "content": "word " * 500}], "max_tokens": 4}
+    assert post(stack, key, user=users["large-v1"], **long_chat).json()["model"] == "large"
+    refused = httpx.post(
+        f"{stack.base}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={**CHAT, **long_chat, "user": users["large-v2"]},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert stack.engine_models("large-v2") == []
+    records = usage_records(sqlite_db_url, tenant_id, 2)
+    assert sorted((r.status.value, r.model_version) for r in records) == [
+        ("completed", "large-v1"),
+        ("rejected", "large-v2"),
+    ]
