@@ -199,7 +199,7 @@ def banner(plan: ServePlan, credentials: Credentials) -> str:
     lines = [
         "",
         f"Tollway is ready: {url}/v1  (OpenAI-compatible)",
-        f"  models:   {', '.join(sorted(settings.known_models))}",
+        f"  models:   {', '.join(sorted(settings.public_models(settings.rollouts)))}",
         *(f"  {spec.name + ':':<9} {spec.checkpoint}" for spec in plan.engines),
         f"  data:     {settings.data_dir}",
     ]
@@ -220,11 +220,14 @@ def banner(plan: ServePlan, credentials: Credentials) -> str:
 
 def example_model(settings: GatewaySettings) -> str:
     """The model the banner's example asks for: a name this config serves, preferring the
-    ``auto`` alias (the embedded default's), then any routing alias, then the first model."""
+    ``auto`` alias (the embedded default's), then any routing alias, then the first rollout,
+    then the first model that is no rollout's version."""
     aliases = list(settings.routing.aliases) if settings.routing is not None else []
     if AUTO_ALIAS in aliases:
         return AUTO_ALIAS
-    return (aliases or list(settings.models))[0]
+    public = settings.public_models(settings.rollouts)
+    models = [name for name in settings.models if name in public]
+    return (aliases or list(settings.rollouts) or models or list(settings.models))[0]
 
 
 def credential_lines(credentials: Credentials, base_url: str | None) -> str:
