@@ -51,6 +51,7 @@ from gateway.ledger.settlement import Accountant
 from gateway.observability.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.observability.tracing import build_tracer_provider, tracer_from
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.rollouts import LiveRollouts
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.storage.database import Database
 from gateway.storage.redis_client import LeanRedis
@@ -114,6 +115,7 @@ def build_gateway(
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
     retries = LedgerRetries(ledger)
     accountant = Accountant(settings, ledger, writer, metrics, retries)
+    rollouts = LiveRollouts(settings.rollouts)  # replaced whole by a config reload
     context = GatewayContext(
         settings=settings,
         database=database,
@@ -130,7 +132,9 @@ def build_gateway(
             database,
             metrics=metrics,
             retries=retries,
+            rollouts=rollouts,
         ),
+        rollouts=rollouts,
         accountant=accountant,
         metrics=metrics,
         tracer=tracer_from(provider),
@@ -229,14 +233,16 @@ def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounte
 
 
 async def list_models(request: Request) -> Response:
-    """List the models and routing aliases this key may use.
+    """List the models, rollouts and routing aliases this key may use (a rollout's versions
+    are not listed: clients ask for the rollout).
     ---
     {200: ModelList}
     """
     ctx = GatewayContext.of(request)
     caller = await authenticate_request(ctx.database, request)
     allowed = caller.quota.allowed_models
-    names = sorted(m for m in ctx.settings.known_models if allowed is None or m in allowed)
+    public = ctx.settings.public_models(ctx.rollouts.table)
+    names = sorted(m for m in public if allowed is None or m in allowed)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "tollway"} for name in names]
     return JSONResponse({"object": "list", "data": data})
 

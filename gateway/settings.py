@@ -31,6 +31,9 @@
         context_window: 8192
         checkpoint: data/models/small   # exact token counts; null counts with cl100k_base
         prices: {input: 100000, cached_input: 25000, output: 400000}  # micros per 1M tokens
+        upstream_model: null            # the id sent upstream as "model"; null: the name
+    rollouts:                         # a public name -> versions (models above) by weight
+      large: {large-v1: 95, large-v2: 5}   # see gateway/rollouts.py
     routing:
       aliases: {auto: {small: small, large: large}}
       long_prompt_tokens: 4096
@@ -95,6 +98,7 @@ from gateway.defaults import (
     DEFAULT_HOST,
     DEFAULT_PORT,
 )
+from gateway.rollouts import RolloutTable, check_rollouts, parse_rollouts, version_names
 from gateway.storage.database import default_database_url
 from gateway.storage.redis_client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from gateway.upstream.dns_discovery import DEFAULT_DNS_REFRESH_S, DNS_SCHEME, DnsUpstream
@@ -141,7 +145,8 @@ _OPTIONAL_FIELDS = (
     "otel_endpoint",
 )
 REDIS_FAILURE_MODES = ("closed", "open")
-_TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
+_TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing", "rollouts"}
+_MODEL_FIELDS = {"upstreams", "context_window", "checkpoint", "prices", "upstream_model"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -176,8 +181,16 @@ class ModelSettings:
     context_window: int
     checkpoint: Path | None = None
     prices: Prices = field(default_factory=Prices)
+    upstream_model: str | None = None  # the id the engines know it by; None: ``name``
 
     def __post_init__(self) -> None:
+        if self.upstream_model is not None and (
+            not isinstance(self.upstream_model, str) or not self.upstream_model.strip()
+        ):
+            raise ValueError(
+                f"model {self.name!r}: upstream_model must be the engine's model id (a "
+                f"non-empty string), got {self.upstream_model!r}"
+            )
         if not self.upstreams:
             raise ValueError(f"model {self.name!r} needs at least one upstream URL")
         for url in self.upstreams:
@@ -196,11 +209,17 @@ class ModelSettings:
         if self.context_window < 2:
             raise ValueError(f"model {self.name!r}: context_window must be at least 2")
 
+    @property
+    def upstream_id(self) -> str:
+        """What the gateway sends upstream as the body's ``model``."""
+        return self.upstream_model or self.name
+
 
 @dataclass(frozen=True)
 class GatewaySettings:
     models: Mapping[str, ModelSettings]
     routing: RoutingPolicy | None = None
+    rollouts: RolloutTable = field(default_factory=dict)  # the start-up table (see LiveRollouts)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     data_dir: Path = DEFAULT_DATA_DIR
@@ -231,16 +250,19 @@ class GatewaySettings:
         if not self.models:
             raise ValueError("configure at least one model under `models:`")
         object.__setattr__(self, "models", MappingProxyType(dict(self.models)))
-        if self.routing is not None:
-            for alias, pair in self.routing.aliases.items():
-                if alias in self.models:
-                    raise ValueError(f"routing alias {alias!r} shadows a model of that name")
-                for target in (pair.small, pair.large):
-                    if target not in self.models:
-                        raise ValueError(
-                            f"routing alias {alias!r} names {target!r}, which is not under "
-                            f"`models:` (known: {', '.join(sorted(self.models))})"
-                        )
+        object.__setattr__(self, "rollouts", MappingProxyType(dict(self.rollouts)))
+        aliases = self.routing.aliases if self.routing is not None else {}
+        check_rollouts(self.rollouts, self.models, aliases)
+        for alias, pair in aliases.items():
+            if alias in self.models:
+                raise ValueError(f"routing alias {alias!r} shadows a model of that name")
+            for target in (pair.small, pair.large):
+                if target not in self.models and target not in self.rollouts:
+                    raise ValueError(
+                        f"routing alias {alias!r} names {target!r}, which is neither under "
+                        f"`models:` (known: {', '.join(sorted(self.models))}) nor under "
+                        "`rollouts:`"
+                    )
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not self.reservation_ttl_s > 0:
@@ -297,9 +319,14 @@ class GatewaySettings:
 
     @property
     def known_models(self) -> frozenset[str]:
-        """Every name a client may send: served models and routing aliases."""
+        """Every name a client may send: served models (versions too), rollouts and routing
+        aliases. Fixed at start-up (a reload changes a rollout's versions, not its name)."""
         aliases = self.routing.aliases if self.routing is not None else {}
-        return frozenset(self.models) | frozenset(aliases)
+        return frozenset(self.models) | frozenset(self.rollouts) | frozenset(aliases)
+
+    def public_models(self, rollouts: RolloutTable) -> frozenset[str]:
+        """The names ``/v1/models`` lists: `known_models` but the versions of ``rollouts``."""
+        return self.known_models - version_names(rollouts)
 
     @classmethod
     def from_yaml(cls, path: str | Path, env: Mapping[str, str] = os.environ) -> GatewaySettings:
@@ -318,14 +345,17 @@ class GatewaySettings:
             raise ValueError(
                 f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP_LEVEL))}"
             )
-        values: dict[str, Any] = {k: v for k, v in data.items() if k not in ("models", "routing")}
+        values: dict[str, Any] = {
+            k: v for k, v in data.items() if k not in ("models", "routing", "rollouts")
+        }
         for var, name in _ENV_FIELDS.items():
             if var in env:
                 values[name] = env[var] if env[var] != "" else None
         kwargs = _convert_scalars(values, base_dir)
         models = _models(data.get("models"), base_dir)
         routing = _routing(data.get("routing"))
-        return cls(models=models, routing=routing, **kwargs)
+        rollouts = parse_rollouts(data.get("rollouts"))
+        return cls(models=models, routing=routing, rollouts=rollouts, **kwargs)
 
 
 def _is_unix(url: str) -> bool:
@@ -385,7 +415,7 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
     for name, spec in raw.items():
         if not isinstance(spec, dict):
             raise ValueError(f"model {name!r}: expected a mapping")
-        extra = sorted(set(spec) - {"upstreams", "context_window", "checkpoint", "prices"})
+        extra = sorted(set(spec) - _MODEL_FIELDS)
         if extra:
             raise ValueError(f"model {name!r}: unknown field(s) {', '.join(extra)}")
         upstreams = spec.get("upstreams")
@@ -415,6 +445,7 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
             context_window=spec["context_window"],
             checkpoint=base_dir / Path(str(checkpoint)) if checkpoint else None,
             prices=price,
+            upstream_model=spec.get("upstream_model"),
         )
     return models
 

@@ -2,7 +2,8 @@
 
 Order (the first refusal wins)::
 
-    model access (404/403) -> routing of aliases -> priority -> prompt length (400)
+    model access (404/403) -> routing of aliases -> rollout version -> priority
+      -> prompt length (400)
       -> output cap (400) -> rate limits (429 + Retry-After) -> budget reservation (429)
 
 The policies up to the output cap decide from the cached key's quota; rate limits and the
@@ -10,6 +11,10 @@ budget are counted in one step of the `AdmissionStore`, which also checks that t
 tenant did not change since the key was cached (`key_cache`). If it did, the key is read again
 and the request decided afresh; a refusal by the earlier policies checks the epoch too, so a
 quota raised a moment ago is never refused on the old one.
+
+An alias (``auto``) is routed to a public model first; a rollout then picks the version
+(`gateway.rollouts`) whose model entry serves it: its tokenizer counts the prompt, its context
+window bounds it. ``served_model`` stays the public name (what the client is answered with).
 
 The result is an `Admission` (forward it; settle or release its reservation exactly once, see
 `gateway.ledger.settlement`) or a `Refusal` that keeps whatever was decided before the refusal, for
@@ -55,6 +60,7 @@ from gateway.auth.key_cache import CachedKey, KeyCache
 from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.observability.metrics import GatewayMetrics
+from gateway.rollouts import LiveRollouts, RolloutTable, resolve_version
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.usage_store import sum_tokens
@@ -89,7 +95,8 @@ _REDIS_WARNING_INTERVAL_S = 1.0
 
 @dataclass(frozen=True)
 class Admission:
-    served_model: str
+    served_model: str  # the public name: a model, or a rollout
+    version: str  # the model entry that serves it (``served_model`` unless a rollout's)
     route: RoutingDecision | None
     prompt_tokens: int
     max_tokens: int
@@ -104,6 +111,7 @@ class Refusal:
     served_model: str | None = None
     route: RoutingDecision | None = None
     prompt_tokens: int = 0
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class _Plan:
     """What the policies decided before anything is counted."""
 
     served_model: str
+    version: str
     route: RoutingDecision | None
     prompt_tokens: int
     max_tokens: int
@@ -135,8 +144,10 @@ class Admitter:
         clock: Callable[[], float] = time.time,
         metrics: GatewayMetrics | None = None,
         retries: LedgerRetries | None = None,
+        rollouts: LiveRollouts | None = None,
     ) -> None:
         self._settings = settings
+        self._rollouts = rollouts if rollouts is not None else LiveRollouts(settings.rollouts)
         self._counters = counters
         self._store = store
         self._ledger = ledger
@@ -175,18 +186,27 @@ class Admitter:
         rejection = check_model_access(body.model, quota, self._settings.known_models)
         if rejection is not None:
             return Refusal(rejection)
+        table: RolloutTable = self._rollouts.table  # one table for the whole request
+
+        def version_of(model: str) -> str:
+            return resolve_version(table, model, caller.tenant_id, body.user)
+
         served, decision = body.model, None
+        version = version_of(served)
         routing = self._settings.routing
         pair = routing.aliases.get(body.model) if routing is not None else None
         candidates = [pair.small, pair.large] if pair is not None else [served]
         # No candidate admits a longer prompt: one longer by its length alone is not tokenized.
-        limit = max(self._longest_prompt(m, quota) for m in candidates)
+        limit = max(self._longest_prompt(version_of(m), quota) for m in candidates)
         counts: dict[str, int] = {}  # by counter fingerprint: one count per distinct tokenizer
         prompt_tokens = (
-            await self._count_tokens(served, body, counts, limit) if served in self._counters else 0
+            await self._count_tokens(version, body, counts, limit)
+            if version in self._counters
+            else 0
         )
         if routing is not None and pair is not None:
-            prompt_tokens = await self._count_tokens(pair.small, body, counts, limit)
+            small = version_of(pair.small)
+            prompt_tokens = await self._count_tokens(small, body, counts, limit)
             has_code, has_math = detect_code_or_math(body.prompt_text)  # bounded, linear
             features = RequestFeatures(
                 prompt_tokens=prompt_tokens,
@@ -197,19 +217,20 @@ class Admitter:
                 tenant_tier=quota.tier,
                 hint=_hint(body.raw.get("tollway_hint")),
             )
-            load = await self._pool_load.load(pair.large)
+            load = await self._pool_load.load(version_of(pair.large))
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
             served = decision.model
-            if served != pair.small:
-                prompt_tokens = await self._count_tokens(served, body, counts, limit)
+            version = version_of(served)
+            if version != small:
+                prompt_tokens = await self._count_tokens(version, body, counts, limit)
 
         def refuse(rejection: Rejection) -> Refusal:
-            return Refusal(rejection, served, decision, prompt_tokens)
+            return Refusal(rejection, served, decision, prompt_tokens, version)
 
         priority = resolve_priority(priority_header, caller.key_priority, quota)
         if isinstance(priority, Rejection):
             return refuse(priority)
-        context_window = self._settings.models[served].context_window
+        context_window = self._settings.models[version].context_window
         rejection = check_prompt_length(
             prompt_tokens, quota, context_window, is_lower_bound=prompt_tokens > limit
         )
@@ -220,7 +241,7 @@ class Admitter:
         )
         if isinstance(max_tokens, Rejection):
             return refuse(max_tokens)
-        return _Plan(served, decision, prompt_tokens, max_tokens, priority)
+        return _Plan(served, version, decision, prompt_tokens, max_tokens, priority)
 
     async def _count(self, key: CachedKey, plan: _Plan) -> Admission | Refusal | AuthChanged:
         """Rate limits and budget in one store step (rebuilding an unknown balance first)."""
@@ -245,7 +266,9 @@ class Admitter:
             raise RuntimeError("the budget balance could not be rebuilt; please retry")
 
         def refuse(rejection: Rejection) -> Refusal:
-            return Refusal(rejection, plan.served_model, plan.route, plan.prompt_tokens)
+            return Refusal(
+                rejection, plan.served_model, plan.route, plan.prompt_tokens, plan.version
+            )
 
         headers: Mapping[str, str] = {}
         if result.window is not None:
@@ -259,6 +282,7 @@ class Admitter:
             return refuse(_budget_refusal(result.balance, tokens, budget.limit, window))
         return Admission(
             plan.served_model,
+            plan.version,
             plan.route,
             plan.prompt_tokens,
             plan.max_tokens,
@@ -292,7 +316,13 @@ class Admitter:
         if self._metrics is not None:
             self._metrics.uncounted_admissions.inc()
         return Admission(
-            plan.served_model, plan.route, plan.prompt_tokens, plan.max_tokens, plan.priority, None
+            plan.served_model,
+            plan.version,
+            plan.route,
+            plan.prompt_tokens,
+            plan.max_tokens,
+            plan.priority,
+            None,
         )
 
     async def _current_epoch(self, tenant_id: str) -> str | None:

@@ -13,6 +13,11 @@ relay (stream or JSON) ────┴─► Accountant.record   (one record, du
                                                    before the answer's last bytes ([DONE], or
                                                    the JSON), then Accountant.settle after it
 
+The engine is asked for the served version's ``upstream_model`` id; the answer's ``model``
+(JSON or every chunk) is the public name the request was served under (after routing aliases:
+a model or a rollout, never a rollout's version), so an OpenAI client sees the name it can
+send again. The version shows in the ``x-tollway-model-version`` header.
+
 A client that leaves is charged what the engine generated for it: a stream up to the last
 token relayed; a non-streamed request up to where the engine stopped (asked to by
 ``UpstreamPool.stop``, it answers with its usage), or its prompt alone if that fails.
@@ -59,6 +64,7 @@ from openai_protocol.sse import EventStreamResponse
 from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"
+VERSION_HEADER = "x-tollway-model-version"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -140,11 +146,11 @@ async def _forward(
     admission: Admission,
     path: str,
 ) -> Response:
-    model = admission.served_model
+    model, version = admission.served_model, admission.version
     metrics = ctx.metrics
     meter = UsageMeter(
-        on_first_token=metrics.child(metrics.time_to_first_token, model).observe,
-        on_next_token=metrics.child(metrics.inter_token_latency, model).observe,
+        on_first_token=metrics.child(metrics.time_to_first_token, model, version).observe,
+        on_next_token=metrics.child(metrics.inter_token_latency, model, version).observe,
         started_at=time.monotonic(),
     )
     headers = {
@@ -153,9 +159,9 @@ async def _forward(
         "x-request-id": info.request_id,
     }
     opening = ctx.upstreams.open(
-        model,
+        version,
         path,
-        upstream_body(body, admission),
+        upstream_body(body, admission, ctx.settings.models[version].upstream_id),
         headers,
         is_stream=body.is_stream,
         on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
@@ -178,6 +184,7 @@ async def _forward(
         return await _finish_after_departure(ctx, info, admission, meter, answering)
     call = answered
     response_headers = dict(admission.headers)
+    response_headers[VERSION_HEADER] = version
     if admission.route is not None:
         response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
     if call.status_code >= 400:  # an engine's error: the client gets the gateway's own
@@ -187,7 +194,7 @@ async def _forward(
             await ctx.accountant.finish(info, admission, meter, was_answered=False)
             return error_response(rejection, response_headers)
         # The engine refused the request: recorded as a refusal at the door, with its code.
-        refusal = Refusal(rejection, model, admission.route, admission.prompt_tokens)
+        refusal = Refusal(rejection, model, admission.route, admission.prompt_tokens, version)
         ctx.accountant.reject(info, refusal)
         await ctx.accountant.settle(admission, 0)  # releases the reservation
         return error_response(rejection, response_headers)
@@ -199,10 +206,13 @@ async def _forward(
             raise ApiError(Rejection.of(UPSTREAM_ERROR, "Bad engine answer."))
         measure_body(answer, meter)
         meter.finish(UsageStatus.COMPLETED)
-        # The engine's JSON as it came: recorded before it is sent, settled after.
+        # The engine's JSON as it came (renamed if need be): recorded before it is sent,
+        # settled after.
         num_tokens = ctx.accountant.record(info, admission, meter, was_answered=True)
         return AnswerThenSettle(
-            call.body, response_headers, lambda: ctx.accountant.settle(admission, num_tokens)
+            _with_model(call.body, answer, model),
+            response_headers,
+            lambda: ctx.accountant.settle(admission, num_tokens),
         )
 
     recorded: list[int] = []  # the settled tokens, once recorded
@@ -216,7 +226,9 @@ async def _forward(
         record()
         await ctx.accountant.settle(admission, recorded[0])
 
-    events = relay_events(call, meter, include_usage=body.include_usage, before_end=record)
+    events = relay_events(
+        call, meter, include_usage=body.include_usage, before_end=record, model_name=model
+    )
     return EventStreamResponse(events, on_close=on_close, headers=response_headers)
 
 
@@ -235,7 +247,7 @@ async def _finish_after_departure(
     stopped = None
     if answering is not None:
         try:
-            if await ctx.upstreams.stop(admission.served_model, info.request_id):
+            if await ctx.upstreams.stop(admission.version, info.request_id):
                 stopped = await asyncio.wait_for(answering, STOP_GRACE_S)  # cancels on timeout
         except Exception:  # the call's own failure, or the wait's timeout
             pass
@@ -276,11 +288,22 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def upstream_body(body: CompletionBody, admission: Admission) -> dict[str, Any]:
-    """The client's request for the engine: the served model, the admitted ``max_tokens``,
-    and always the final usage chunk on streams."""
+def _with_model(body: bytes, answer: dict[str, Any], model: str) -> bytes:
+    """The engine's answer with ``model`` as the client's name (the bytes as they came when
+    the engine already used it)."""
+    if answer.get("model", model) == model:
+        return body
+    return orjson.dumps({**answer, "model": model})
+
+
+def upstream_body(
+    body: CompletionBody, admission: Admission, upstream_model: str
+) -> dict[str, Any]:
+    """The client's request for the engine: the engine's id for the served version
+    (``upstream_model``), the admitted ``max_tokens``, and always the final usage chunk on
+    streams."""
     out = {k: v for k, v in body.raw.items() if k not in ("max_completion_tokens", "tollway_hint")}
-    out["model"] = admission.served_model
+    out["model"] = upstream_model
     out["max_tokens"] = admission.max_tokens
     if body.is_stream:
         out["stream_options"] = {"include_usage": True}

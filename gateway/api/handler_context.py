@@ -11,6 +11,7 @@ from gateway.admission.admitter import Admitter
 from gateway.auth.key_cache import KeyCache
 from gateway.ledger.settlement import Accountant
 from gateway.observability.metrics import GatewayMetrics
+from gateway.rollouts import LiveRollouts
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.upstream.pool import UpstreamPool
@@ -26,6 +27,7 @@ class GatewayContext:
     accountant: Accountant
     metrics: GatewayMetrics
     tracer: Tracer
+    rollouts: LiveRollouts
 
     @staticmethod
     def of(request: Request) -> GatewayContext:

@@ -52,6 +52,12 @@ class CompletionBody:
         return self.prompt if isinstance(self.prompt, str) else ""
 
     @property
+    def user(self) -> str | None:
+        """OpenAI's end-user id, if the request names one (its rollout versions stick to it)."""
+        user = self.raw.get("user")
+        return user if isinstance(user, str) and user else None
+
+    @property
     def num_turns(self) -> int:
         return len(self.messages) if self.messages is not None else 1
 

@@ -99,6 +99,7 @@ class Budget(BaseModel):
 class ModelTotals(BaseModel):
     tenant_id: str
     served_model: str | None  # null: rejected before an engine was chosen
+    model_version: str | None  # the version of a rollout that served it; else served_model
     num_requests: int
     prompt_tokens: int
     cached_tokens: int
@@ -280,6 +281,7 @@ async def usage_summary(
         ModelTotals(
             tenant_id=row.tenant_id,
             served_model=row.served_model,
+            model_version=row.model_version,
             total_tokens=row.totals.prompt_tokens + row.totals.completion_tokens,
             **asdict(row.totals),
         )

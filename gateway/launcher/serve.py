@@ -10,6 +10,7 @@
     start the engines, wait for /health                   gateway.launcher.engine_processes
       then restart any engine that dies (watchdog thread)
     print the banner, run uvicorn until SIGINT/SIGTERM    gateway.launcher.draining_server
+      --config: apply its changed `rollouts:` meanwhile      gateway.launcher.config_reload
     drain the gateway (/ready 503, requests in flight finish), then stop the engines
 
 Keys created on the first run are printed exactly once: in the banner, or, if start-up
@@ -24,7 +25,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -116,6 +117,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
     import uvicorn
 
     from gateway.app import build_gateway
+    from gateway.launcher.config_reload import watching_rollouts
     from gateway.launcher.draining_server import DrainingServer
     from gateway.launcher.engine_processes import EngineSupervisor
 
@@ -139,7 +141,11 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
             # Listening from here on, so a client that connects as soon as the banner says
             # ready waits in the backlog until the app has started, instead of being refused.
             sock.listen(config.backlog)
-            with EngineSupervisor(plan.engines, plan.log_dir) as engines:
+            with ExitStack() as watch, EngineSupervisor(plan.engines, plan.log_dir) as engines:
+                if options.config is not None:  # its rollouts change without a restart
+                    watch.enter_context(
+                        watching_rollouts(options.config, app.state.gateway.rollouts, settings)
+                    )
                 if plan.engines:
                     names = ", ".join(spec.name for spec in plan.engines)
                     say(f"starting engines ({names}); logs in {plan.log_dir}")
@@ -196,7 +202,7 @@ def banner(plan: ServePlan, credentials: Credentials) -> str:
     lines = [
         "",
         f"Tollway is ready: {url}/v1  (OpenAI-compatible)",
-        f"  models:   {', '.join(sorted(settings.known_models))}",
+        f"  models:   {', '.join(sorted(settings.public_models(settings.rollouts)))}",
         *(f"  {spec.name + ':':<9} {spec.checkpoint}" for spec in plan.engines),
         f"  data:     {settings.data_dir}",
     ]
@@ -217,11 +223,14 @@ def banner(plan: ServePlan, credentials: Credentials) -> str:
 
 def example_model(settings: GatewaySettings) -> str:
     """The model the banner's example asks for: a name this config serves, preferring the
-    ``auto`` alias (the embedded default's), then any routing alias, then the first model."""
+    ``auto`` alias (the embedded default's), then any routing alias, then the first rollout,
+    then the first model that is no rollout's version."""
     aliases = list(settings.routing.aliases) if settings.routing is not None else []
     if AUTO_ALIAS in aliases:
         return AUTO_ALIAS
-    return (aliases or list(settings.models))[0]
+    public = settings.public_models(settings.rollouts)
+    models = [name for name in settings.models if name in public]
+    return (aliases or list(settings.rollouts) or models or list(settings.models))[0]
 
 
 def credential_lines(credentials: Credentials, base_url: str | None) -> str:

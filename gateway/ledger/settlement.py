@@ -69,10 +69,13 @@ class Accountant:
         reason = refusal.rejection.code
         metrics = self._metrics
         metrics.child(metrics.rejections, reason).inc()
-        self._count(info, refusal.served_model, f"rejected:{refusal.rejection.status}")
+        self._count(
+            info, refusal.served_model, refusal.version, f"rejected:{refusal.rejection.status}"
+        )
         self._submit(
             info,
             served_model=refusal.served_model,
+            model_version=refusal.version,
             route=refusal.route.reason if refusal.route else None,
             status=UsageStatus.REJECTED,
             reject_reason=reason,
@@ -101,16 +104,17 @@ class Accountant:
         prompt, cached, completion = meter.tokens(admission.prompt_tokens)
         if not was_answered:
             prompt = cached = completion = 0
-        model = admission.served_model
-        prices = self._settings.models[model].prices
+        model, version = admission.served_model, admission.version
+        prices = self._settings.models[version].prices  # each version is priced on its own
         metrics = self._metrics
-        metrics.child(metrics.tokens, model, "input").inc(prompt - cached)
-        metrics.child(metrics.tokens, model, "cached_input").inc(cached)
-        metrics.child(metrics.tokens, model, "output").inc(completion)
-        self._count(info, model, status.value)
+        metrics.child(metrics.tokens, model, version, "input").inc(prompt - cached)
+        metrics.child(metrics.tokens, model, version, "cached_input").inc(cached)
+        metrics.child(metrics.tokens, model, version, "output").inc(completion)
+        self._count(info, model, version, status.value)
         self._submit(
             info,
             served_model=model,
+            model_version=version,
             route=admission.route.reason if admission.route else None,
             status=status,
             prompt_tokens=prompt,
@@ -121,6 +125,7 @@ class Accountant:
         )
         span = info.span
         span.set_attribute("gen_ai.response.model", model)
+        span.set_attribute("tollway.model_version", version)
         span.set_attribute("gen_ai.usage.input_tokens", prompt)
         span.set_attribute("gen_ai.usage.output_tokens", completion)
         span.set_attribute("tollway.usage.status", status.value)
@@ -141,15 +146,18 @@ class Accountant:
         finally:
             self._metrics.reservations_in_flight.dec()
 
-    def _count(self, info: RequestInfo, model: str | None, status: str) -> None:
+    def _count(
+        self, info: RequestInfo, model: str | None, version: str | None, status: str
+    ) -> None:
         metrics = self._metrics
-        metrics.child(metrics.requests, info.endpoint, model or "", status).inc()
+        metrics.child(metrics.requests, info.endpoint, model or "", version or "", status).inc()
 
     def _submit(
         self,
         info: RequestInfo,
         *,
         served_model: str | None,
+        model_version: str | None,
         route: str | None,
         status: UsageStatus,
         reject_reason: str | None = None,
@@ -165,6 +173,7 @@ class Accountant:
             key_id=info.caller.key_id,
             requested_model=info.requested_model[:200],
             served_model=served_model,
+            model_version=model_version,
             routing_decision=route,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,

@@ -3,6 +3,10 @@
 The request path reaches labelled series through ``GatewayMetrics.child``, which remembers
 them: ``prometheus_client``'s ``labels()`` validates its arguments and takes a lock on every
 call. Every label value here comes from a bounded set (models, endpoints, outcomes).
+
+``model`` is the public name a request was served under (a model or a rollout, after routing
+aliases); ``version`` the model entry that served it (the rollout's version, else the model
+itself; empty for a request refused before one was chosen).
 """
 
 from __future__ import annotations
@@ -26,14 +30,14 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "tollway_gateway_requests",
-            "Completion requests answered, by endpoint, served model and outcome.",
-            ("endpoint", "model", "status"),
+            "Completion requests answered, by endpoint, served model, version and outcome.",
+            ("endpoint", "model", "version", "status"),
             registry=self.registry,
         )
         self.tokens = Counter(
             "tollway_gateway_tokens",
-            "Tokens charged, by served model and direction (input, cached_input, output).",
-            ("model", "direction"),
+            "Tokens charged, by served model, version and direction (input, cached_input, output).",
+            ("model", "version", "direction"),
             registry=self.registry,
         )
         self.rejections = Counter(
@@ -51,14 +55,14 @@ class GatewayMetrics:
         self.time_to_first_token = LoopHistogram(
             "tollway_gateway_time_to_first_token_seconds",
             "Seconds from accepting a request to relaying its first token.",
-            ("model",),
+            ("model", "version"),
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.inter_token_latency = LoopHistogram(
             "tollway_gateway_inter_token_latency_seconds",
             "Seconds between consecutive relayed chunks of a stream.",
-            ("model",),
+            ("model", "version"),
             buckets=_ITL_BUCKETS,
             registry=self.registry,
         )

@@ -142,6 +142,8 @@ class UsageRecord(Base):
     key_id: Mapped[str | None] = mapped_column(String(40))
     requested_model: Mapped[str] = mapped_column(String(200))
     served_model: Mapped[str | None] = mapped_column(String(200))
+    # The model entry that served it: a rollout's version, else ``served_model`` (migration 0002).
+    model_version: Mapped[str | None] = mapped_column(String(200))
     routing_decision: Mapped[str | None] = mapped_column(String(200))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer)

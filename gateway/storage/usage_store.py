@@ -43,6 +43,7 @@ class UsageEntry:
     created_at: datetime
     finished_at: datetime | None = None
     ttft_ms: int | None = None
+    model_version: str | None = None  # the version of a rollout that served it (see models)
 
     def __post_init__(self) -> None:
         if not self.request_id or len(self.request_id) > 64:
@@ -102,6 +103,7 @@ class UsageTotals:
 class ModelUsageTotals:
     tenant_id: str
     served_model: str | None  # None: rejected before an engine was chosen
+    model_version: str | None  # the model entry (a rollout's version) that served it
     totals: UsageTotals
 
 
@@ -151,15 +153,19 @@ def list_usage(
 def summarize_usage(
     session: Session, *, start: datetime, end: datetime, tenant_id: str | None = None
 ) -> list[ModelUsageTotals]:
-    """Totals per tenant and served model for records created in ``[start, end)``."""
+    """Totals per tenant, served model and version for records created in ``[start, end)``
+    (each version of a rollout has its own prices, so a bill shows them apart)."""
+    keys = (UsageRecord.tenant_id, UsageRecord.served_model, UsageRecord.model_version)
     query = (
-        select(UsageRecord.tenant_id, UsageRecord.served_model, *_total_columns())
+        select(*keys, *_total_columns())
         .where(*_filters(tenant_id, start, end))
-        .group_by(UsageRecord.tenant_id, UsageRecord.served_model)
-        .order_by(UsageRecord.tenant_id, UsageRecord.served_model)
+        .group_by(*keys)
+        .order_by(*keys)
     )
     return [
-        ModelUsageTotals(tenant_id=row[0], served_model=row[1], totals=_totals(row[2:]))
+        ModelUsageTotals(
+            tenant_id=row[0], served_model=row[1], model_version=row[2], totals=_totals(row[3:])
+        )
         for row in session.execute(query)
     ]
 

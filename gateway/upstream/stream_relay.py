@@ -6,6 +6,8 @@ It also counts the tokens it relays (the entries of a chunk's ``logprobs`` when 
 else one per chunk with content), which is what a request is charged for when the stream
 stops before the engine's usage arrives (client gone, engine failed). Text the engine held
 back (a partial UTF-8 character, a possible stop string) was not relayed and is not counted.
+Each chunk's ``model`` is given the name the client knows (``model_name``) where the engine's
+differs (an ``upstream_model`` id, a rollout's version).
 
     engine SSE ──► relay_events ──► client
                      │ UsageMeter: usage, num_relayed_tokens, first/last token times, outcome
@@ -101,12 +103,14 @@ async def relay_events(
     *,
     include_usage: bool,
     before_end: Callable[[], None] | None = None,
+    model_name: str | None = None,
 ) -> AsyncIterator[str]:
     """The client's SSE stream, one string per batch of upstream events (events that arrived
-    together are written together: one send, not one per event). Ends with ``[DONE]``; a
-    broken upstream ends it with an error event first. ``before_end`` runs once the meter is
-    finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
-    reaches it). The caller closes ``call`` when the response ends, however it ends."""
+        together are written together: one send, not one per event). Ends with ``[DONE]``; a
+        broken upstream ends it with an error event first. ``before_end`` runs once the meter is
+        finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
+        reaches it). ``model_name``: the ``model`` every chunk carries to the client (None: the
+    engine's). The caller closes ``call`` when the response ends, however it ends."""
     if call.events is None:
         raise ValueError("relay_events needs a streaming upstream call")
     try:
@@ -124,7 +128,7 @@ async def relay_events(
                 if chunk is None or "error" in chunk:
                     is_broken = True
                     break
-                relayed = _relayed(payload, chunk, meter, include_usage)
+                relayed = _relayed(payload, chunk, meter, include_usage, model_name)
                 if relayed is not None:
                     out.append(relayed)
             if out:
@@ -140,13 +144,24 @@ async def relay_events(
 
 
 def _relayed(
-    payload: str, chunk: dict[str, Any], meter: UsageMeter, include_usage: bool
+    payload: str,
+    chunk: dict[str, Any],
+    meter: UsageMeter,
+    include_usage: bool,
+    model_name: str | None = None,
 ) -> str | None:
     """Measure one chunk; the event to send the client for it (None: nothing)."""
     usage = chunk.get("usage")
     if usage is not None:
         meter.observe_usage(usage)
     meter.observe_chunk(chunk)
+    if model_name is not None and chunk.get("model", model_name) != model_name:
+        chunk["model"] = model_name  # the client's name for it, not the engine's
+        if not include_usage and "usage" in chunk:
+            if usage is not None and not chunk.get("choices"):
+                return None
+            del chunk["usage"]
+        return event(chunk)
     if include_usage or "usage" not in chunk:
         return f"data: {payload}\n\n"  # nothing to take out: pass it on as is
     # The client did not ask for usage: drop the usage-only chunk and the key.

@@ -346,6 +346,21 @@ def test_the_banner_example_asks_for_a_model_the_config_serves(short_tmp: Path) 
     assert '"auto"' not in text
 
 
+def test_the_banner_lists_and_asks_for_a_rollout_not_its_versions(short_tmp: Path) -> None:
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  chat-v1: {upstreams: [http://10.0.0.2:8100], context_window: 4096}\n"
+        "  chat-v2: {upstreams: [http://10.0.0.3:8100], context_window: 4096}\n"
+        "rollouts:\n"
+        "  chat: {chat-v1: 9, chat-v2: 1}\n"
+    )
+    plan = config_plan(config, short_tmp / "data", env={})
+    text = banner(plan, Credentials(admin_key_hash="0" * 64))
+    assert """-d '{"model": "chat", "max_tokens": 32,""" in text
+    assert "  models:   chat\n" in text
+
+
 def test_the_banner_example_prefers_a_routing_alias_to_a_model(short_tmp: Path) -> None:
     config = short_tmp / "tollway.yaml"
     config.write_text(

@@ -118,7 +118,5 @@ def test_every_response_has_a_request_id_and_routing_header(served: tuple[str, s
         assert code.headers["x-tollway-route"] == "tiny-large; reason=code"
         assert code.json()["model"] == "tiny-large"
         metrics = client.get("/metrics", headers=METRICS_AUTH).text
-        assert (
-            'tollway_gateway_requests_total{endpoint="chat",model="tiny",status="completed"}'
-            in (metrics)
-        )
+        series = 'endpoint="chat",model="tiny",status="completed",version="tiny"'
+        assert f"tollway_gateway_requests_total{{{series}}}" in metrics

@@ -90,3 +90,33 @@ def test_replicas_starting_together_migrate_once(database_url):
     assert [replica.returncode for replica in replicas] == [0] * 4, outputs
     assert current_revision(database_url) == head_revision()
     assert table_names(database_url) == APP_TABLES
+
+
+def test_0002_backfills_model_version_with_the_served_model(database_url):
+    """Rows from before rollouts were served by their served model: 0002 says so."""
+    upgrade(database_url, "0001")
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO usage_records (request_id, tenant_id, requested_model,"
+                    " served_model, prompt_tokens, cached_tokens, completion_tokens,"
+                    " cost_micros, status, streamed, created_at) VALUES"
+                    " ('r1', 't', 'auto', 'large', 1, 0, 1, 3, 'completed', false,"
+                    " CURRENT_TIMESTAMP), ('r2', 't', 'nope', NULL, 0, 0, 0, 0, 'rejected',"
+                    " false, CURRENT_TIMESTAMP)"
+                )
+            )
+        upgrade(database_url, "0002")
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text("SELECT request_id, model_version FROM usage_records ORDER BY request_id")
+            ).all()
+        assert [tuple(row) for row in rows] == [("r1", "large"), ("r2", None)]
+        downgrade(database_url, "0001")
+        assert "model_version" not in {
+            column["name"] for column in inspect(engine).get_columns("usage_records")
+        }
+    finally:
+        engine.dispose()

@@ -157,3 +157,23 @@ async def test_before_end_does_not_run_for_a_client_that_leaves() -> None:
     await events.__anext__()
     await events.aclose()
     assert called == []
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_every_chunk_carries_the_clients_model_name(include_usage: bool) -> None:
+    """An engine that knows the model by another id (``upstream_model``, a rollout's
+    version): the client sees its own name in every chunk, and the usage as it asked."""
+
+    def named(payload: str) -> str:
+        return json.dumps({**json.loads(payload), "model": "meta-llama/Llama-3.1-8B"})
+
+    payloads = [named(chunk("a")), named(chunk("b")), named(chunk(usage=USAGE)), "[DONE]"]
+    meter = UsageMeter()
+    out = await collect(
+        relay_events(call_with(payloads), meter, include_usage=include_usage, model_name="large")
+    )
+    sent = [json.loads(e[len("data: ") :]) for e in split_events(out) if "[DONE]" not in e]
+    assert [c["model"] for c in sent] == ["large"] * len(sent)
+    assert len(sent) == (3 if include_usage else 2)
+    assert all(("usage" in c) == include_usage for c in sent)
+    assert meter.usage == USAGE and meter.num_relayed_tokens == 2
