@@ -262,8 +262,9 @@ class AsyncEngine:
                 self._fail(failed, EngineError(f"engine step failed: {exc}"))
             self._stats = engine.stats()
             self._publish(deltas)
-        self._publish(engine.abort(list(engine.scheduler.requests)))
+        engine.abort(list(engine.scheduler.requests))  # they end with EngineStopped instead
         self._stats = engine.stats()
+        self._publish([])  # what freeing their blocks changed in the prefix cache
         self._fail(list(self._streams), EngineStopped("the engine is shutting down"))
 
     def _drain_commands(self) -> list[RequestOutputDelta]:

@@ -52,6 +52,11 @@ class EngineHost:
         self.load_error: BaseException | None = None
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The server's event loop, once its lifespan has begun."""
+        return self._loop
+
+    @property
     def engine(self) -> AsyncEngine | None:
         """The engine once built (also while draining), else None."""
         return self._engine
