@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from backend_engine.async_engine import AsyncEngine
+from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
 from backend_engine.server.context import ServerContext
 from backend_engine.server.engine_host import EngineHost
@@ -137,7 +138,11 @@ def serve(
 ) -> None:
     """Serve on TCP ``host:port``, or on the Unix socket ``uds``, while the model loads in
     the background (``plan_runner``: what computes the tokens, by default the model; see
-    `LLMEngine`). Returns after a drain or a stop; raises what building the engine raised."""
+    `LLMEngine`). Returns after a drain or a stop; raises what building the engine raised.
+
+    The checkpoint is checked first (torch-free, all but the weights): a bad one is refused
+    before the server starts, so the command's error stays one line."""
+    Checkpoint(config.model).check()
 
     async def load() -> AsyncEngine:
         engine = await AsyncEngine.load(config, model_name, plan_runner)

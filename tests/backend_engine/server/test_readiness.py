@@ -186,13 +186,16 @@ def test_a_failed_load_stops_the_server_with_its_error(serve_app: ServeApp) -> N
 def test_serve_raises_what_building_the_engine_raised(
     tmp_path: Path, demo_engine_model: Callable[..., DemoEngineModel]
 ) -> None:
-    # The engine command prints this error and exits 1 (`backend_engine.cli`).
-    plan_runner = demo_engine_model(size="tiny").plan_runner
+    # The engine command prints these errors in one line and exits 1 (`backend_engine.cli`).
+    model = demo_engine_model(size="tiny")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(FileNotFoundError, match=r"config\.json"):
-        serve(EngineConfig(model=str(tmp_path)), port=port, plan_runner=plan_runner)
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):  # refused before serving
+        serve(EngineConfig(model=str(tmp_path)), port=port, plan_runner=model.plan_runner)
+    too_small = EngineConfig(model=str(model.checkpoint), kv_cache_memory_bytes=1)
+    with pytest.raises(ValueError, match="too small for one KV block"):  # while serving
+        serve(too_small, port=port, plan_runner=model.plan_runner)
 
 
 def test_a_drain_finishes_the_requests_in_flight_and_refuses_new_ones(
