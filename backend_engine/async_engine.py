@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend_engine.config import EngineConfig
+from backend_engine.kv_event_fanout import DEFAULT_BUFFER_LINES, KVEventFanout
+from backend_engine.kv_events import KVCacheEvent, KVEventLog
 from backend_engine.llm_engine import LLMEngine
 from backend_engine.outputs import EngineStats, RequestOutputDelta
 from backend_engine.request import Request
@@ -44,6 +46,10 @@ class EngineError(RuntimeError):
     :mod:`.llm_engine`); only a step that fails with no request to blame fails every
     request in flight.
     """
+
+
+class EngineStopped(EngineError):
+    """The engine shut down before this request finished (e.g. a drain's grace ran out)."""
 
 
 @dataclass(frozen=True)
@@ -79,29 +85,77 @@ class AsyncEngine:
         config: EngineConfig,
         model_name: str | None = None,
         plan_runner: PlanRunner | None = None,
+        *,
+        kv_event_buffer_lines: int = DEFAULT_BUFFER_LINES,
     ) -> None:
-        """``plan_runner``: what computes the tokens; by default the model (see `LLMEngine`)."""
+        """Build the engine (load the model), blocking until it is built; `load` awaits it.
+
+        ``plan_runner``: what computes the tokens; by default the model (see `LLMEngine`).
+        ``kv_event_buffer_lines``: how far a listener of the prefix-cache events may fall
+        behind before it is dropped (`backend_engine.kv_event_fanout`).
+        """
+        self._spawn(config, model_name, plan_runner, kv_event_buffer_lines)
+        self._adopt(self._built.result())  # re-raises what building raised
+
+    @classmethod
+    async def load(
+        cls,
+        config: EngineConfig,
+        model_name: str | None = None,
+        plan_runner: PlanRunner | None = None,
+        *,
+        kv_event_buffer_lines: int = DEFAULT_BUFFER_LINES,
+    ) -> AsyncEngine:
+        """The constructor's engine, built without blocking the event loop (a server answers
+        meanwhile). Cancelled, it lets the build finish on its own thread and stops there."""
+        self = cls.__new__(cls)
+        self._spawn(config, model_name, plan_runner, kv_event_buffer_lines)
+        try:
+            engine = await asyncio.wrap_future(self._built)
+        except asyncio.CancelledError:
+            self._stopping.set()
+            self._may_run.set()
+            raise
+        self._adopt(engine)
+        return self
+
+    def _spawn(
+        self,
+        config: EngineConfig,
+        model_name: str | None,
+        plan_runner: PlanRunner | None,
+        kv_event_buffer_lines: int,
+    ) -> None:
         self.config = config
+        self._model_name = model_name
+        self._kv_event_buffer_lines = kv_event_buffer_lines
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue[RequestOutputDelta | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._may_run = threading.Event()  # start() or shutdown() was called
         self._stopping = threading.Event()
+        # What the prefix cache reports, appended by the pool on the engine thread and taken
+        # out by that thread after each step, for the event loop to publish.
+        self._kv_pending: list[KVCacheEvent] = []
         # One thread builds the engine and then runs its loop (see the module docstring); a
         # daemon, so a process that never calls shutdown() can still exit.
-        built: Future[LLMEngine] = Future()
+        self._built: Future[LLMEngine] = Future()
         self._thread = threading.Thread(
             target=self._thread_main,
-            args=(config, plan_runner, built),
+            args=(config, plan_runner, self._built),
             name="tollway-engine",
             daemon=True,
         )
         self._thread.start()
-        self.engine = built.result()  # re-raises what building raised
-        self.tokenizer = self.engine.tokenizer
-        self.model_name = model_name or Path(config.model).resolve().name
-        self.max_model_len = self.engine.max_model_len
+
+    def _adopt(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = self._model_name or Path(self.config.model).resolve().name
+        self.max_model_len = engine.max_model_len
+        log = KVEventLog(engine.kv_cache.block_size, engine.kv_cache.extra_key)
+        self.kv_events = KVEventFanout(log, self._kv_event_buffer_lines)
 
     async def start(self) -> None:
         if self._stopping.is_set():
@@ -111,7 +165,10 @@ class AsyncEngine:
             self._may_run.set()
 
     async def shutdown(self) -> None:
-        """Stop the loop (requests in flight fail) and the engine's thread; final."""
+        """Stop the loop (requests in flight fail with `EngineStopped`) and the engine's
+        thread, and end the prefix-cache event streams; final."""
+        if hasattr(self, "kv_events"):
+            self.kv_events.close()
         self._stopping.set()
         self._wakeup.set()
         self._may_run.set()
@@ -176,7 +233,7 @@ class AsyncEngine:
         self, config: EngineConfig, plan_runner: PlanRunner | None, built: Future[LLMEngine]
     ) -> None:
         try:
-            engine = LLMEngine(config, plan_runner)
+            engine = LLMEngine(config, plan_runner, kv_events=self._kv_pending)
         except BaseException as exc:
             built.set_exception(exc)
             return
@@ -205,9 +262,10 @@ class AsyncEngine:
                 self._fail(failed, EngineError(f"engine step failed: {exc}"))
             self._stats = engine.stats()
             self._publish(deltas)
-        engine.abort(list(engine.scheduler.requests))
+        engine.abort(list(engine.scheduler.requests))  # they end with EngineStopped instead
         self._stats = engine.stats()
-        self._fail(list(self._streams), EngineError("the engine is shutting down"))
+        self._publish([])  # what freeing their blocks changed in the prefix cache
+        self._fail(list(self._streams), EngineStopped("the engine is shutting down"))
 
     def _drain_commands(self) -> list[RequestOutputDelta]:
         deltas: list[RequestOutputDelta] = []
@@ -229,16 +287,25 @@ class AsyncEngine:
                 deltas.extend(self.engine.abort([command.request_id]))
 
     def _publish(self, deltas: list[RequestOutputDelta]) -> None:
-        if deltas and self._loop is not None:
+        """Hand this step's deltas and prefix-cache events to the event loop, in one call:
+        a client that has its answer finds the blocks it stored in the events."""
+        if self._loop is None:
+            return
+        pending = self._kv_pending
+        events = pending[:]
+        del pending[: len(events)]
+        if deltas or events:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                self._loop.call_soon_threadsafe(self._dispatch, deltas)
+                self._loop.call_soon_threadsafe(self._dispatch, deltas, events)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         if request_ids and self._loop is not None:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._dispatch_error, request_ids, error)
 
-    def _dispatch(self, deltas: list[RequestOutputDelta]) -> None:
+    def _dispatch(self, deltas: list[RequestOutputDelta], events: list[KVCacheEvent]) -> None:
+        if events:
+            self.kv_events.publish(events)
         for delta in deltas:
             stream = self._streams.get(delta.request_id)
             if stream is not None:

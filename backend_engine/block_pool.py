@@ -8,6 +8,10 @@ Invariants:
   still holds valid KV and can be revived by a prefix-cache hit until it is
   handed out again; handing it out evicts its hash.
 - The free list is ordered least-recently-freed first, so eviction is LRU.
+
+Given an event list, the pool appends to it every change in what a lookup can find
+(`backend_engine.kv_events`): a hash registered, a hash withdrawn, the cache reset. So the
+hashes a listener derives from the events are always the keys of ``_cached``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from backend_engine.kv_events import BlockEvicted, BlockStored, CacheCleared, KVCacheEvent
 
 BlockHash = bytes
 
@@ -41,7 +47,14 @@ class KVBlock:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        events: list[KVCacheEvent] | None = None,
+    ) -> None:
+        """``events``: where to append prefix-cache events (None: report nothing); its owner
+        takes them out as it pleases (the pool only appends)."""
         if num_blocks <= 0:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -50,6 +63,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, KVBlock] = {}
         self.num_evictions = 0
+        self._events = events
 
     @property
     def num_free_blocks(self) -> int:
@@ -79,8 +93,7 @@ class BlockPool:
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
             if block.block_hash is not None:
-                del self._cached[block.block_hash]
-                block.block_hash = None
+                self._withdraw(block, block.block_hash)
                 self.num_evictions += 1
             block.ref_cnt = 1
             allocated.append(block)
@@ -104,16 +117,30 @@ class BlockPool:
             return  # an identical block is already cached; this one stays private
         block.block_hash = block_hash
         self._cached[block_hash] = block
+        if self._events is not None:
+            self._events.append(BlockStored(block.block_id, block_hash))
 
     def uncache(self, blocks: Iterable[KVBlock]) -> None:
         """Withdraw blocks from the prefix cache (their KV may never have been written)."""
         for block in blocks:
             if block.block_hash is not None:
-                del self._cached[block.block_hash]
-                block.block_hash = None
+                self._withdraw(block, block.block_hash)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after new weights)."""
         for block in self._cached.values():
             block.block_hash = None
         self._cached.clear()
+        if self._events is not None:
+            self._events.append(CacheCleared())
+
+    @property
+    def cached_hashes(self) -> frozenset[BlockHash]:
+        """Every hash a lookup can find now."""
+        return frozenset(self._cached)
+
+    def _withdraw(self, block: KVBlock, block_hash: BlockHash) -> None:
+        del self._cached[block_hash]
+        block.block_hash = None
+        if self._events is not None:
+            self._events.append(BlockEvicted(block.block_id, block_hash))

@@ -61,6 +61,11 @@ class EngineConfig:
     show_progress: bool = field(
         default=True, metadata={HELP: "Show progress bars while loading the model."}
     )
+    # Kubernetes' default terminationGracePeriodSeconds is 30 s: the drain ends before it.
+    drain_grace_s: float = field(
+        default=25.0,
+        metadata={HELP: "On SIGTERM, seconds requests in flight get to finish before abort."},
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -81,6 +86,8 @@ class EngineConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if not self.drain_grace_s >= 0:
+            raise ValueError(f"drain_grace_s must be 0 or more, got {self.drain_grace_s}")
         if self.scheduling not in ("continuous", "static"):
             raise ValueError(
                 f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend_engine.block_pool import BlockPool, KVBlock, hash_block
+from backend_engine.kv_events import KVCacheEvent
 from backend_engine.request import Request
 
 
@@ -38,11 +39,13 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         extra_key: bytes = b"",
+        kv_events: list[KVCacheEvent] | None = None,
     ) -> None:
+        """``kv_events``: where the block pool appends its prefix-cache events (None: none)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.extra_key = extra_key
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks, enable_caching, kv_events)
         self._blocks: dict[str, list[KVBlock]] = {}
         self._num_hashed_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
         self.prefix_cache_queries = 0  # tokens looked up

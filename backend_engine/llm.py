@@ -33,6 +33,7 @@ class EngineOptions(TypedDict, total=False):
     seed: int
     num_threads: int | None
     show_progress: bool
+    drain_grace_s: float  # a server's setting: an LLM has no drain
 
 
 class LLM:

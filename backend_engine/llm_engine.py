@@ -18,6 +18,7 @@ import logging
 from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
 from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.kv_events import KVCacheEvent
 from backend_engine.model_config import ModelConfig
 from backend_engine.output_processor import OutputProcessor
 from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta
@@ -31,9 +32,15 @@ logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, plan_runner: PlanRunner | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        plan_runner: PlanRunner | None = None,
+        kv_events: list[KVCacheEvent] | None = None,
+    ) -> None:
         """``plan_runner``: what computes the tokens (`backend_engine.step_runner`); by
-        default the checkpoint's model, on ``config.device``, with torch."""
+        default the checkpoint's model, on ``config.device``, with torch. ``kv_events``: where
+        the prefix cache appends its events (`backend_engine.kv_events`); None: nowhere."""
         self.config = config
         checkpoint = Checkpoint(config.model)
         self.model_config = checkpoint.check()  # refuses a bad file before anything is built
@@ -52,6 +59,7 @@ class LLMEngine:
             config.block_size,
             enable_caching=config.enable_prefix_caching,
             extra_key=_model_identity(checkpoint, plan.kv_dtype),
+            kv_events=kv_events,
         )
         self.scheduler = Scheduler(
             self.kv_cache,

@@ -86,6 +86,8 @@ UNSUPPORTED_CONTENT_ENCODING: Final = _kind("unsupported_content_encoding", 415)
 INTERNAL_ERROR: Final = _kind("internal_error", 500)  # a bug: nothing more is said
 # The engine's.
 ENGINE_ERROR: Final = _kind("engine_error", 500)  # this request failed in the engine
+ENGINE_NOT_READY: Final = _kind("engine_not_ready", 503)  # still loading its weights
+ENGINE_DRAINING: Final = _kind("engine_draining", 503)  # stopping: it takes no new requests
 # The gateway's.
 INVALID_API_KEY: Final = _kind("invalid_api_key", 401)
 UPSTREAM_ERROR: Final = _kind("upstream_error", 502)  # an engine failed or answered wrongly
@@ -104,6 +106,8 @@ VOCABULARY: Final[Mapping[str, ErrorKind]] = MappingProxyType(
             UNSUPPORTED_CONTENT_ENCODING,
             INTERNAL_ERROR,
             ENGINE_ERROR,
+            ENGINE_NOT_READY,
+            ENGINE_DRAINING,
             INVALID_API_KEY,
             UPSTREAM_ERROR,
             UPSTREAM_UNAVAILABLE,

@@ -6,16 +6,14 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from backend_engine.async_engine import AsyncEngine
+from backend_engine.server.engine_host import EngineHost
 from backend_engine.server.metrics import ServerMetrics
-from backend_engine.server.token_text import TokenText
 
 
 @dataclass(frozen=True)
 class ServerContext:
-    engine: AsyncEngine
+    host: EngineHost  # the engine (once loaded) and whether it takes requests
     metrics: ServerMetrics
-    token_text: TokenText
     max_body_bytes: int
     created: int  # unix time the app was built, reported as the model's ``created``
     # In-flight generations by the caller's ``x-request-id`` -> the engine's request id,

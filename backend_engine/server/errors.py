@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from backend_engine.async_engine import EngineError
+from backend_engine.async_engine import EngineError, EngineStopped
 from openai_protocol import errors as vocabulary
 from openai_protocol.errors import ErrorKind
 from openai_protocol.field_rules import FieldError
@@ -107,6 +107,18 @@ def engine_failure(exc: EngineError) -> APIError:
     return APIError.of(vocabulary.ENGINE_ERROR, str(exc))
 
 
+def engine_not_ready() -> APIError:
+    return APIError.of(
+        vocabulary.ENGINE_NOT_READY, "The engine is still loading its model; try again shortly."
+    )
+
+
+def engine_draining() -> APIError:
+    return APIError.of(
+        vocabulary.ENGINE_DRAINING, "The engine is shutting down and takes no new requests."
+    )
+
+
 def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
 
@@ -117,6 +129,10 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValidationError):
         return from_validation_error(exc)
+    if isinstance(exc, EngineStopped):
+        return APIError.of(
+            vocabulary.ENGINE_DRAINING, "The engine shut down before this request finished."
+        )
     if isinstance(exc, EngineError):
         return engine_failure(exc)
     if isinstance(exc, HTTPException):

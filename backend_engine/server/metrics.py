@@ -22,11 +22,13 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 class EngineStatsCollector(Collector):
     """Turns one ``EngineStats`` snapshot into gauges and counters on every scrape."""
 
-    def __init__(self, read_stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, read_stats: Callable[[], EngineStats | None]) -> None:
         self._read_stats = read_stats
 
     def collect(self) -> Iterator[Metric]:
         stats = self._read_stats()
+        if stats is None:  # no engine yet (it is loading)
+            return
         gauges = (
             ("tollway_engine_kv_blocks_used", "KV cache blocks referenced by live requests.",
              stats.num_kv_blocks_used),
@@ -55,7 +57,8 @@ class EngineStatsCollector(Collector):
 class ServerMetrics:
     """The metrics of one app: a private registry, a request counter and a TTFT histogram."""
 
-    def __init__(self, read_stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, read_stats: Callable[[], EngineStats | None]) -> None:
+        """``read_stats``: the engine's latest stats, or None while there is no engine."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineStatsCollector(read_stats))
         self.requests = Counter(

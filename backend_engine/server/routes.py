@@ -12,9 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from backend_engine.async_engine import AsyncEngine
 from backend_engine.server.context import ServerContext
+from backend_engine.server.engine_host import EngineState
 from backend_engine.server.errors import invalid_request, model_not_found, to_api_error
 from backend_engine.server.generation import GenerationStream
+from backend_engine.server.kv_event_stream import kv_events
 from backend_engine.server.metrics import CONTENT_TYPE
 from backend_engine.server.openai_format import (
     JSON,
@@ -54,19 +57,18 @@ def _counted(endpoint: str, handler: Handler) -> Handler:
     return counted
 
 
-def _check_model(ctx: ServerContext, model: str) -> None:
-    if model != ctx.engine.model_name:
+def _check_model(engine: AsyncEngine, model: str) -> None:
+    if model != engine.model_name:
         raise model_not_found(model)
 
 
 async def chat_completions(request: Request) -> Response:
     ctx = ServerContext.of(request)
+    engine = ctx.host.accepting()  # a 503 while loading or draining, before anything else
     meta = read_meta(request)  # bad headers are refused before the body is read
     body = await read_model(request, ChatCompletionRequest, ctx.max_body_bytes, endpoint="chat")
-    _check_model(ctx, body.model)
-    prompt_ids = await anyio.to_thread.run_sync(
-        ctx.engine.tokenizer.encode_chat, body.chat_messages()
-    )
+    _check_model(engine, body.model)
+    prompt_ids = await anyio.to_thread.run_sync(engine.tokenizer.encode_chat, body.chat_messages())
     return await _generate(
         request, ctx, meta, body, prompt_ids, endpoint="chat", prompt_param="messages"
     )
@@ -74,17 +76,18 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     ctx = ServerContext.of(request)
+    engine = ctx.host.accepting()
     meta = read_meta(request)
     body = await read_model(request, CompletionRequest, ctx.max_body_bytes, endpoint="completions")
-    _check_model(ctx, body.model)
+    _check_model(engine, body.model)
     prompt = body.prompt
     if isinstance(prompt, list) and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        prompt_ids = await anyio.to_thread.run_sync(ctx.engine.tokenizer.encode, prompt)
+        prompt_ids = await anyio.to_thread.run_sync(engine.tokenizer.encode, prompt)
     else:
         prompt_ids = [int(t) for t in prompt]
-        vocab_size = ctx.engine.tokenizer.vocab_size
+        vocab_size = engine.tokenizer.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt_ids):
             raise invalid_request(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
     return await _generate(
@@ -102,7 +105,7 @@ async def _generate(
     endpoint: str,
     prompt_param: str,
 ) -> Response:
-    engine = ctx.engine
+    engine = ctx.host.accepting()
     if not prompt_ids:
         raise invalid_request("the prompt is empty", param=prompt_param)
     max_tokens = completion_budget(
@@ -116,10 +119,11 @@ async def _generate(
         model=engine.model_name,
     )
     want_logprobs = body.requested_logprobs() is not None
+    token_text = ctx.host.token_text
     formatter: Formatter = (
-        ChatFormatter(ident, ctx.token_text, want_logprobs)
+        ChatFormatter(ident, token_text, want_logprobs)
         if is_chat
-        else CompletionFormatter(ident, ctx.token_text, want_logprobs)
+        else CompletionFormatter(ident, token_text, want_logprobs)
     )
     started = time.monotonic()
 
@@ -127,9 +131,11 @@ async def _generate(
         ctx.metrics.observe_time_to_first_token(endpoint, time.monotonic() - started)
 
     caller_id: str = request.state.request_id
+    ctx.host.admit(ident.id)  # a drain waits for it from now on (a 503 if one has begun)
     ctx.in_flight[caller_id] = ident.id  # from now on POST /abort_request can stop it
 
     def forget() -> None:
+        ctx.host.release(ident.id)
         if ctx.in_flight.get(caller_id) == ident.id:  # not a later request's reuse of the id
             del ctx.in_flight[caller_id]
 
@@ -164,8 +170,9 @@ async def abort_request(request: Request) -> Response:
     ctx = ServerContext.of(request)
     body = await read_model(request, AbortRequest, ctx.max_body_bytes)
     engine_request_id = ctx.in_flight.get(body.request_id)
-    if engine_request_id is not None:
-        await ctx.engine.abort(engine_request_id)
+    engine = ctx.host.engine
+    if engine_request_id is not None and engine is not None:
+        await engine.abort(engine_request_id)
     return JSONResponse({"aborted": engine_request_id is not None})
 
 
@@ -196,18 +203,28 @@ async def _events(
 
 async def models(request: Request) -> Response:
     ctx = ServerContext.of(request)
+    engine = ctx.host.built_engine()
     card = {
-        "id": ctx.engine.model_name,
+        "id": engine.model_name,
         "object": "model",
         "created": ctx.created,
         "owned_by": "tollway",
-        "max_model_len": ctx.engine.max_model_len,
+        "max_model_len": engine.max_model_len,
     }
     return JSONResponse({"object": "list", "data": [card]})
 
 
 async def health(request: Request) -> Response:
+    """Liveness: the process serves HTTP (also while it loads or drains)."""
     return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """Readiness: 200 once the model is loaded and requests are taken, else a 503 naming
+    the state (``loading``, ``draining``)."""
+    state = ServerContext.of(request).host.state
+    status_code = 200 if state is EngineState.READY else 503
+    return JSONResponse({"status": state.value}, status_code=status_code)
 
 
 async def metrics(request: Request) -> Response:
@@ -222,5 +239,7 @@ ROUTES = [
     Route("/v1/models", models, methods=["GET"]),
     Route("/abort_request", abort_request, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+    Route("/kv_events", kv_events, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
 ]

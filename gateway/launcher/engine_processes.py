@@ -1,4 +1,4 @@
-"""Engines as child processes of ``tollway serve``: start, wait until healthy, stop.
+"""Engines as child processes of ``tollway serve``: start, wait until ready, stop.
 
 Each engine is ``python -m backend_engine --model CHECKPOINT --uds SOCKET``, the engine's own
 entry point (this module is the only part of the gateway that knows it), with its output in a
@@ -91,11 +91,22 @@ class EngineSpec:
 
 
 def is_socket_healthy(socket_path: Path, timeout_s: float = 1.0) -> bool:
-    """Whether something answers ``GET /health`` with 200 on this Unix socket."""
+    """Whether something answers ``GET /health`` with 200 on this Unix socket (a live
+    engine, also while it loads its model)."""
+    return _answers_200(socket_path, "/health", timeout_s)
+
+
+def is_socket_ready(socket_path: Path, timeout_s: float = 1.0) -> bool:
+    """Whether the engine on this Unix socket answers ``GET /ready`` with 200: its model is
+    loaded and it takes requests."""
+    return _answers_200(socket_path, "/ready", timeout_s)
+
+
+def _answers_200(socket_path: Path, path: str, timeout_s: float) -> bool:
     transport = httpx.HTTPTransport(uds=str(socket_path))
     try:
         with httpx.Client(transport=transport, timeout=timeout_s, trust_env=False) as client:
-            return client.get("http://engine/health").status_code == 200
+            return client.get(f"http://engine{path}").status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -234,20 +245,21 @@ class EngineSupervisor:
         self.stop()
 
     def wait_until_healthy(self, timeout_s: float, poll_s: float = 0.1) -> None:
-        """Return once every engine answers ``/health``; raise `EngineStartError` otherwise."""
+        """Return once every engine is ready (``/ready``: its model loaded; ``/health``
+        answers earlier); raise `EngineStartError` otherwise."""
         deadline = time.monotonic() + timeout_s
         pending = list(self.engines)
         while pending:
             for engine in list(pending):
                 engine.check_alive()
-                if is_socket_healthy(engine.spec.socket_path):
+                if is_socket_ready(engine.spec.socket_path):
                     pending.remove(engine)
             if not pending:
                 return
             if time.monotonic() > deadline:
                 engine = pending[0]
                 raise EngineStartError(
-                    f"engine {engine.spec.name!r} did not answer /health within {timeout_s:.0f} s "
+                    f"engine {engine.spec.name!r} was not ready within {timeout_s:.0f} s "
                     f"(log: {engine.log_path}):\n{engine.log_tail()}"
                 )
             time.sleep(poll_s)

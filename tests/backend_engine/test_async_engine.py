@@ -9,6 +9,7 @@ import pytest
 
 from backend_engine import AsyncEngine, EngineConfig, Priority, SamplingParams
 from backend_engine.async_engine import EngineError
+from backend_engine.kv_events import KVCacheEvent
 from backend_engine.step_runner import PlanRunner
 
 
@@ -152,9 +153,14 @@ async def test_the_engine_is_built_and_stepped_on_one_thread_not_the_callers(
     threads: dict[str, set[int]] = {"built": set(), "stepped": set()}
 
     class RecordingEngine(async_engine.LLMEngine):
-        def __init__(self, config: EngineConfig, plan_runner: PlanRunner | None) -> None:
+        def __init__(
+            self,
+            config: EngineConfig,
+            plan_runner: PlanRunner | None,
+            kv_events: list[KVCacheEvent] | None = None,
+        ) -> None:
             threads["built"].add(threading.get_ident())
-            super().__init__(config, plan_runner)
+            super().__init__(config, plan_runner, kv_events)
 
         def step(self):  # type: ignore[no-untyped-def]
             threads["stepped"].add(threading.get_ident())

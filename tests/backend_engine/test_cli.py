@@ -34,6 +34,7 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "seed": (["--seed", "7"], 7),
     "num_threads": (["--num-threads", "3"], 3),
     "show_progress": (["--no-show-progress"], False),
+    "drain_grace_s": (["--drain-grace-s", "2.5"], 2.5),
 }
 
 
@@ -88,6 +89,9 @@ def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> No
     result = runner.invoke(cli.engine_app, ["--model", "m", "--watermark", "1.5"])
     assert result.exit_code == 2
     assert "watermark must be in [0, 1)" in result.output
+    result = runner.invoke(cli.engine_app, ["--model", "m", "--drain-grace-s", "-1"])
+    assert result.exit_code == 2
+    assert "drain_grace_s must be 0 or more" in result.output
     assert started == []
 
 

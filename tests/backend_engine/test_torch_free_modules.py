@@ -18,6 +18,8 @@ TORCH_FREE_MODULES = [
     "backend_engine.scheduler",
     "backend_engine.block_pool",
     "backend_engine.kv_cache_manager",
+    "backend_engine.kv_events",  # the gateway imports it with hash_block
+    "backend_engine.kv_event_fanout",
     "backend_engine.waiting_queue",
     "backend_engine.request_priority",
     "backend_engine.request",

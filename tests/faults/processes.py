@@ -177,9 +177,10 @@ class Tollway:
         return float(match.group(1))
 
     def is_engine_healthy(self) -> bool:
+        """Whether the engine is ready (``/ready``: loaded; ``/health`` answers earlier)."""
         try:
             with self.engine_client() as engine:
-                return engine.get("/health").status_code == 200
+                return engine.get("/ready").status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -7,7 +7,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from backend_engine.async_engine import EngineError
+from backend_engine.async_engine import EngineError, EngineStopped
 from backend_engine.server import errors as engine_errors
 from gateway.api import errors as gateway_errors
 from openai_protocol import errors as vocabulary
@@ -76,6 +76,9 @@ ENGINE_ERRORS = [
     (engine_errors.unsupported_encoding("br"), vocabulary.UNSUPPORTED_CONTENT_ENCODING),
     (engine_errors.to_api_error(_validation_error(b'{"n": "x"}')), vocabulary.INVALID_REQUEST),
     (engine_errors.to_api_error(EngineError("failed")), vocabulary.ENGINE_ERROR),
+    (engine_errors.engine_not_ready(), vocabulary.ENGINE_NOT_READY),
+    (engine_errors.engine_draining(), vocabulary.ENGINE_DRAINING),
+    (engine_errors.to_api_error(EngineStopped("stopped")), vocabulary.ENGINE_DRAINING),
     (engine_errors.to_api_error(RuntimeError("bug")), vocabulary.INTERNAL_ERROR),
 ]
 

@@ -3,21 +3,30 @@ passed through to its flags (which are `EngineConfig`'s)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from typer.testing import CliRunner
 
 from backend_engine import cli as engine_cli
+from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
-from gateway.launcher.engine_processes import EngineSpec
+from backend_engine.server.app import build_app, uvicorn_config
+from backend_engine.server.engine_host import EngineHost
+from gateway.launcher.engine_processes import EngineSpec, is_socket_healthy, is_socket_ready
 from gateway.launcher.serve_config import config_plan
 from tests.gguf_files import hf_tensors, write_gguf
+from tests.polling import wait_until
+from tests.stand_in_runner import DemoEngineModel
+from tests.uvicorn_thread import start_in_thread, stop_thread
 
 
 @pytest.fixture
@@ -79,3 +88,31 @@ def test_engine_settings_in_spawn_args_reach_the_engines_config(
         kv_cache_memory_bytes=1 << 20,
     )
     assert where["uds"] == str(spec.socket_path) and where["model_name"] == "small"
+
+
+def test_an_engine_is_ready_only_once_its_model_is_loaded(
+    short_tmp: Path, demo_engine_model: Callable[..., DemoEngineModel]
+) -> None:
+    # What `EngineSupervisor.wait_until_healthy` waits for: /health answers from the start,
+    # /ready once the model is loaded.
+    model = demo_engine_model(size="tiny")
+    config = EngineConfig(model=str(model.checkpoint), num_kv_blocks=64, show_progress=False)
+    gate = threading.Event()
+
+    async def load() -> AsyncEngine:
+        await asyncio.to_thread(gate.wait, 120)
+        return await AsyncEngine.load(config, "tiny", model.plan_runner)
+
+    socket_path = short_tmp / "tiny.sock"
+    app = build_app(load, host=EngineHost(config.drain_grace_s))
+    server = uvicorn.Server(uvicorn_config(app, uds=str(socket_path), log_level="warning"))
+    thread = start_in_thread(server)
+    try:
+        assert is_socket_healthy(socket_path)
+        assert not is_socket_ready(socket_path)
+        gate.set()
+        wait_until(lambda: is_socket_ready(socket_path), 120, "the engine is ready")
+    finally:
+        gate.set()
+        stop_thread(server, thread)
+    assert not is_socket_healthy(socket_path) and not is_socket_ready(socket_path)
