@@ -248,11 +248,6 @@ def test_autoscaling_queries_name_engine_metrics_never_cpu() -> None:
         assert {"tollway_engine_requests_waiting", "tollway_engine_kv_blocks_used"} <= queried
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the engine's GET /ready (contracts.md section 2) is not served on this tree yet",
-)
 def test_engine_probe_paths_are_served() -> None:
     from backend_engine.server.routes import ROUTES
 
