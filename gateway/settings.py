@@ -23,6 +23,7 @@
         upstreams: [unix:/run/tollway/small.sock, http://10.0.0.2:8100]
         context_window: 8192
         checkpoint: data/models/small   # exact token counts; null counts with cl100k_base
+        replica_policy: prefix          # or least_loaded, round_robin (policies/replica_choice.py)
         prices: {input: 100000, cached_input: 25000, output: 400000}  # micros per 1M tokens
     routing:
       aliases: {auto: {small: small, large: large}}
@@ -68,6 +69,7 @@ import yaml
 from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from gateway.storage.database import default_database_url
 from gateway.storage.redis_client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from policies.replica_choice import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES, ReplicaPolicy
 from policies.routing import ModelPair, RoutingPolicy
 
 _ENV_FIELDS: dict[str, str] = {
@@ -98,6 +100,7 @@ _OPTIONAL_FIELDS = (
 REDIS_FAILURE_MODES = ("closed", "open")
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_MODEL_FIELDS = {"upstreams", "context_window", "checkpoint", "prices", "replica_policy"}
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,14 @@ class ModelSettings:
     context_window: int
     checkpoint: Path | None = None
     prices: Prices = field(default_factory=Prices)
+    replica_policy: ReplicaPolicy = DEFAULT_REPLICA_POLICY
 
     def __post_init__(self) -> None:
+        if self.replica_policy not in REPLICA_POLICIES:
+            raise ValueError(
+                f"model {self.name!r}: replica_policy must be one of "
+                f"{', '.join(REPLICA_POLICIES)}, got {self.replica_policy!r}"
+            )
         if not self.upstreams:
             raise ValueError(f"model {self.name!r} needs at least one upstream URL")
         for url in self.upstreams:
@@ -305,7 +314,7 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
     for name, spec in raw.items():
         if not isinstance(spec, dict):
             raise ValueError(f"model {name!r}: expected a mapping")
-        extra = sorted(set(spec) - {"upstreams", "context_window", "checkpoint", "prices"})
+        extra = sorted(set(spec) - _MODEL_FIELDS)
         if extra:
             raise ValueError(f"model {name!r}: unknown field(s) {', '.join(extra)}")
         upstreams = spec.get("upstreams")
@@ -335,6 +344,7 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
             context_window=spec["context_window"],
             checkpoint=base_dir / Path(str(checkpoint)) if checkpoint else None,
             prices=price,
+            replica_policy=spec.get("replica_policy", DEFAULT_REPLICA_POLICY),
         )
     return models
 
