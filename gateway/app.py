@@ -4,9 +4,11 @@ Start-up opens nothing on the network: the Redis and httpx clients connect on fi
 The lifespan starts the usage writer's thread and waits (up to ``USAGE_REPLAY_WAIT_S``) until
 the records it replayed from its spill file, left by a gateway that crashed, are in the
 database: budgets are rebuilt from the database on first use, so serving earlier would
-forget those records and let tenants overspend by them. On shutdown it closes the upstream
-client, Redis, the usage writer (flushing what it can; the rest stays in its spill file) and
-the tracer provider, in that order.
+forget those records and let tenants overspend by them. It then starts following each
+engine's prefix-cache event stream (`gateway.upstream.replica_router`, for replica choice;
+the tasks connect in the background, a request never waits for them). On shutdown it stops
+those, closes the upstream client, Redis, the usage writer (flushing what it can; the rest
+stays in its spill file) and the tracer provider, in that order.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from gateway.storage.database import Database
 from gateway.storage.redis_client import LeanRedis
 from gateway.storage.usage_writer import UsageWriter
 from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.replica_router import ReplicaRouter
 from policies.decision import Rejection
 
 logger = logging.getLogger(__name__)
@@ -100,6 +103,9 @@ def build_gateway(
         epochs_fail_open=settings.redis_failure_mode == "open",
     )
     upstreams = UpstreamPool(settings.models)
+    counters = token_counters(settings.models)
+    replica_router = ReplicaRouter(settings.models, counters, upstreams.client)
+    upstreams.replica_order = replica_router
     metrics = GatewayMetrics()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
@@ -112,7 +118,7 @@ def build_gateway(
         keys=keys,
         admitter=Admitter(
             settings,
-            token_counters(settings.models),
+            counters,
             store,
             ledger,
             keys,
@@ -137,9 +143,11 @@ def build_gateway(
                 "usage records replayed from the spill file are not in the database yet: "
                 "budgets rebuilt before they are may count too little"
             )
+        replica_router.start({name: upstreams.replicas(name) for name in settings.models})
         try:
             yield
         finally:
+            await replica_router.aclose()
             await upstreams.aclose()
             await retries.aclose()
             if redis is not None:
