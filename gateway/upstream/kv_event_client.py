@@ -70,11 +70,14 @@ class KvEventSubscriber:
             try:
                 await self._follow()
             except Exception as exc:  # whatever ends it, the replica is followed again
-                if self._cache.is_known:
+                was_known = self._cache.is_known
+                if was_known:
                     delay = self._timing.backoff_initial_s
                 expected = isinstance(exc, httpx.HTTPError | StreamOutOfSync | _StreamEnded)
+                # Said once per outage: a server without the stream is asked every 10 s.
+                is_news = was_known or self.num_connections == 1 or not expected
                 logger.log(
-                    logging.INFO if expected else logging.WARNING,
+                    (logging.INFO if expected else logging.WARNING) if is_news else logging.DEBUG,
                     "kv_events %s: %r; reconnecting in %.1f s",
                     self._url,
                     exc,

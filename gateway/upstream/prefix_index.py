@@ -169,6 +169,27 @@ def block_chain(token_ids: Sequence[int], block_size: int, extra_key: bytes) -> 
     return chain
 
 
+def cached_prefixes(
+    token_ids: Sequence[int], block_size: int, extra_key: bytes, caches: Sequence[ReplicaCache]
+) -> tuple[list[int], BlockHash | None]:
+    """Each cache's cached prefix of the prompt's chain, in blocks, and the chain's first hash
+    (None for a prompt shorter than a block). The chain is hashed only as far as some cache
+    holds it, plus one block: a prompt nobody holds costs one hash, not one per block."""
+    num_cached = [0] * len(caches)
+    holding = [i for i, cache in enumerate(caches) if cache.is_known]
+    first: BlockHash | None = None
+    parent: BlockHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size], extra_key)
+        first = first or parent
+        holding = [i for i in holding if parent in caches[i].blocks]
+        if not holding:
+            break
+        for i in holding:
+            num_cached[i] += 1
+    return num_cached, first
+
+
 def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected a non-negative integer, got {value!r}")

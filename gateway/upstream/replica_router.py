@@ -32,7 +32,7 @@ from backend_engine.block_pool import BlockHash
 from gateway.admission.token_counter import CheckpointTokenCounter, TokenCounter, TokenizerCounter
 from gateway.settings import ModelSettings
 from gateway.upstream.kv_event_client import KvEventSubscriptions, SubscriberTiming
-from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, block_chain
+from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, cached_prefixes
 from policies.replica_choice import DEFAULT_EPSILON, ReplicaPolicy, ReplicaState, choose_replicas
 
 logger = logging.getLogger(__name__)
@@ -104,23 +104,17 @@ class ReplicaRouter:
             token_ids = await prompt_token_ids(encoder, body)
         if token_ids is None:
             policy = "least_loaded"
-        chains: dict[tuple[int, bytes], list[BlockHash]] = {}
-        states = []
-        for name, cache in zip(replicas, caches, strict=True):
-            cached = 0
-            if token_ids is not None and cache.is_known:
-                key = (cache.block_size, cache.extra_key)
-                if key not in chains:
-                    chains[key] = block_chain(token_ids, *key)
-                cached = cache.cached_blocks(chains[key])
-            states.append(self._state(name, cache, cached))
-        first_blocks = [chain[0] for chain in chains.values() if chain]
+        num_cached, affinity_key = _cached_prefixes(caches, token_ids)
+        states = [
+            self._state(name, cache, cached)
+            for name, cache, cached in zip(replicas, caches, num_cached, strict=True)
+        ]
         choice = choose_replicas(
             states,
             policy,
             turn=turn,
             epsilon=self._epsilon,
-            affinity_key=first_blocks[0] if first_blocks else None,
+            affinity_key=affinity_key,
         )
         logger.debug("replicas for %s: %s (%s)", model, choice.order, choice.reason)
         return list(choice.order)
@@ -150,6 +144,28 @@ class ReplicaRouter:
             num_unreported=cache.num_unreported,
             num_in_flight=self._in_flight[name],
         )
+
+
+def _cached_prefixes(
+    caches: list[ReplicaCache], token_ids: list[int] | None
+) -> tuple[list[int], BlockHash | None]:
+    """Each replica's cached prefix of the prompt, in blocks, and the prompt's first block
+    hash. Replicas of one model share a block size and an extra key unless they run different
+    checkpoints or KV dtypes: one chain per pair."""
+    num_cached = [0] * len(caches)
+    affinity_key: BlockHash | None = None
+    if token_ids is None:
+        return num_cached, None
+    keys = sorted({(c.block_size, c.extra_key) for c in caches if c.is_known})
+    for key in keys:
+        group = [
+            i for i, c in enumerate(caches) if c.is_known and (c.block_size, c.extra_key) == key
+        ]
+        counts, first = cached_prefixes(token_ids, *key, [caches[i] for i in group])
+        for i, count in zip(group, counts, strict=True):
+            num_cached[i] = count
+        affinity_key = affinity_key or first
+    return num_cached, affinity_key
 
 
 def _exact_encoder(counter: TokenCounter | None) -> PromptEncoder | None:

@@ -15,6 +15,7 @@ from gateway.upstream.prefix_index import (
     ReplicaCache,
     StreamOutOfSync,
     block_chain,
+    cached_prefixes,
 )
 
 KEY = bytes(range(16))
@@ -147,3 +148,19 @@ def test_the_index_keeps_one_cache_per_replica() -> None:
     assert index.replica("http://b") is not a
     index.remove("http://a")
     assert list(index) == ["http://b"]
+
+
+def test_cached_prefixes_hash_the_chain_as_far_as_a_replica_holds_it() -> None:
+    caches = [ReplicaCache() for _ in range(4)]
+    for cache, blocks in zip(
+        caches[:3], [CHAIN[:2], CHAIN[:7], CHAIN[:2] + CHAIN[3:]], strict=True
+    ):
+        cache.apply(snapshot(blocks))
+    counts, first = cached_prefixes(TOKENS, 4, KEY, caches)
+    assert counts == [2, 7, 2, 0] == [c.cached_blocks(CHAIN) for c in caches]
+    assert first == CHAIN[0]
+    assert cached_prefixes(TOKENS[:3], 4, KEY, caches) == ([0, 0, 0, 0], None)
+    assert cached_prefixes(TOKENS, 4, b"another key", caches) == (
+        [0, 0, 0, 0],
+        block_chain(TOKENS, 4, b"another key")[0],
+    )
