@@ -18,12 +18,13 @@ from backend_engine.tokenizer import Tokenizer
 from bench.stand_in_engine import MODEL, StandInEngine
 from gateway.admission.token_counter import from_checkpoint
 from gateway.app import build_gateway
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, ModelSettings
+from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import block_chain
 from gateway.upstream.replica_router import ReplicaRouter, prompt_token_ids
 from tests.gateway.stand_in_stack import TappedEngine, tenant_key
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
-from tests.polling import wait_until
+from tests.polling import eventually, wait_until
 from tests.uvicorn_thread import start_in_thread, stop_thread
 
 BLOCK_SIZE = 4
@@ -189,3 +190,40 @@ async def test_prompt_token_ids_are_what_the_engines_server_makes_of_the_body(
     ]
     for body, expected in cases:
         assert await prompt_token_ids(encoder, body) == expected, body
+
+
+async def test_every_gateway_decides_alike(
+    engines: dict[str, tuple[StandInKvEvents, TappedEngine]],
+    demo_model_files: Callable[..., Path],
+) -> None:
+    """Two gateways' routers, following the same engines, put the same replica first for
+    each prompt (held by one, held by neither), whatever their turns and list orders."""
+    checkpoint = demo_model_files()
+    tokenizer = Tokenizer.from_pretrained(checkpoint)
+    engines["b"][0].store(block_chain(tokenizer.encode(PROMPTS["b"]), BLOCK_SIZE, KEY))
+    upstreams = tuple(events.upstream for events, _ in engines.values())
+    models = {MODEL: ModelSettings(MODEL, upstreams, 4096, checkpoint)}
+    counters = {MODEL: from_checkpoint(checkpoint)}
+    pools = [UpstreamPool(models), UpstreamPool(models)]
+    routers = [ReplicaRouter(models, counters, pool.client) for pool in pools]
+    try:
+        bases = pools[0].replicas(MODEL)
+        for router in routers:
+            router.follow(bases)
+        await eventually(
+            lambda: all(r.index.replica(b).is_known for r in routers for b in bases),
+            what="both routers' snapshots",
+        )
+        await routers[1].order(MODEL, bases, {"prompt": "x"})  # the second one's turn moves on
+        cold = "A prompt that no replica has seen, sent by two different gateways at once."
+        for prompt in (PROMPTS["b"], cold, PROMPTS["a"]):
+            firsts = {
+                (await router.order(MODEL, names, {"prompt": prompt}))[0]
+                for router, names in zip(routers, (bases, bases[::-1]), strict=True)
+            }
+            assert len(firsts) == 1, prompt
+        assert (await routers[0].order(MODEL, bases, {"prompt": PROMPTS["b"]}))[0] == bases[1]
+    finally:
+        for router, pool in zip(routers, pools, strict=True):
+            await router.aclose()
+            await pool.aclose()
