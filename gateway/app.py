@@ -6,7 +6,10 @@ replica once (`UpstreamPool.start`) before serving. The lifespan also starts the
 writer's thread and waits (up to ``USAGE_REPLAY_WAIT_S``) until the records it replayed
 from its spill file, left by a gateway that crashed, are in the database: budgets are
 rebuilt from the database on first use, so serving earlier would forget those records and
-let tenants overspend by them. On shutdown it closes the upstream pool (its discovery and
+let tenants overspend by them. It then starts following each engine replica's prefix-cache
+event stream (`gateway.upstream.replica_router`, for replica choice; the tasks connect in
+the background, a request never waits for them; a replica that leaves is no longer
+followed). On shutdown it stops those, closes the upstream pool (its discovery and
 health checks, then its client), Redis, the usage writer (flushing what it can; the rest
 stays in its spill file) and the tracer provider, in that order.
 """
@@ -58,6 +61,7 @@ from gateway.storage.redis_client import LeanRedis
 from gateway.storage.usage_writer import UsageWriter
 from gateway.upstream.dns_discovery import Resolver, system_resolver
 from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.replica_router import ReplicaRouter
 from policies.decision import Rejection
 
 logger = logging.getLogger(__name__)
@@ -110,6 +114,9 @@ def build_gateway(
     upstreams = UpstreamPool(
         settings.models, watch=settings.replica_watch, resolver=resolver, metrics=metrics
     )
+    counters = token_counters(settings.models)
+    replica_router = ReplicaRouter(settings.models, counters, upstreams.client)
+    upstreams.replica_order = replica_router
     readiness = Readiness()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
@@ -123,7 +130,7 @@ def build_gateway(
         keys=keys,
         admitter=Admitter(
             settings,
-            token_counters(settings.models),
+            counters,
             store,
             ledger,
             keys,
@@ -151,9 +158,13 @@ def build_gateway(
                 "budgets rebuilt before they are may count too little"
             )
         await upstreams.start()
+        replica_router.start(
+            {name: upstreams.replica_set.members(name) for name in settings.models}
+        )
         try:
             yield
         finally:
+            await replica_router.aclose()
             await upstreams.aclose()
             await retries.aclose()
             if redis is not None:

@@ -30,6 +30,7 @@
         upstreams: [unix:/run/tollway/small.sock, http://10.0.0.2:8100, dns://engine-small:8100]
         context_window: 8192
         checkpoint: data/models/small   # exact token counts; null counts with cl100k_base
+        replica_policy: prefix          # or least_loaded, round_robin (policies/replica_choice.py)
         prices: {input: 100000, cached_input: 25000, output: 400000}  # micros per 1M tokens
         upstream_model: null            # the id sent upstream as "model"; null: the name
     rollouts:                         # a public name -> versions (models above) by weight
@@ -110,6 +111,7 @@ from gateway.upstream.replica_health import (
     EjectionRule,
 )
 from gateway.upstream.replica_set import ReplicaWatch
+from policies.replica_choice import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES, ReplicaPolicy
 from policies.routing import ModelPair, RoutingPolicy
 
 _ENV_FIELDS: dict[str, str] = {
@@ -148,6 +150,7 @@ REDIS_FAILURE_MODES = ("closed", "open")
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing", "rollouts"}
 _MODEL_FIELDS = {"upstreams", "context_window", "checkpoint", "prices", "upstream_model"}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_MODEL_FIELDS = {"upstreams", "context_window", "checkpoint", "prices", "replica_policy"}
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,14 @@ class ModelSettings:
     prices: Prices = field(default_factory=Prices)
     upstream_model: str | None = None  # the id the engines know it by; None: ``name``
 
+    replica_policy: ReplicaPolicy = DEFAULT_REPLICA_POLICY
+
     def __post_init__(self) -> None:
+        if self.replica_policy not in REPLICA_POLICIES:
+            raise ValueError(
+                f"model {self.name!r}: replica_policy must be one of "
+                f"{', '.join(REPLICA_POLICIES)}, got {self.replica_policy!r}"
+            )
         if self.upstream_model is not None and (
             not isinstance(self.upstream_model, str) or not self.upstream_model.strip()
         ):
@@ -446,6 +456,7 @@ def _models(raw: Any, base_dir: Path) -> dict[str, ModelSettings]:
             checkpoint=base_dir / Path(str(checkpoint)) if checkpoint else None,
             prices=price,
             upstream_model=spec.get("upstream_model"),
+            replica_policy=spec.get("replica_policy", DEFAULT_REPLICA_POLICY),
         )
     return models
 

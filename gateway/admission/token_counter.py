@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import tiktoken
 from tiktoken.model import encoding_name_for_model
 from tiktoken_ext import openai_public
+from tokenizers import Tokenizer as HFTokenizer
 
 from backend_engine.tokenizer import Tokenizer
 from gateway.admission.tiktoken_vocabulary import (
@@ -224,6 +225,7 @@ class CheckpointTokenCounter:
         # What the post-processor adds to one sequence (Llama's BOS; Qwen2's nothing), always
         # the same tokens whatever the text.
         self._num_added_tokens: int = backend.num_special_tokens_to_add(is_pair=False)
+        self._added_before, self._added_after = _added_tokens(backend)
         self.fingerprint = _fingerprint(tokenizer)
         try:
             self.encoding = tiktoken.Encoding(
@@ -292,6 +294,11 @@ class CheckpointTokenCounter:
             return ranks
         return [self._rank_to_id[rank] for rank in ranks]
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """A completions prompt's ids, as ``Tokenizer.encode(prompt)``: with what the
+        post-processor adds (Llama's BOS)."""
+        return [*self._added_before, *self.encode_text(prompt), *self._added_after]
+
     def encode_chat(self, messages: Messages) -> list[int]:
         return self.encode_text(self._render(_engine_messages(messages)))
 
@@ -329,12 +336,32 @@ class TokenizerCounter:
     def count_text(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self._tokenizer.encode(prompt)
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        return self._tokenizer.encode_chat(_engine_messages(messages))
+
     def count_prompt(self, prompt: str, limit: int | None = None) -> int:
         return len(self._tokenizer.encode(prompt))
 
     def count_chat(self, messages: Messages, limit: int | None = None) -> int:
         """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
         return len(self._tokenizer.encode_chat(_engine_messages(messages)))
+
+
+def _added_tokens(backend: HFTokenizer) -> tuple[list[int], list[int]]:
+    """The ids the post-processor puts before and after one sequence's own (Llama: [BOS],
+    []): the same whatever the text, as ``num_special_tokens_to_add`` assumes."""
+    own = backend.encode(_PROBE_TEXT, add_special_tokens=False).ids
+    full = backend.encode(_PROBE_TEXT).ids
+    for start in range(len(full) - len(own) + 1):
+        if full[start : start + len(own)] == own:
+            return full[:start], full[start + len(own) :]
+    raise UnsupportedTokenizer("the post-processor changes a sequence's own tokens")
+
+
+_PROBE_TEXT = "Hello world"
 
 
 def _tiktoken_counter(tokenizer: Tokenizer, name: str) -> CheckpointTokenCounter:

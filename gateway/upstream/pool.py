@@ -23,12 +23,13 @@ everything else, e.g. the pool-load scrapes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
@@ -59,6 +60,7 @@ class UpstreamCall:
     events: AsyncIterator[list[str]] | None = None
     body: bytes = b""
     num_failed_replicas: int = 0
+    on_close: Callable[[], None] | None = field(default=None, repr=False)
     _is_closed: bool = field(default=False, repr=False)
 
     @property
@@ -70,11 +72,30 @@ class UpstreamCall:
         if self._is_closed:
             return
         self._is_closed = True
+        if self.on_close is not None:
+            self.on_close()
         if self.events is not None:
             aclose = getattr(self.events, "aclose", None)
             if aclose is not None:
                 await aclose()
         await self.response.aclose()
+
+
+class ReplicaOrder(Protocol):
+    """The hook through which the pool asks the order of a model's replicas for one request
+    (`gateway.upstream.replica_router.ReplicaRouter`), and tells it where requests went."""
+
+    async def order(self, model: str, replicas: list[str], body: Mapping[str, Any]) -> list[str]:
+        """``replicas`` in the order to try them (best first)."""
+        ...
+
+    def sent(self, replica: str) -> None: ...
+
+    def finished(self, replica: str) -> None: ...
+
+    def forget(self, replica: str) -> None:
+        """``replica`` has left every model (discovery): drop what is known of it."""
+        ...
 
 
 class UpstreamPool:
@@ -122,6 +143,7 @@ class UpstreamPool:
         self._stop_extensions = {"timeout": STOP_TIMEOUT.as_dict(), READ_BODY: True}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._turns = {name: itertools.count() for name in models}
+        self.replica_order: ReplicaOrder | None = None  # None: round-robin (`replicas`)
 
     async def start(self) -> None:
         """Resolve the ``dns://`` upstreams and check every replica, then keep doing so."""
@@ -157,7 +179,15 @@ class UpstreamPool:
         request_headers = {**headers, "content-type": "application/json"}
         num_failed = 0
         failed_answer: UpstreamCall | None = None
-        for base in self.replicas(model):
+        # --- replica-order hook (issue #16): the order and in-flight accounting ---
+        replicas = self.replicas(model)
+        hook = self.replica_order
+        if hook is not None:
+            replicas = await hook.order(model, replicas, body)
+        for base in replicas:
+            if hook is not None:
+                hook.sent(base)  # in flight until this attempt ends, or its call closes
+            # --- end of hook
             request = httpx.Request(
                 "POST",
                 self._url(base, path),
@@ -175,6 +205,8 @@ class UpstreamPool:
                 call = UpstreamCall(response, base, num_failed_replicas=num_failed)
                 if is_stream and response.status_code < 400:
                     call.events = await _read_ahead(sse_batches(response))
+                    if hook is not None:  # replica-order hook: closing the call ends it
+                        call.on_close, hook = functools.partial(hook.finished, base), None
                 else:
                     call.body = await read_body(response)
                     await response.aclose()
@@ -189,6 +221,9 @@ class UpstreamPool:
                     on_replica_error(model, reason)
                 if response is not None:
                     await response.aclose()
+            finally:
+                if hook is not None:  # replica-order hook
+                    hook.finished(base)
         if failed_answer is not None:
             failed_answer.num_failed_replicas = num_failed
             return failed_answer
@@ -234,9 +269,12 @@ class UpstreamPool:
         return self._mounts.get(base, self._tcp)
 
     def _forget(self, base: str) -> None:
-        """A replica left (DNS): drop its parsed URLs, so churn does not grow the cache."""
+        """A replica left (DNS): drop its parsed URLs, so churn does not grow the cache, and
+        what the replica order knows of it (its prefix-cache stream)."""
         for key in [key for key in self._urls if key[0] == base]:
             del self._urls[key]
+        if self.replica_order is not None:
+            self.replica_order.forget(base)
 
     def _url(self, base: str, path: str) -> httpx.URL:
         url = self._urls.get((base, path))

@@ -34,10 +34,6 @@ SECRETS_TEMPLATE = KUBERNETES_DIR / "secrets.example.yaml"
 SECRET_NAME = "tollway-secrets"
 # Keys other helpers of issue #16 add to the settings; on a tree without them the config
 # cannot parse yet (test_gateway_config_parses is then an expected failure).
-NEW_KEYS_REASON = (
-    "needs the model key `replica_policy` (prefix routing) and `dns://` upstreams (DNS "
-    "discovery), which this tree's gateway settings do not know yet"
-)
 
 
 def _config_id(path: Path) -> str:
@@ -80,20 +76,6 @@ def load_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def with_todays_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """The config without the keys other helpers are adding: `replica_policy` dropped and each
-    `dns://host:port` upstream as `http://host:port`."""
-    models = {}
-    for name, spec in data["models"].items():
-        spec = {key: value for key, value in spec.items() if key != "replica_policy"}
-        spec["upstreams"] = [
-            "http://" + url.removeprefix("dns://") if url.startswith("dns://") else url
-            for url in spec["upstreams"]
-        ]
-        models[name] = spec
-    return {**data, "models": models}
-
-
 def parse_command(command: Any, name: str, args: list[str]) -> dict[str, Any]:
     """The parameters ``args`` give ``command`` (a command of typer's own click), parsed and
     type-checked as the CLI would: an unknown flag or a bad value raises a usage error."""
@@ -101,16 +83,9 @@ def parse_command(command: Any, name: str, args: list[str]) -> dict[str, Any]:
         return dict(ctx.params)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=NEW_KEYS_REASON)
 @pytest.mark.parametrize("path", GATEWAY_CONFIGS, ids=_config_id)
 def test_gateway_config_parses(path: Path) -> None:
     settings = GatewaySettings.from_dict(load_config(path), env={})
-    assert set(settings.models) == {"small", "large"}
-
-
-@pytest.mark.parametrize("path", GATEWAY_CONFIGS, ids=_config_id)
-def test_gateway_config_parses_without_the_new_keys(path: Path) -> None:
-    settings = GatewaySettings.from_dict(with_todays_keys(load_config(path)), env={})
     assert set(settings.models) == {"small", "large"}
     assert settings.known_models == {"small", "large", "auto"}
     assert settings.host == "0.0.0.0"
@@ -128,7 +103,7 @@ def test_every_model_prefers_prefix_routing() -> None:
 def test_gateway_environment_overrides_settings() -> None:
     """Each TOLLWAY_* variable the gateway Deployment sets changes a setting."""
     (config,) = (path for path in GATEWAY_CONFIGS if _config_id(path) == "base")
-    data = with_todays_keys(load_config(config))
+    data = load_config(config)
     plain = GatewaySettings.from_dict(data, env={})
     (gateway,) = [container for _, container in containers("gateway") if "env" in container]
     names = [env["name"] for env in gateway["env"] if env["name"].startswith("TOLLWAY_")]

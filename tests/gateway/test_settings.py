@@ -58,6 +58,14 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
         ({"ejection_failures": 0}, "ejection_failures must be"),
         ({"ejection_backoff_s": 5, "ejection_backoff_max_s": 1}, "ejection_backoff_max_s"),
         ({"drain_grace_s": -1}, "drain_grace_s must be >= 0"),
+        (
+            {
+                "models": {
+                    "m": {"upstreams": ["http://x"], "context_window": 9, "replica_policy": 1}
+                }
+            },
+            "replica_policy must be one of prefix, least_loaded, round_robin, got 1",
+        ),
     ],
 )
 def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> None:
@@ -65,6 +73,16 @@ def test_validation_says_what_to_fix(patch: dict[str, object], message: str) -> 
     data.update(patch)
     with pytest.raises(ValueError, match=message):
         GatewaySettings.from_dict(data)
+
+
+def test_replica_policy_is_per_model_with_prefix_the_default() -> None:
+    models = {
+        "a": {"upstreams": ["http://x"], "context_window": 64},
+        "b": {"upstreams": ["http://y"], "context_window": 64, "replica_policy": "round_robin"},
+    }
+    settings = GatewaySettings.from_dict({"models": models})
+    assert settings.models["a"].replica_policy == "prefix"
+    assert settings.models["b"].replica_policy == "round_robin"
 
 
 def test_a_missing_context_window_is_named_required_and_explained() -> None:

@@ -112,6 +112,16 @@ def test_every_vocabulary_token_alone(pair: tuple[CheckpointTokenCounter, Tokeni
         _assert_same_text(counter, tokenizer, tokenizer.decode([token_id], False))
 
 
+def test_prompts_match_engine_encode(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
+    """A completions prompt's ids, with what the post-processor adds (the ids the engine's
+    server hashes into prefix-cache blocks, so the gateway can route by them)."""
+    counter, tokenizer = pair
+    for text in TEXTS + _random_texts(100, seed=1):
+        assert counter.encode_prompt(text) == tokenizer.encode(text), repr(text)
+    if tokenizer.bos_token_id is not None and counter.count_prompt("") == 1:
+        assert counter.encode_prompt("hi")[0] == tokenizer.bos_token_id
+
+
 def test_chat_matches_encode_chat(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
     counter, tokenizer = pair
     conversations = [*CONVERSATIONS, [{"role": "user", "content": t} for t in TEXTS]]
@@ -402,7 +412,8 @@ def test_smollm2_counts_as_its_engine_tokenizer_without_torch(smollm2_gguf: Path
         f"counter = from_checkpoint({str(smollm2_gguf)!r})\n"
         "print(json.dumps([[counter.encode_text(t) for t in texts],"
         " [counter.count_prompt(t, limit=10) for t in texts],"
-        " [counter.encode_chat(c) for c in chats]]))\n"
+        " [counter.encode_chat(c) for c in chats],"
+        " [counter.encode_prompt(t) for t in texts]]))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -412,13 +423,14 @@ def test_smollm2_counts_as_its_engine_tokenizer_without_torch(smollm2_gguf: Path
         text=True,
         check=True,
     )
-    ids, prompt_counts, chat_ids = json.loads(result.stdout)
+    ids, prompt_counts, chat_ids, prompt_ids = json.loads(result.stdout)
     tokenizer = Tokenizer.from_checkpoint(smollm2_gguf)
     assert ids == [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     assert ids[texts.index("!\x04!")] == tokenizer.encode("!!", add_special_tokens=False)
     assert prompt_counts[: len(TEXTS)] == [len(tokenizer.encode(t)) for t in TEXTS]
     assert prompt_counts[-len(_DROPPED) :] == [len(tokenizer.encode(t)) for t in _DROPPED]
     assert chat_ids == [tokenizer.encode_chat(c) for c in chats]
+    assert prompt_ids == [tokenizer.encode(t) for t in texts]
 
 
 def test_a_tokenizer_tiktoken_cannot_reproduce_is_counted_with_the_engines_own(
@@ -433,8 +445,10 @@ def test_a_tokenizer_tiktoken_cannot_reproduce_is_counted_with_the_engines_own(
     for text in [*TEXTS, *AWKWARD_TEXTS]:
         assert counter.count_text(text) == len(tokenizer.encode(text, add_special_tokens=False))
         assert counter.count_prompt(text, limit=1) == len(tokenizer.encode(text))  # with BOS
+        assert counter.encode_prompt(text) == tokenizer.encode(text)
     for messages in [*CONVERSATIONS, *GGUF_CONVERSATIONS]:
         assert counter.count_chat(messages) == len(tokenizer.encode_chat(messages))
+        assert counter.encode_chat(messages) == tokenizer.encode_chat(messages)
 
 
 def test_models_on_one_checkpoint_share_one_counter(tmp_path: Path) -> None:

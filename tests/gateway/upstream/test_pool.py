@@ -4,7 +4,8 @@ asking engines to stop a request."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import httpx
 import pytest
@@ -106,3 +107,51 @@ async def test_stop_is_false_for_engines_that_cannot_stop_and_for_failures(
 ) -> None:
     assert await pool_of({"a": answer}).stop("m", "req_1") is False
     assert await pool_of({"a": answer, "b": aborted(True)}).stop("m", "req_1") is True
+
+
+class RecordingOrder:
+    """A `ReplicaOrder` that answers a fixed order and records what the pool tells it."""
+
+    def __init__(self, order: list[str]) -> None:
+        self._order = order
+        self.events: list[tuple[str, ...]] = []
+
+    async def order(self, model: str, replicas: list[str], body: Mapping[str, Any]) -> list[str]:
+        self.events.append(("order", model, *sorted(replicas)))
+        return self._order
+
+    def sent(self, replica: str) -> None:
+        self.events.append(("sent", replica))
+
+    def finished(self, replica: str) -> None:
+        self.events.append(("finished", replica))
+
+
+async def test_the_replica_order_hook_orders_attempts_and_sees_each_one_in_flight() -> None:
+    sse = b'data: {"choices": [{"text": "x"}]}\n\ndata: [DONE]\n\n'
+    pool = pool_of(
+        {
+            "a": lambda _: httpx.Response(503),
+            "b": lambda _: httpx.Response(200, content=sse),
+            "c": lambda _: httpx.Response(200, json={"choices": []}),
+        }
+    )
+    hook = RecordingOrder(["http://c", "http://a", "http://b"])
+    pool.replica_order = hook
+    body = {"model": "m", "prompt": "hi"}
+    call = await pool.open("m", "/v1/completions", body, {}, is_stream=False)
+    assert call.replica == "http://c"
+    assert hook.events == [
+        ("order", "m", "http://a", "http://b", "http://c"),
+        ("sent", "http://c"),
+        ("finished", "http://c"),  # a whole answer: done once read
+    ]
+    hook.events.clear()
+    hook._order = ["http://a", "http://b"]
+    call = await pool.open("m", "/v1/completions", body, {}, is_stream=True)
+    assert (call.replica, call.num_failed_replicas) == ("http://b", 1)
+    assert hook.events[1:] == [("sent", "http://a"), ("finished", "http://a"), ("sent", "http://b")]
+    await call.aclose()  # a stream is in flight until the relay closes it
+    await call.aclose()
+    assert hook.events[-1] == ("finished", "http://b") and len(hook.events) == 5
+    await pool.aclose()

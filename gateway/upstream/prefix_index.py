@@ -1,0 +1,196 @@
+"""What each engine replica's prefix cache holds, rebuilt from its ``GET /kv_events`` stream.
+
+A `ReplicaCache` applies the stream's lines (docs/architecture.md, "Replica choice"):
+
+    snapshot  every block hash the cache holds, the engine's id, seq, block size, extra key
+    stored    hashes that became findable          seq + 1
+    evicted   hashes no longer findable            seq + 1
+    cleared   the whole cache reset                seq + 1
+    load      waiting/running requests, KV blocks  (no seq)
+    ping      nothing
+
+A change whose ``seq`` is not the next one (a gap: lines were lost), a change before the
+snapshot, or a malformed line raises `StreamOutOfSync`: the replica's state is then unknown
+until a new connection brings a new snapshot (`gateway.upstream.kv_event_client`). A snapshot
+replaces everything, whichever engine process (``engine_id``) it comes from.
+
+`block_chain` hashes a prompt's token ids with the engine's own `hash_block` (imported, never
+copied) into the chain its prefix cache keys blocks by, so `ReplicaCache.cached_blocks` can
+count how many leading blocks of a request a replica would find.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backend_engine.block_pool import BlockHash, hash_block
+
+
+class StreamOutOfSync(Exception):
+    """The stream lost lines or broke its contract: resubscribe for a fresh snapshot."""
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """The engine's last ``load`` line."""
+
+    num_waiting: int
+    num_running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+
+    @property
+    def kv_usage(self) -> float:
+        if self.kv_blocks_total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.kv_blocks_used / self.kv_blocks_total))
+
+
+class ReplicaCache:
+    """One replica's prefix cache as its event stream describes it.
+
+    ``is_known`` is true from a snapshot until `forget` (the stream ended or went out of
+    sync). ``num_unreported`` counts requests this gateway sent the replica since its last
+    load line (`note_sent`); a load line resets it, since the engine's counts include them.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: set[BlockHash] = set()
+        self.engine_id: str | None = None
+        self.seq = 0
+        self.block_size = 0
+        self.extra_key = b""
+        self.load: EngineLoad | None = None
+        self.num_unreported = 0
+        self.is_known = False
+
+    def forget(self) -> None:
+        """The stream is gone: nothing is known until the next snapshot."""
+        self.blocks = set()
+        self.load = None
+        self.is_known = False
+
+    def note_sent(self) -> None:
+        self.num_unreported += 1
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Apply one line of the stream; `StreamOutOfSync` if it cannot be applied."""
+        try:
+            kind = event["type"]
+            if kind == "snapshot":
+                self._snapshot(event)
+            elif kind == "load":
+                self.load = EngineLoad(
+                    num_waiting=_count(event["num_waiting"]),
+                    num_running=_count(event["num_running"]),
+                    kv_blocks_used=_count(event["kv_blocks_used"]),
+                    kv_blocks_total=_count(event["kv_blocks_total"]),
+                )
+                self.num_unreported = 0
+            elif kind == "ping":
+                return
+            elif kind in ("stored", "evicted", "cleared"):
+                self._change(kind, event)
+            else:
+                raise StreamOutOfSync(f"unknown event type {kind!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StreamOutOfSync(f"malformed event: {exc!r}") from None
+
+    def _snapshot(self, event: Mapping[str, Any]) -> None:
+        engine_id = event["engine_id"]
+        if not isinstance(engine_id, str):
+            raise TypeError("engine_id must be a string")
+        block_size = _count(event["block_size"])
+        if block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        self.blocks = {bytes.fromhex(h) for h in event["blocks"]}
+        self.engine_id = engine_id
+        self.seq = _count(event["seq"])
+        self.block_size = block_size
+        self.extra_key = bytes.fromhex(event["extra_key"])
+        self.is_known = True
+
+    def _change(self, kind: str, event: Mapping[str, Any]) -> None:
+        if not self.is_known:
+            raise StreamOutOfSync(f"{kind} event before the snapshot")
+        seq = _count(event["seq"])
+        if seq != self.seq + 1:
+            raise StreamOutOfSync(f"seq {seq} after {self.seq}: events were lost")
+        if kind == "stored":
+            self.blocks.update(bytes.fromhex(h) for h in event["blocks"])
+        elif kind == "evicted":
+            self.blocks.difference_update(bytes.fromhex(h) for h in event["blocks"])
+        else:
+            self.blocks.clear()
+        self.seq = seq
+
+    def cached_blocks(self, chain: Sequence[BlockHash]) -> int:
+        """How many leading blocks of ``chain`` the replica holds (its prefix-cache hit
+        stops at the first block it lacks, so this does too)."""
+        if not self.is_known:
+            return 0
+        num = 0
+        for block_hash in chain:
+            if block_hash not in self.blocks:
+                break
+            num += 1
+        return num
+
+
+class PrefixIndex:
+    """Every replica's `ReplicaCache`, by replica base URL."""
+
+    def __init__(self) -> None:
+        self._caches: dict[str, ReplicaCache] = {}
+
+    def replica(self, name: str) -> ReplicaCache:
+        cache = self._caches.get(name)
+        if cache is None:
+            cache = self._caches[name] = ReplicaCache()
+        return cache
+
+    def remove(self, name: str) -> None:
+        self._caches.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._caches)
+
+
+def block_chain(token_ids: Sequence[int], block_size: int, extra_key: bytes) -> list[BlockHash]:
+    """The chain hashes of the prompt's full blocks, as the engine's KV cache manager keys
+    them (``KVCacheManager._update_hashes``); a partial last block has none."""
+    chain: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size], extra_key)
+        chain.append(parent)
+    return chain
+
+
+def cached_prefixes(
+    token_ids: Sequence[int], block_size: int, extra_key: bytes, caches: Sequence[ReplicaCache]
+) -> tuple[list[int], BlockHash | None]:
+    """Each cache's cached prefix of the prompt's chain, in blocks, and the chain's first hash
+    (None for a prompt shorter than a block). The chain is hashed only as far as some cache
+    holds it, plus one block: a prompt nobody holds costs one hash, not one per block."""
+    num_cached = [0] * len(caches)
+    holding = [i for i, cache in enumerate(caches) if cache.is_known]
+    first: BlockHash | None = None
+    parent: BlockHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size], extra_key)
+        first = first or parent
+        holding = [i for i in holding if parent in caches[i].blocks]
+        if not holding:
+            break
+        for i in holding:
+            num_cached[i] += 1
+    return num_cached, first
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value

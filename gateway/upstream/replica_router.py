@@ -1,0 +1,207 @@
+"""The pool's `ReplicaOrder`: which replica first for one request, from the engines' state.
+
+For each request `ReplicaRouter.order` gathers the facts `policies.replica_choice` needs and
+returns its order:
+
+- the prompt's token ids, as the engine's server will see them (the model's exact token
+  counter: `CheckpointTokenCounter` or `TokenizerCounter`, whose ids equal the engine
+  tokenizer's), hashed into the engine's block chain with each replica's own block size and
+  extra key (`prefix_index.block_chain`), and each replica's cached prefix of it;
+- each replica's load from its event stream (`kv_event_client`), plus the requests this
+  gateway sent it since (`sent`), or, for a replica whose state is unknown, the requests this
+  gateway has open to it (`sent` .. `finished`).
+
+A model whose prompts cannot be turned into the engine's ids (no checkpoint: counted with
+an OpenAI encoding; or a body that is neither a prompt nor messages) is ordered by
+``least_loaded`` instead of ``prefix``: never by hashes that cannot match.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import anyio
+import httpx
+import jinja2
+
+from backend_engine.block_pool import BlockHash
+from gateway.admission.token_counter import CheckpointTokenCounter, TokenCounter, TokenizerCounter
+from gateway.settings import ModelSettings
+from gateway.upstream.kv_event_client import KvEventSubscriptions, SubscriberTiming
+from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, cached_prefixes
+from policies.replica_choice import DEFAULT_EPSILON, ReplicaPolicy, ReplicaState, choose_replicas
+
+logger = logging.getLogger(__name__)
+
+INLINE_ENCODE_CHARS = 16_384  # longer prompts are tokenized on a worker thread
+
+
+class PromptEncoder(Protocol):
+    def encode_prompt(self, prompt: str) -> list[int]: ...
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+
+class ReplicaRouter:
+    def __init__(
+        self,
+        models: Mapping[str, ModelSettings],
+        counters: Mapping[str, TokenCounter],
+        client: httpx.AsyncClient,
+        *,
+        epsilon: float = DEFAULT_EPSILON,
+        timing: SubscriberTiming | None = None,
+    ) -> None:
+        self._policies: dict[str, ReplicaPolicy] = {
+            m.name: m.replica_policy for m in models.values()
+        }
+        self._encoders: dict[str, PromptEncoder | None] = {
+            name: _exact_encoder(counters.get(name)) for name in models
+        }
+        self._epsilon = epsilon
+        self.index = PrefixIndex()
+        self.subscriptions = KvEventSubscriptions(client, self.index, timing or SubscriberTiming())
+        self._followed: set[str] = set()
+        self._turns = {name: itertools.count() for name in models}
+        self._in_flight: Counter[str] = Counter()
+
+    def start(self, replicas: Mapping[str, Sequence[str]]) -> None:
+        """Follow the replicas of every model not routed round-robin (at the app's start-up;
+        replicas that join later are followed from their first request, and one that leaves
+        is dropped by `forget`)."""
+        for model, names in replicas.items():
+            if self._policies.get(model, "round_robin") != "round_robin":
+                self.follow(names)
+
+    def follow(self, replicas: Sequence[str]) -> None:
+        """Start following the event streams of replicas not followed yet (needs the event
+        loop running: the app's start-up, or the first request)."""
+        new = set(replicas) - self._followed
+        if new:
+            self._followed |= new
+            self.subscriptions.sync(self._followed)
+
+    def forget(self, replica: str) -> None:
+        """``replica`` left every model: stop following its stream and drop its index."""
+        if replica in self._followed:
+            self._followed.discard(replica)
+            self.subscriptions.sync(self._followed)
+
+    async def aclose(self) -> None:
+        await self.subscriptions.aclose()
+        self._followed.clear()
+
+    async def order(self, model: str, replicas: list[str], body: Mapping[str, Any]) -> list[str]:
+        """The order to try ``replicas`` (the pool's, for ``model``) in for ``body``."""
+        policy = self._policies[model]
+        if policy != "round_robin":
+            self.follow(replicas)
+        if not replicas or policy == "round_robin":
+            return replicas  # the pool's own rotation
+        turn = next(self._turns[model])
+        replicas = sorted(replicas)  # ties rotate by this router's turn, not the pool's too
+        caches = [self.index.replica(name) for name in replicas]
+        token_ids = None
+        encoder = self._encoders[model]
+        if policy == "prefix" and encoder is not None and any(c.is_known for c in caches):
+            token_ids = await prompt_token_ids(encoder, body)
+        if token_ids is None:
+            policy = "least_loaded"
+        num_cached, affinity_key = _cached_prefixes(caches, token_ids)
+        states = [
+            self._state(name, cache, cached)
+            for name, cache, cached in zip(replicas, caches, num_cached, strict=True)
+        ]
+        choice = choose_replicas(
+            states,
+            policy,
+            turn=turn,
+            epsilon=self._epsilon,
+            affinity_key=affinity_key,
+        )
+        logger.debug("replicas for %s: %s (%s)", model, choice.order, choice.reason)
+        return list(choice.order)
+
+    def sent(self, replica: str) -> None:
+        """The pool sends a request to ``replica`` now."""
+        self._in_flight[replica] += 1
+        self.index.replica(replica).note_sent()
+
+    def finished(self, replica: str) -> None:
+        """A request sent to ``replica`` has ended (answered, failed or closed)."""
+        self._in_flight[replica] -= 1
+        if self._in_flight[replica] <= 0:
+            del self._in_flight[replica]
+
+    def _state(self, name: str, cache: ReplicaCache, cached_blocks: int) -> ReplicaState:
+        if not cache.is_known:
+            return ReplicaState(name, is_known=False, num_in_flight=self._in_flight[name])
+        load = cache.load  # None only between the snapshot and the load line after it
+        return ReplicaState(
+            name,
+            is_known=True,
+            cached_blocks=cached_blocks,
+            num_waiting=load.num_waiting if load else 0,
+            num_running=load.num_running if load else 0,
+            kv_usage=load.kv_usage if load else 0.0,
+            num_unreported=cache.num_unreported,
+            num_in_flight=self._in_flight[name],
+        )
+
+
+def _cached_prefixes(
+    caches: list[ReplicaCache], token_ids: list[int] | None
+) -> tuple[list[int], BlockHash | None]:
+    """Each replica's cached prefix of the prompt, in blocks, and the prompt's first block
+    hash. Replicas of one model share a block size and an extra key unless they run different
+    checkpoints or KV dtypes: one chain per pair."""
+    num_cached = [0] * len(caches)
+    affinity_key: BlockHash | None = None
+    if token_ids is None:
+        return num_cached, None
+    keys = sorted({(c.block_size, c.extra_key) for c in caches if c.is_known})
+    for key in keys:
+        group = [
+            i for i, c in enumerate(caches) if c.is_known and (c.block_size, c.extra_key) == key
+        ]
+        counts, first = cached_prefixes(token_ids, *key, [caches[i] for i in group])
+        for i, count in zip(group, counts, strict=True):
+            num_cached[i] = count
+        affinity_key = affinity_key or first
+    return num_cached, affinity_key
+
+
+def _exact_encoder(counter: TokenCounter | None) -> PromptEncoder | None:
+    """The counter itself where its ids are the engine tokenizer's; None otherwise."""
+    if isinstance(counter, CheckpointTokenCounter | TokenizerCounter):
+        return counter
+    return None
+
+
+async def prompt_token_ids(encoder: PromptEncoder, body: Mapping[str, Any]) -> list[int] | None:
+    """The ids the engine's server makes of ``body`` (`backend_engine/server/routes.py`), or
+    None for a body it would refuse or that is not a prompt or a chat."""
+    messages, prompt = body.get("messages"), body.get("prompt")
+    try:
+        if isinstance(messages, list):
+            size = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+            return await _run(size, encoder.encode_chat, messages)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return await _run(len(prompt), encoder.encode_prompt, prompt)
+        if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            return list(prompt)
+    except (ValueError, TypeError, AttributeError, jinja2.TemplateError):
+        return None  # the engine answers this request with its own error
+    return None
+
+
+async def _run(size: int, encode: Callable[[Any], list[int]], argument: Any) -> list[int]:
+    if size < INLINE_ENCODE_CHARS:
+        return list(encode(argument))
+    return list(await anyio.to_thread.run_sync(encode, argument))
