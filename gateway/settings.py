@@ -148,9 +148,10 @@ _OPTIONAL_FIELDS = (
 )
 REDIS_FAILURE_MODES = ("closed", "open")
 _TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing", "rollouts"}
-_MODEL_FIELDS = {"upstreams", "context_window", "checkpoint", "prices", "upstream_model"}
+_MODEL_FIELDS = {
+    "upstreams", "context_window", "checkpoint", "prices", "upstream_model", "replica_policy",
+}  # fmt: skip
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-_MODEL_FIELDS = {"upstreams", "context_window", "checkpoint", "prices", "replica_policy"}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ def with_dead_replica_first(
         upstreams=(dead, *models[SMALL].upstreams),
         context_window=models[SMALL].context_window,
         checkpoint=models[SMALL].checkpoint,
+        replica_policy="round_robin",  # every other request starts on the dead replica
     )
     return GatewaySettings(
         models=models,

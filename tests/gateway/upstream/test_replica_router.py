@@ -22,6 +22,7 @@ from gateway.settings import GatewaySettings, ModelSettings
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import block_chain
 from gateway.upstream.replica_router import ReplicaRouter, prompt_token_ids
+from gateway.upstream.replica_set import ReplicaWatch
 from tests.gateway.stand_in_stack import TappedEngine, tenant_key
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
 from tests.polling import eventually, wait_until
@@ -227,3 +228,31 @@ async def test_every_gateway_decides_alike(
         for router, pool in zip(routers, pools, strict=True):
             await router.aclose()
             await pool.aclose()
+
+
+async def test_a_replica_that_leaves_is_no_longer_followed() -> None:
+    """Discovery and replica choice meet: a replica the name no longer resolves to has its
+    kv_events stream closed and its index dropped (the pool tells the router on leave)."""
+    addresses = ["127.0.0.1", "127.0.0.2"]
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return list(addresses)
+
+    url = "dns://engines:8100"
+    models = {MODEL: ModelSettings(name=MODEL, upstreams=(url,), context_window=4096)}
+    watch = ReplicaWatch(dns_refresh_s=3600, health_check_interval_s=0)
+    pool = UpstreamPool(models, watch=watch, resolver=resolver)
+    router = ReplicaRouter(models, {}, pool.client)
+    pool.replica_order = router
+    try:
+        await pool.start()
+        router.start({MODEL: pool.replica_set.members(MODEL)})
+        first, second = "http://127.0.0.1:8100", "http://127.0.0.2:8100"
+        assert set(router.subscriptions.subscribers) == {first, second}
+        addresses.remove("127.0.0.2")
+        await pool.replica_set.refresh(url)
+        assert set(router.subscriptions.subscribers) == {first}
+        assert set(router.index) == {first}
+    finally:
+        await router.aclose()
+        await pool.aclose()
