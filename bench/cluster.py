@@ -126,14 +126,13 @@ def engines(checkpoint: str, count: int, kv_blocks: int, log_dir: Path) -> Itera
                 sys.executable, "-m", "backend_engine", "--model", checkpoint,
                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
                 "--num-kv-blocks", str(kv_blocks), "--num-threads", "1",
-                "--max-model-len", "4096",
             ]  # fmt: skip
             log = (log_dir / f"engine{i}.log").open("ab")
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
             process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
             started.append(Engine(f"http://127.0.0.1:{port}", process))
-        for engine in started:
-            wait_http(engine.url + "/health", engine.process.pid, timeout_s=300)
+        for i, engine in enumerate(started):
+            wait_ready(engine, log_dir / f"engine{i}.log")
         yield started
     finally:
         for engine in started:
@@ -145,14 +144,32 @@ def engines(checkpoint: str, count: int, kv_blocks: int, log_dir: Path) -> Itera
                 engine.process.kill()
 
 
+def wait_ready(engine: Engine, log: Path, timeout_s: float = 300.0) -> None:
+    """Until the engine's ``/ready`` says 200 (its model is loaded); its log's tail if it
+    exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+            raise RuntimeError(f"engine {engine.url} exited: {' '.join(tail)}")
+        try:
+            with urllib.request.urlopen(engine.url + "/ready", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"engine {engine.url} was not ready within {timeout_s:.0f} s")
+
+
 @contextmanager
 def gateways(settings: dict[str, Any], count: int = 2) -> Iterator[list[str]]:
     """``count`` gateway processes with the same settings (shared Redis and database)."""
     with ExitStack() as stack:
         urls = []
-        for _ in range(count):
+        for i in range(count):
             sock = tcp_socket()
-            pid = stack.enter_context(child_process(serve_gateway, settings, sock, None))
+            own = {**settings, "data_dir": f"{settings['data_dir']}-{i}"}  # its spill file
+            pid = stack.enter_context(child_process(serve_gateway, own, sock, None))
             url = f"http://127.0.0.1:{sock.getsockname()[1]}"
             wait_http(url + "/health", pid)
             urls.append(url)
@@ -175,6 +192,12 @@ def make_tenant_keys(database_url: str, num_tenants: int) -> list[str]:
         return keys
     finally:
         database.dispose()
+
+
+def context_window(checkpoint: str) -> int:
+    from backend_engine.checkpoint import Checkpoint
+
+    return int(Checkpoint(checkpoint).model_config().max_position_embeddings)
 
 
 # --- the load ----------------------------------------------------------------------------
@@ -330,7 +353,7 @@ def run_policy(
             "models": {
                 MODEL: {
                     "upstreams": [engine.url for engine in running],
-                    "context_window": 4096,
+                    "context_window": context_window(checkpoint),
                     "checkpoint": checkpoint,
                     "replica_policy": policy,
                 }
