@@ -51,7 +51,7 @@ from gateway.admission.atomic_step import (
     Counted,
 )
 from gateway.admission.pool_load_reader import PoolLoadReader
-from gateway.admission.token_counter import TokenCounter
+from gateway.admission.token_counter import INLINE_TOKENIZE_CHARS, TokenCounter
 from gateway.api.errors import ApiError, invalid_request, state_unavailable
 from gateway.api.request_body import CompletionBody
 from gateway.auth.bearer_keys import Caller, auth_unavailable
@@ -88,7 +88,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
-_INLINE_COUNT_CHARS = 16_384  # longer prompts are counted on a worker thread
 _MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
 _REDIS_WARNING_INTERVAL_S = 1.0
 
@@ -353,10 +352,8 @@ class Admitter:
         return counts[counter.fingerprint]
 
     async def _count_with(self, counter: TokenCounter, body: CompletionBody, limit: int) -> int:
-        # Counting a typical prompt takes microseconds: a thread hand-off would cost more than
-        # the work, so only long ones leave the event loop (1 MiB takes tens of milliseconds).
         try:
-            if body.prompt_chars < _INLINE_COUNT_CHARS:
+            if body.prompt_chars < INLINE_TOKENIZE_CHARS:
                 return count_prompt_tokens(counter, body, limit)
             return await anyio.to_thread.run_sync(count_prompt_tokens, counter, body, limit)
         except (ValueError, TypeError, jinja2.TemplateError) as exc:

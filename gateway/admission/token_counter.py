@@ -47,6 +47,9 @@ from gateway.admission.tiktoken_vocabulary import (
 
 logger = logging.getLogger(__name__)
 Messages = list[dict[str, Any]]
+# A prompt shorter than this is tokenized on the event loop (microseconds: a thread hand-off
+# costs more); a longer one on a worker thread (1 MiB takes tens of milliseconds).
+INLINE_TOKENIZE_CHARS = 16_384
 OPENAI_ENCODINGS = ("cl100k_base", "o200k_base")
 DEFAULT_OPENAI_ENCODING = "cl100k_base"
 # OpenAI cookbook, "How to count tokens with tiktoken" (gpt-3.5-turbo-0613 and later, gpt-4*,

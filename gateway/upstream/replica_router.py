@@ -29,15 +29,18 @@ import httpx
 import jinja2
 
 from backend_engine.block_pool import BlockHash
-from gateway.admission.token_counter import CheckpointTokenCounter, TokenCounter, TokenizerCounter
+from gateway.admission.token_counter import (
+    INLINE_TOKENIZE_CHARS,
+    CheckpointTokenCounter,
+    TokenCounter,
+    TokenizerCounter,
+)
 from gateway.settings import ModelSettings
 from gateway.upstream.kv_event_client import KvEventSubscriptions, SubscriberTiming
 from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, cached_prefixes
 from policies.replica_choice import DEFAULT_EPSILON, ReplicaPolicy, ReplicaState, choose_replicas
 
 logger = logging.getLogger(__name__)
-
-INLINE_ENCODE_CHARS = 16_384  # longer prompts are tokenized on a worker thread
 
 
 class PromptEncoder(Protocol):
@@ -202,6 +205,6 @@ async def prompt_token_ids(encoder: PromptEncoder, body: Mapping[str, Any]) -> l
 
 
 async def _run(size: int, encode: Callable[[Any], list[int]], argument: Any) -> list[int]:
-    if size < INLINE_ENCODE_CHARS:
+    if size < INLINE_TOKENIZE_CHARS:
         return list(encode(argument))
     return list(await anyio.to_thread.run_sync(encode, argument))

@@ -156,9 +156,9 @@ def gateway(settings: GatewaySettings, **kwargs: Any) -> Iterator[str]:
         stop_thread(*running)
 
 
-def tenant_key(database_url: str, **quota: Any) -> tuple[str, str]:
+def tenant_key(database_url: str, tenant_id: str | None = None, **quota: Any) -> tuple[str, str]:
     """A new tenant with ``quota`` and one API key for it: ``(tenant_id, key)``."""
-    tenant_id = f"t-{uuid.uuid4().hex[:8]}"
+    tenant_id = tenant_id or f"t-{uuid.uuid4().hex[:8]}"
     database = Database(database_url)
     try:
         with database.transaction() as session:

@@ -7,8 +7,8 @@
   engine's own code, so every test here runs in both environments.
 - ``gateway``: ``gateway(settings) -> base_url`` runs `build_gateway` under uvicorn in a
   thread (lifespan included) and stops it after the test.
-- ``db_url``: a migrated SQLite database per test; ``tenant_key(db_url, **quota)`` makes a
-  tenant and returns ``(tenant_id, api_key)``.
+- ``db_url``: a migrated SQLite database per test (tenants and keys:
+  ``tests.gateway.stand_in_stack.tenant_key``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import shutil
 import socket
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +31,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
-from gateway.storage.api_keys import create_key, hash_key
-from gateway.storage.database import Database
-from gateway.storage.tenants import create_tenant
+from gateway.storage.api_keys import hash_key
 from tests.stand_in_runner import DemoEngineModel
 from tests.uvicorn_thread import start_in_thread, stop_thread
 
@@ -112,19 +109,6 @@ def settings_for(
 @pytest.fixture
 def db_url(sqlite_db_url: str) -> str:
     return sqlite_db_url
-
-
-def tenant_key(db_url: str, tenant_id: str | None = None, **quota: Any) -> tuple[str, str]:
-    """A new tenant with ``quota`` and one API key for it: ``(tenant_id, key)``."""
-    tenant_id = tenant_id or f"t-{uuid.uuid4().hex[:8]}"
-    database = Database(db_url)
-    try:
-        with database.transaction() as session:
-            create_tenant(session, tenant_id, name=tenant_id, tier="standard", quota=quota)
-            created = create_key(session, tenant_id)
-    finally:
-        database.dispose()
-    return tenant_id, created.key
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ import pytest
 
 from backend_engine.output_processor import OutputProcessor
 from backend_engine.request import Request
+from tests.gateway.stand_in_stack import tenant_key
 
-from .conftest import SMALL, Engines, settings_for, tenant_key
+from .conftest import SMALL, Engines, settings_for
 from .test_openai_sdk import usage_records
 
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import CONTEXT_WINDOW, LARGE, SMALL, Engines, tenant_key
+from tests.gateway.stand_in_stack import tenant_key
+
+from .conftest import CONTEXT_WINDOW, LARGE, SMALL, Engines
 
 ONE_MIB = 1 << 20
 HEALTH_P99_S = 0.100

@@ -12,8 +12,9 @@ import pytest
 
 from gateway.storage.database import Database
 from gateway.storage.usage_store import list_usage
+from tests.gateway.stand_in_stack import tenant_key
 
-from .conftest import METRICS_AUTH, SMALL, Engines, settings_for, tenant_key
+from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 
 
 def usage_records(db_url: str, tenant_id: str, count: int, timeout: float = 10.0) -> list:

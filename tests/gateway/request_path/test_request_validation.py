@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import SMALL, Engines, settings_for, tenant_key
+from tests.gateway.stand_in_stack import tenant_key
+
+from .conftest import SMALL, Engines, settings_for
 from .test_errors import assert_openai_error
 from .test_openai_sdk import usage_records
 

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from gateway.settings import GatewaySettings
+from tests.gateway.stand_in_stack import tenant_key
 
-from .conftest import METRICS_AUTH, SMALL, Engines, settings_for, tenant_key
+from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 
 
 def with_dead_replica_first(
