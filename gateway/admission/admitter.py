@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -51,7 +51,12 @@ from gateway.admission.atomic_step import (
     Counted,
 )
 from gateway.admission.pool_load_reader import PoolLoadReader
-from gateway.admission.token_counter import INLINE_TOKENIZE_CHARS, TokenCounter
+from gateway.admission.token_counter import (
+    INLINE_TOKENIZE_CHARS,
+    ExactCounter,
+    PromptTokens,
+    TokenCounter,
+)
 from gateway.api.errors import ApiError, invalid_request, state_unavailable
 from gateway.api.request_body import CompletionBody
 from gateway.auth.bearer_keys import Caller, auth_unavailable
@@ -102,6 +107,9 @@ class Admission:
     priority: PriorityClass
     reservation: Reservation | None
     headers: Mapping[str, str] = field(default_factory=dict)  # x-ratelimit-*
+    # The prompt's ids as the version's engine makes them, where its replicas are chosen by
+    # prefix (the replica router hashes them; tokenized once, here): else None.
+    prompt_token_ids: Sequence[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,7 @@ class _Plan:
     prompt_tokens: int
     max_tokens: int
     priority: PriorityClass
+    prompt_token_ids: Sequence[int] | None
 
     @property
     def tokens(self) -> int:
@@ -197,7 +206,7 @@ class Admitter:
         candidates = [pair.small, pair.large] if pair is not None else [served]
         # No candidate admits a longer prompt: one longer by its length alone is not tokenized.
         limit = max(self._longest_prompt(version_of(m), quota) for m in candidates)
-        counts: dict[str, int] = {}  # by counter fingerprint: one count per distinct tokenizer
+        counts: dict[str, PromptTokens] = {}  # by counter fingerprint: one per tokenizer
         prompt_tokens = (
             await self._count_tokens(version, body, counts, limit)
             if version in self._counters
@@ -240,7 +249,8 @@ class Admitter:
         )
         if isinstance(max_tokens, Rejection):
             return refuse(max_tokens)
-        return _Plan(served, version, decision, prompt_tokens, max_tokens, priority)
+        ids = counts[self._counters[version].fingerprint].ids if version in self._counters else None
+        return _Plan(served, version, decision, prompt_tokens, max_tokens, priority, ids)
 
     async def _count(self, key: CachedKey, plan: _Plan) -> Admission | Refusal | AuthChanged:
         """Rate limits and budget in one store step (rebuilding an unknown balance first)."""
@@ -288,6 +298,7 @@ class Admitter:
             plan.priority,
             result.reservation,
             headers,
+            plan.prompt_token_ids,
         )
 
     def _on_redis_failure(self, caller: Caller, plan: _Plan, exc: RedisError) -> Admission:
@@ -322,6 +333,7 @@ class Admitter:
             plan.max_tokens,
             plan.priority,
             None,
+            prompt_token_ids=plan.prompt_token_ids,
         )
 
     async def _current_epoch(self, tenant_id: str) -> str | None:
@@ -341,21 +353,29 @@ class Admitter:
         return longest
 
     async def _count_tokens(
-        self, model: str, body: CompletionBody, counts: dict[str, int], limit: int
+        self, model: str, body: CompletionBody, counts: dict[str, PromptTokens], limit: int
     ) -> int:
         """The prompt's tokens for ``model``, as its engine counts them, or a lower bound above
         ``limit`` (`count_prompt_tokens`); a tokenizer already run for this request
-        (``counts``, by fingerprint) is not run again."""
+        (``counts``, by fingerprint) is not run again. For a model whose replicas are chosen
+        by prefix, its exact counter also keeps the ids (`tokenize_prompt`)."""
         counter = self._counters[model]
-        if counter.fingerprint not in counts:
-            counts[counter.fingerprint] = await self._count_with(counter, body, limit)
-        return counts[counter.fingerprint]
+        wants_ids = self._settings.models[model].replica_policy == "prefix" and isinstance(
+            counter, ExactCounter
+        )
+        known = counts.get(counter.fingerprint)
+        if known is None or (wants_ids and known.ids is None and known.count <= limit):
+            counts[counter.fingerprint] = await self._tokenize(counter, body, limit, wants_ids)
+        return counts[counter.fingerprint].count
 
-    async def _count_with(self, counter: TokenCounter, body: CompletionBody, limit: int) -> int:
+    async def _tokenize(
+        self, counter: TokenCounter, body: CompletionBody, limit: int, wants_ids: bool
+    ) -> PromptTokens:
+        run = tokenize_prompt if wants_ids else _count_only
         try:
             if body.prompt_chars < INLINE_TOKENIZE_CHARS:
-                return count_prompt_tokens(counter, body, limit)
-            return await anyio.to_thread.run_sync(count_prompt_tokens, counter, body, limit)
+                return run(counter, body, limit)
+            return await anyio.to_thread.run_sync(run, counter, body, limit)
         except (ValueError, TypeError, jinja2.TemplateError) as exc:
             raise _bad_messages(exc) from None
 
@@ -382,6 +402,21 @@ def count_prompt_tokens(
     if isinstance(body.prompt, list):
         return len(body.prompt)  # token ids go to the model as they are
     return counter.count_prompt(body.prompt or "", limit)
+
+
+def tokenize_prompt(counter: TokenCounter, body: CompletionBody, limit: int) -> PromptTokens:
+    """`count_prompt_tokens` with the ids, from an exact counter (`ExactCounter`)."""
+    if not isinstance(counter, ExactCounter):
+        raise TypeError(f"{type(counter).__name__} counts tokens but has no engine ids")
+    if body.messages is not None:
+        return counter.tokenize_chat(body.messages, limit)
+    if isinstance(body.prompt, list):
+        return PromptTokens(len(body.prompt), body.prompt)
+    return counter.tokenize_prompt(body.prompt or "", limit)
+
+
+def _count_only(counter: TokenCounter, body: CompletionBody, limit: int) -> PromptTokens:
+    return PromptTokens(count_prompt_tokens(counter, body, limit), None)
 
 
 def _budget_refusal(balance: Balance, tokens: int, limit: int, window: BudgetWindow) -> Rejection:

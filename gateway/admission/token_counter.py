@@ -28,7 +28,8 @@ import json
 import logging
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +85,16 @@ class TokenCounter(Protocol):
         """A ``/v1/chat/completions`` conversation, rendered as the server renders it;
         ``limit`` as for ``count_prompt``."""
         ...
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    """A prompt as an exact counter (`ExactCounter`) tokenizes it: its count and the ids the
+    engine's server will make of it, or only a lower bound above the asked limit (``ids``
+    None: the prompt was too long by its length alone to be tokenized)."""
+
+    count: int
+    ids: Sequence[int] | None
 
 
 def _longest_token_bytes(encoding: tiktoken.Encoding) -> int:
@@ -318,13 +329,36 @@ class CheckpointTokenCounter:
         """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
         return self._count_within(self._render(_engine_messages(messages)), limit)
 
+    def tokenize_prompt(self, prompt: str, limit: int | None = None) -> PromptTokens:
+        """``count_prompt`` with the ids (``encode_prompt``) where it tokenizes."""
+        fewest = self._fewest_within(prompt, limit)
+        if fewest is not None:
+            return PromptTokens(fewest + self._num_added_tokens, None)
+        ids = self.encode_prompt(prompt)
+        return PromptTokens(len(ids), ids)
+
+    def tokenize_chat(self, messages: Messages, limit: int | None = None) -> PromptTokens:
+        """``count_chat`` with the ids (``encode_chat``) where it tokenizes."""
+        text = self._render(_engine_messages(messages))
+        fewest = self._fewest_within(text, limit)
+        if fewest is not None:
+            return PromptTokens(fewest, None)
+        ids = self.encode_text(text)
+        return PromptTokens(len(ids), ids)
+
     def _count_within(self, text: str, limit: int | None) -> int:
+        fewest = self._fewest_within(text, limit)
+        return self.count_text(text) if fewest is None else fewest
+
+    def _fewest_within(self, text: str, limit: int | None) -> int | None:
+        """The fewest tokens ``text`` can make where that alone is above ``limit``; else None
+        (it must be tokenized)."""
         fewest = _fewest_tokens(len(text), self._max_chars_per_token)
         # A character the vocabulary cannot encode (TiktokenVocabulary.unencodable) makes no
         # token: no lower bound then.
         if limit is not None and fewest > limit and not self._has_unencodable(text):
             return fewest
-        return self.count_text(text)
+        return None
 
 
 class TokenizerCounter:
@@ -352,6 +386,14 @@ class TokenizerCounter:
         """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
         return len(self._tokenizer.encode_chat(_engine_messages(messages)))
 
+    def tokenize_prompt(self, prompt: str, limit: int | None = None) -> PromptTokens:
+        ids = self.encode_prompt(prompt)
+        return PromptTokens(len(ids), ids)
+
+    def tokenize_chat(self, messages: Messages, limit: int | None = None) -> PromptTokens:
+        ids = self.encode_chat(messages)
+        return PromptTokens(len(ids), ids)
+
 
 def _added_tokens(backend: HFTokenizer) -> tuple[list[int], list[int]]:
     """The ids the post-processor puts before and after one sequence's own (Llama: [BOS],
@@ -365,6 +407,8 @@ def _added_tokens(backend: HFTokenizer) -> tuple[list[int], list[int]]:
 
 
 _PROBE_TEXT = "Hello world"
+# The counters whose ids equal the engine tokenizer's (the others only count).
+ExactCounter = CheckpointTokenCounter | TokenizerCounter
 
 
 def _tiktoken_counter(tokenizer: Tokenizer, name: str) -> CheckpointTokenCounter:

@@ -165,6 +165,7 @@ async def _forward(
         headers,
         is_stream=body.is_stream,
         on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
+        prompt_token_ids=admission.prompt_token_ids,
     )
     # Non-streamed, the call goes on if the client leaves (see _finish_after_departure).
     answering = None if body.is_stream else asyncio.ensure_future(opening)

@@ -27,7 +27,7 @@ import functools
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -85,8 +85,15 @@ class ReplicaOrder(Protocol):
     """The hook through which the pool asks the order of a model's replicas for one request
     (`gateway.upstream.replica_router.ReplicaRouter`), and tells it where requests went."""
 
-    async def order(self, model: str, replicas: list[str], body: Mapping[str, Any]) -> list[str]:
-        """``replicas`` in the order to try them (best first)."""
+    async def order(
+        self,
+        model: str,
+        replicas: list[str],
+        body: Mapping[str, Any],
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> list[str]:
+        """``replicas`` in the order to try them (best first); ``prompt_token_ids``: the
+        prompt's engine ids where the caller has them already (the admitter's count)."""
         ...
 
     def sent(self, replica: str) -> None: ...
@@ -167,6 +174,7 @@ class UpstreamPool:
         *,
         is_stream: bool,
         on_replica_error: Callable[[str, str], None] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
     ) -> UpstreamCall:
         """The first replica that answers; raises a 503 `ApiError` if none does.
 
@@ -183,7 +191,7 @@ class UpstreamPool:
         replicas = self.replicas(model)
         hook = self.replica_order
         if hook is not None:
-            replicas = await hook.order(model, replicas, body)
+            replicas = await hook.order(model, replicas, body, prompt_token_ids)
         for base in replicas:
             if hook is not None:
                 hook.sent(base)  # in flight until this attempt ends, or its call closes

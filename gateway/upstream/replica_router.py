@@ -98,8 +98,15 @@ class ReplicaRouter:
         await self.subscriptions.aclose()
         self._followed.clear()
 
-    async def order(self, model: str, replicas: list[str], body: Mapping[str, Any]) -> list[str]:
-        """The order to try ``replicas`` (the pool's, for ``model``) in for ``body``."""
+    async def order(
+        self,
+        model: str,
+        replicas: list[str],
+        body: Mapping[str, Any],
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> list[str]:
+        """The order to try ``replicas`` (the pool's, for ``model``) in for ``body``, whose
+        engine ids are ``prompt_token_ids`` where the admitter tokenized it already."""
         policy = self._policies[model]
         if policy != "round_robin":
             self.follow(replicas)
@@ -111,7 +118,7 @@ class ReplicaRouter:
         token_ids = None
         encoder = self._encoders[model]
         if policy == "prefix" and encoder is not None and any(c.is_known for c in caches):
-            token_ids = await prompt_token_ids(encoder, body)
+            token_ids = prompt_token_ids or await encode_body(encoder, body)
         if token_ids is None:
             policy = "least_loaded"
         num_cached, affinity_key = _cached_prefixes(caches, token_ids)
@@ -157,7 +164,7 @@ class ReplicaRouter:
 
 
 def _cached_prefixes(
-    caches: list[ReplicaCache], token_ids: list[int] | None
+    caches: list[ReplicaCache], token_ids: Sequence[int] | None
 ) -> tuple[list[int], BlockHash | None]:
     """Each replica's cached prefix of the prompt, in blocks, and the prompt's first block
     hash. Replicas of one model share a block size and an extra key unless they run different
@@ -185,7 +192,7 @@ def _exact_encoder(counter: TokenCounter | None) -> PromptEncoder | None:
     return None
 
 
-async def prompt_token_ids(encoder: PromptEncoder, body: Mapping[str, Any]) -> list[int] | None:
+async def encode_body(encoder: PromptEncoder, body: Mapping[str, Any]) -> list[int] | None:
     """The ids the engine's server makes of ``body`` (`backend_engine/server/routes.py`), or
     None for a body it would refuse or that is not a prompt or a chat."""
     messages, prompt = body.get("messages"), body.get("prompt")

@@ -19,6 +19,7 @@ from backend_engine.demo_corpus import iter_demo_corpus
 from backend_engine.tokenizer import Tokenizer
 from gateway.admission.token_counter import (
     CheckpointTokenCounter,
+    PromptTokens,
     TokenizerCounter,
     UnsupportedTokenizer,
     exact_counter,
@@ -129,6 +130,25 @@ def test_chat_matches_encode_chat(pair: tuple[CheckpointTokenCounter, Tokenizer]
         expected = tokenizer.encode_chat(messages)
         assert counter.encode_chat(messages) == expected
         assert counter.count_chat(messages) == len(expected)
+        assert counter.tokenize_chat(messages, limit=10**9) == PromptTokens(len(expected), expected)
+
+
+def test_tokenize_is_the_count_with_the_ids(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
+    """What the admitter keeps for the replica router: the count it reserves, and the ids
+    wherever it tokenized (none for a prompt refused by its length alone)."""
+    counter, tokenizer = pair
+    for text in TEXTS + _random_texts(50, seed=3):
+        assert counter.tokenize_prompt(text, limit=10**9) == PromptTokens(
+            counter.count_prompt(text), tokenizer.encode(text)
+        )
+        long_text = text + "x" * 100_000
+        assert counter.tokenize_prompt(long_text, limit=10) == PromptTokens(
+            counter.count_prompt(long_text, limit=10), None
+        )
+        chat = [{"role": "user", "content": long_text}]
+        assert counter.tokenize_chat(chat, limit=10) == PromptTokens(
+            counter.count_chat(chat, limit=10), None
+        )
 
 
 def test_qwen2_normalizes_nfc_outside_special_tokens(demo_model_files: Callable[..., Path]) -> None:
@@ -378,6 +398,7 @@ def _assert_counts_like_engine(counter: CheckpointTokenCounter, tokenizer: Token
         expected = tokenizer.encode_chat(messages)
         assert counter.encode_chat(messages) == expected
         assert counter.count_chat(messages) == len(expected)
+        assert counter.tokenize_chat(messages, limit=10**9) == PromptTokens(len(expected), expected)
 
 
 @pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
@@ -449,6 +470,8 @@ def test_a_tokenizer_tiktoken_cannot_reproduce_is_counted_with_the_engines_own(
     for messages in [*CONVERSATIONS, *GGUF_CONVERSATIONS]:
         assert counter.count_chat(messages) == len(tokenizer.encode_chat(messages))
         assert counter.encode_chat(messages) == tokenizer.encode_chat(messages)
+        expected = tokenizer.encode_chat(messages)
+        assert counter.tokenize_chat(messages, limit=1) == PromptTokens(len(expected), expected)
 
 
 def test_models_on_one_checkpoint_share_one_counter(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ asking engines to stop a request."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -115,9 +115,17 @@ class RecordingOrder:
     def __init__(self, order: list[str]) -> None:
         self._order = order
         self.events: list[tuple[str, ...]] = []
+        self.prompt_token_ids: Sequence[int] | None = None
 
-    async def order(self, model: str, replicas: list[str], body: Mapping[str, Any]) -> list[str]:
+    async def order(
+        self,
+        model: str,
+        replicas: list[str],
+        body: Mapping[str, Any],
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> list[str]:
         self.events.append(("order", model, *sorted(replicas)))
+        self.prompt_token_ids = prompt_token_ids
         return self._order
 
     def sent(self, replica: str) -> None:
@@ -148,7 +156,10 @@ async def test_the_replica_order_hook_orders_attempts_and_sees_each_one_in_fligh
     ]
     hook.events.clear()
     hook._order = ["http://a", "http://b"]
-    call = await pool.open("m", "/v1/completions", body, {}, is_stream=True)
+    call = await pool.open(
+        "m", "/v1/completions", body, {}, is_stream=True, prompt_token_ids=[1, 9, 4]
+    )
+    assert hook.prompt_token_ids == [1, 9, 4]  # the admitter's ids, handed on
     assert (call.replica, call.num_failed_replicas) == ("http://b", 1)
     assert hook.events[1:] == [("sent", "http://a"), ("finished", "http://a"), ("sent", "http://b")]
     await call.aclose()  # a stream is in flight until the relay closes it

@@ -19,9 +19,10 @@ from bench.stand_in_engine import MODEL, StandInEngine
 from gateway.admission.token_counter import from_checkpoint
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings, ModelSettings
+from gateway.upstream import replica_router
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import block_chain
-from gateway.upstream.replica_router import ReplicaRouter, prompt_token_ids
+from gateway.upstream.replica_router import ReplicaRouter, encode_body
 from gateway.upstream.replica_set import ReplicaWatch
 from tests.gateway.stand_in_stack import TappedEngine, tenant_key
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
@@ -134,6 +135,33 @@ def test_requests_go_to_the_replica_holding_their_prefix(
         assert router._in_flight == {}  # every request ended, streamed or not
 
 
+def test_the_router_hashes_the_ids_the_admitter_counted(
+    engines: dict[str, tuple[StandInKvEvents, TappedEngine]],
+    demo_model_files: Callable[..., Path],
+    sqlite_db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prompt is tokenized once per request: the router never encodes the body itself."""
+
+    async def no_second_tokenization(*_: Any) -> list[int]:
+        raise AssertionError("the router tokenized the prompt again")
+
+    monkeypatch.setattr(replica_router, "encode_body", no_second_tokenization)
+    checkpoint = demo_model_files()
+    tokenizer = Tokenizer.from_pretrained(checkpoint)
+    messages = [{"role": "system", "content": PROMPTS["b"]}, {"role": "user", "content": "hi"}]
+    engines["a"][0].store(block_chain(tokenizer.encode(PROMPTS["a"]), BLOCK_SIZE, KEY))
+    engines["b"][0].store(block_chain(tokenizer.encode_chat(messages), BLOCK_SIZE, KEY))
+    settings = settings_for(engines, sqlite_db_url, tmp_path, checkpoint=str(checkpoint))
+    _, key = tenant_key(sqlite_db_url)
+    with serving(settings) as (base, router):
+        wait_for_state(router, 2)
+        assert served_by(engines, base, key, {"prompt": PROMPTS["a"]}) == "a"
+        assert served_by(engines, base, key, {"messages": messages}) == "b"
+        assert served_by(engines, base, key, {"prompt": tokenizer.encode(PROMPTS["a"])}) == "a"
+
+
 def test_round_robin_ignores_the_prefix(
     engines: dict[str, tuple[StandInKvEvents, TappedEngine]],
     demo_model_files: Callable[..., Path],
@@ -172,7 +200,7 @@ def test_without_exact_token_ids_the_model_is_routed_by_load(
         assert served_by(engines, base, key, {"prompt": PROMPTS["b"]}) == "a"
 
 
-async def test_prompt_token_ids_are_what_the_engines_server_makes_of_the_body(
+async def test_encode_body_gives_what_the_engines_server_makes_of_the_body(
     demo_model_files: Callable[..., Path],
 ) -> None:
     checkpoint = demo_model_files()
@@ -190,7 +218,7 @@ async def test_prompt_token_ids_are_what_the_engines_server_makes_of_the_body(
         ({"input": "neither"}, None),
     ]
     for body, expected in cases:
-        assert await prompt_token_ids(encoder, body) == expected, body
+        assert await encode_body(encoder, body) == expected, body
 
 
 async def test_every_gateway_decides_alike(
