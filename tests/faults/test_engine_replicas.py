@@ -9,11 +9,7 @@ answers the test's list of addresses. Replicas are chosen by prefix.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,10 +29,9 @@ from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry, list_usage
 from tests.faults.processes import (
     CLIENT_TIMEOUT,
-    REPO_ROOT,
+    EngineProcess,
     chat_body,
     free_port,
-    is_gone,
     read_stream,
     wait_for,
 )
@@ -59,67 +54,6 @@ def system_chat(max_tokens: int, *, stream: bool, system: str = SYSTEM) -> dict[
     body["model"] = MODEL
     body["messages"].insert(0, {"role": "system", "content": system})
     return body
-
-
-@dataclass
-class EngineProcess:
-    """``python -m backend_engine`` on ``address:port``; restartable on the same address."""
-
-    checkpoint: Path
-    address: str
-    port: int
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
-
-    def start(self) -> EngineProcess:
-        command = [
-            sys.executable, "-m", "backend_engine", "--model", str(self.checkpoint),
-            "--host", self.address, "--port", str(self.port), "--served-model-name", MODEL,
-            "--num-threads", "1", "--num-kv-blocks", "128",
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
-        wait_for(self.is_ready, 120, f"engine {self.url} to be ready\n{self.tail()}")
-        return self
-
-    def is_ready(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"engine {self.url} exited\n{self.tail()}")
-        try:
-            return httpx.get(self.url + "/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-        assert is_gone(self.process.pid)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def num_requests(self) -> int:
-        """Chat requests this engine process has answered or is answering."""
-        text = httpx.get(self.url + "/metrics", timeout=5).text
-        return int(
-            sum(
-                float(line.rpartition(" ")[2])
-                for line in text.splitlines()
-                if line.startswith("tollway_engine_http_requests_total{") and "chat" in line
-            )
-        )
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
 
 
 @dataclass
