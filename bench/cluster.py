@@ -122,26 +122,38 @@ def engines(checkpoint: str, count: int, kv_blocks: int, log_dir: Path) -> Itera
             sock = tcp_socket()
             port = sock.getsockname()[1]
             sock.close()
-            command = [
-                sys.executable, "-m", "backend_engine", "--model", checkpoint,
-                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
-                "--num-kv-blocks", str(kv_blocks), "--num-threads", "1",
-            ]  # fmt: skip
-            log = (log_dir / f"engine{i}.log").open("ab")
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-            process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
-            started.append(Engine(f"http://127.0.0.1:{port}", process))
+            log = log_dir / f"engine{i}.log"
+            started.append(start_engine(checkpoint, "127.0.0.1", port, kv_blocks, log))
         for i, engine in enumerate(started):
             wait_ready(engine, log_dir / f"engine{i}.log")
         yield started
     finally:
-        for engine in started:
+        stop_engines(started)
+
+
+def start_engine(checkpoint: str, host: str, port: int, kv_blocks: int, log: Path) -> Engine:
+    """An engine process on ``host:port`` (one thread, ``kv_blocks`` KV blocks), not yet
+    ready (`wait_ready`)."""
+    command = [
+        sys.executable, "-m", "backend_engine", "--model", checkpoint,
+        "--host", host, "--port", str(port), "--served-model-name", MODEL,
+        "--num-kv-blocks", str(kv_blocks), "--num-threads", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    with log.open("ab") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=output, env=env)
+    return Engine(f"http://{host}:{port}", process)
+
+
+def stop_engines(engines: list[Engine]) -> None:
+    for engine in engines:
+        if engine.process.poll() is None:
             engine.process.terminate()
-        for engine in started:
-            try:
-                engine.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                engine.process.kill()
+    for engine in engines:
+        try:
+            engine.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            engine.process.kill()
 
 
 def wait_ready(engine: Engine, log: Path, timeout_s: float = 300.0) -> None:
@@ -379,21 +391,9 @@ def run_policy(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--kv-blocks", type=int, default=256, help="per replica (16 tokens each)")
+    add_workload_args(parser)
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--no-pooled", action="store_true", help="skip the pooled reference")
-    parser.add_argument("--tenants", type=int, default=8)
-    parser.add_argument("--system-tokens", type=int, default=1000)
-    parser.add_argument("--conversations", type=int, default=4, help="per tenant")
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--question-words", type=int, default=12)
-    parser.add_argument("--rate", type=float, default=2.0, help="conversations started a second")
-    parser.add_argument("--think-s", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--size", default="small", help="demo checkpoint size")
-    parser.add_argument("--model", default=None, help="a checkpoint instead of the demo one")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     from backend_engine.tokenizer import Tokenizer
@@ -423,6 +423,23 @@ def main() -> None:
             results.append(result)
             print_result(result)
     print_summary(results)
+
+
+def add_workload_args(parser: argparse.ArgumentParser, *, conversations: int = 4) -> None:
+    """The cluster's size and its load (shared with `bench.cluster_faults`)."""
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--kv-blocks", type=int, default=256, help="per replica (16 tokens each)")
+    parser.add_argument("--tenants", type=int, default=8)
+    parser.add_argument("--system-tokens", type=int, default=1000)
+    parser.add_argument("--conversations", type=int, default=conversations, help="per tenant")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--question-words", type=int, default=12)
+    parser.add_argument("--rate", type=float, default=2.0, help="conversations started a second")
+    parser.add_argument("--think-s", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--size", default="small", help="demo checkpoint size")
+    parser.add_argument("--model", default=None, help="a checkpoint instead of the demo one")
+    parser.add_argument("--seed", type=int, default=0)
 
 
 def print_result(r: Result) -> None:

