@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +28,10 @@ from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, StreamOutOf
 logger = logging.getLogger(__name__)
 
 KV_EVENTS_PATH = "/kv_events"
+KV_EVENTS_MEDIA_TYPE = "application/x-ndjson"
+# One event line at most (a snapshot of a large engine's cache is a few MB); a server that
+# sends more without a newline is not an engine's stream, and is not buffered further.
+MAX_EVENT_LINE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,10 @@ class KvEventSubscriber:
         async with self._client.stream("GET", self._url, timeout=timeout) as response:
             if response.status_code != 200:
                 raise _StreamEnded(f"status {response.status_code}")
-            async for line in response.aiter_lines():
+            media_type = response.headers.get("content-type", "").split(";")[0].strip()
+            if media_type != KV_EVENTS_MEDIA_TYPE:
+                raise _StreamEnded(f"content-type {media_type or 'none'}, not an event stream")
+            async for line in event_lines(response.aiter_bytes()):
                 if not line.strip():
                     continue
                 try:
@@ -108,6 +115,29 @@ class KvEventSubscriber:
                     raise StreamOutOfSync(f"not an object: {line[:80]!r}")
                 self._cache.apply(event)
         raise _StreamEnded("the stream closed")
+
+
+async def event_lines(
+    chunks: AsyncIterator[bytes], max_line_bytes: int = MAX_EVENT_LINE_BYTES
+) -> AsyncIterator[bytes]:
+    """The newline-ended lines of ``chunks``; `StreamOutOfSync` for a line longer than
+    ``max_line_bytes`` (what is buffered stays bounded)."""
+    pending = bytearray()
+    async for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(pending) + end - start > max_line_bytes:
+                raise StreamOutOfSync(f"an event line over {max_line_bytes} bytes")
+            if pending:
+                pending += chunk[start:end]
+                yield bytes(pending)
+                pending.clear()
+            else:
+                yield chunk[start:end]
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > max_line_bytes:
+            raise StreamOutOfSync(f"an event line over {max_line_bytes} bytes")
 
 
 class KvEventSubscriptions:

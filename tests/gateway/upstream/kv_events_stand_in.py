@@ -41,6 +41,7 @@ class StandInKvEvents:
             "kv_blocks_total": 64,
         }
         self.status = 200
+        self.media_type = b"application/x-ndjson"  # of the stream's 200 answer
         self.num_connections = 0
         self._fallback = fallback
         self._lock = threading.Lock()
@@ -162,11 +163,10 @@ class StandInKvEvents:
             with self._lock:
                 self._streams.remove(entry)
 
-    @staticmethod
     async def _stream(
-        first: bytes, queue: asyncio.Queue[bytes], receive: Receive, send: Send
+        self, first: bytes, queue: asyncio.Queue[bytes], receive: Receive, send: Send
     ) -> None:
-        headers = [(b"content-type", b"application/x-ndjson")]
+        headers = [(b"content-type", self.media_type)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         disconnected = asyncio.ensure_future(receive())

@@ -13,9 +13,10 @@ from gateway.settings import ModelSettings
 from gateway.upstream.kv_event_client import (
     KvEventSubscriptions,
     SubscriberTiming,
+    event_lines,
 )
 from gateway.upstream.pool import UpstreamPool
-from gateway.upstream.prefix_index import PrefixIndex, block_chain
+from gateway.upstream.prefix_index import PrefixIndex, StreamOutOfSync, block_chain
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
 from tests.polling import eventually
 
@@ -107,6 +108,32 @@ async def test_a_server_without_the_stream_stays_unknown_and_is_asked_again(
         assert not index.replica(base).is_known
         engine.status = 200
         await eventually(lambda: index.replica(base).is_known, what="the stream, once served")
+
+
+async def test_a_200_that_is_not_an_event_stream_stays_unknown(engine: StandInKvEvents) -> None:
+    """A foreign server answering /kv_events with a page of its own is not followed."""
+    engine.media_type = b"text/html; charset=utf-8"
+    engine.store(CHAIN[:2])
+    async with following(engine) as (index, _, [base]):
+        await eventually(lambda: engine.num_connections >= 2, what="asked again with backoff")
+        assert not index.replica(base).is_known
+        engine.media_type = b"application/x-ndjson; charset=utf-8"
+        await eventually(lambda: index.replica(base).is_known, what="the stream, once served")
+
+
+async def _chunks(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def test_event_lines_are_cut_at_newlines_across_chunks_and_bounded() -> None:
+    lines = [line async for line in event_lines(_chunks(b'{"a"', b": 1}\n\n{", b'"b": 2}\n'))]
+    assert lines == [b'{"a": 1}', b"", b'{"b": 2}']
+    assert [line async for line in event_lines(_chunks(b"1234\n", b"12"), 4)] == [b"1234"]
+    with pytest.raises(StreamOutOfSync, match="over 4 bytes"):
+        [line async for line in event_lines(_chunks(b"123", b"45\n"), 4)]
+    with pytest.raises(StreamOutOfSync, match="over 4 bytes"):  # no newline ever: bounded
+        [line async for line in event_lines(_chunks(b"123", b"45", b"67"), 4)]
 
 
 async def test_a_disconnect_or_a_silent_stream_makes_the_state_unknown(
