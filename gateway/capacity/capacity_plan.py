@@ -24,10 +24,12 @@ from gateway.capacity.plan_inputs import (
 )
 from gateway.capacity.quantity_text import bytes_text as _bytes
 from gateway.capacity.quantity_text import number_text as _n
-from gateway.capacity.roofline import DecodeHardware, DecodeLoad, largest_batch
+from gateway.capacity.roofline import DecodeBatch, DecodeHardware, DecodeLoad, largest_batch
 
 SECONDS_PER_DAY = 86_400
 HOURS_PER_MONTH = 730  # 8,760 hours a year / 12
+# A larger tensor-parallel group must at least reach this share of the best per-GPU rate.
+GOOD_ENOUGH_TP_RATE = 0.5
 
 
 class PlanError(ValueError):
@@ -168,16 +170,21 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
         f"{_n(peak_output)}",
     )
 
-    tensor_parallel = _tensor_parallel_to_fit(fleet, weights + kv_stream)
+    fit_degree = _tensor_parallel_to_fit(fleet, weights + kv_stream)
+    if fleet.tensor_parallel is not None and fleet.tensor_parallel < fit_degree:
+        raise PlanError(
+            f"--tensor-parallel {fleet.tensor_parallel} is too small: the weights and one "
+            f"stream's KV cache need {fit_degree} {gpu.name}"
+        )
+    throughput, tensor_parallel, how, chosen = _gpu_throughput(
+        inputs, weights, kv_token, kv_stream, fit_degree
+    )
     step(
         "tensor_parallel",
         "Tensor-parallel degree",
-        f"smallest power of 2 with degree × {_n(fleet.usable_memory_fraction)} × "
-        f"{_bytes(gpu.memory_bytes)} ≥ {_bytes(weights)} weights + one stream's "
-        f"{_bytes(kv_stream)} = {tensor_parallel}",
-    )
-    throughput, tensor_parallel, how = _gpu_throughput(
-        inputs, weights, kv_token, kv_stream, tensor_parallel
+        f"the weights fit from the smallest power of 2 with degree × "
+        f"{_n(fleet.usable_memory_fraction)} × {_bytes(gpu.memory_bytes)} ≥ {_bytes(weights)} "
+        f"weights + one stream's {_bytes(kv_stream)}: {fit_degree}{chosen}",
     )
     step("gpu_output_tokens_per_s", "Per-GPU output tokens/s", how)
     streams_per_gpu = throughput.output_tokens_per_s / throughput.stream_tokens_per_s
@@ -309,21 +316,33 @@ def _tensor_parallel_to_fit(fleet: FleetSpec, needed_bytes: float) -> int:
 
 
 def _gpu_throughput(
-    inputs: PlanInputs, weights: int, kv_token: int, kv_stream: int, tensor_parallel: int
-) -> tuple[GpuThroughput, int, str]:
+    inputs: PlanInputs, weights: int, kv_token: int, kv_stream: int, fit_degree: int
+) -> tuple[GpuThroughput, int, str, str]:
     """The per-GPU rate (given, measured or the roofline's), the tensor-parallel degree it
-    runs at, and how it was found."""
+    runs at, how the rate was found, and why that degree (when it is not ``fit_degree``).
+
+    The roofline tries every degree from ``fit_degree`` to the largest (or only the fleet's
+    ``tensor_parallel``, where set). A bigger group leaves more memory for the KV cache and
+    shares the weights' reads, but pays all-reduces between its GPUs that the roofline does
+    not count; so it takes the smallest degree whose per-GPU rate is at least
+    ``GOOD_ENOUGH_TP_RATE`` of the best one's."""
     shape, fleet, gpu = inputs.shape, inputs.fleet, inputs.fleet.gpu
     if inputs.gpu_throughput is not None:
         given = inputs.gpu_throughput
-        return given, tensor_parallel, f"{given.source}: {_n(given.output_tokens_per_s)}"
+        degree = fleet.tensor_parallel or fit_degree
+        return given, degree, f"{given.source}: {_n(given.output_tokens_per_s)}", ""
     load = DecodeLoad(
         weights_bytes=weights,
         num_params=inputs.model.shape.num_params,
         kv_bytes_read_per_stream=shape.mean_decode_context_tokens * kv_token,
     )
-    degree = tensor_parallel
-    while degree <= fleet.max_tensor_parallel:
+    candidates: list[tuple[float, int, DecodeBatch]] = []
+    degrees = (
+        [fleet.tensor_parallel]
+        if fleet.tensor_parallel
+        else _powers_of_two(fit_degree, fleet.max_tensor_parallel)
+    )
+    for degree in degrees:
         hardware = DecodeHardware(
             bandwidth_bytes_per_s=degree * gpu.bandwidth_bytes_per_s,
             flops_per_s=degree * gpu.flops_per_s,
@@ -333,28 +352,41 @@ def _gpu_throughput(
             load, hardware, stream_tokens_per_s=shape.stream_tokens_per_s, max_streams=max_streams
         )
         if batch is not None:
-            how = (
-                f"roofline on {degree} GPU(s): step = max(({_bytes(weights)} + B × "
-                f"{_n(shape.mean_decode_context_tokens)} tokens × {_bytes(kv_token)}) / "
-                f"{_n(hardware.bandwidth_bytes_per_s)} B/s, 2 × {_n(load.num_params)} × B / "
-                f"{_n(hardware.flops_per_s)} FLOP/s); B = {batch.batch_size} "
-                f"(limited by {batch.limited_by}), step {batch.step_seconds * 1000:,.2f} ms; "
-                f"{batch.batch_size} / {batch.step_seconds * 1000:,.2f} ms / {degree}"
-            )
-            rate = GpuThroughput(
-                output_tokens_per_s=batch.tokens_per_s / degree,
-                stream_tokens_per_s=batch.stream_tokens_per_s,
-                source="roofline",
-            )
-            return rate, degree, f"{how} = {_n(rate.output_tokens_per_s)}"
-        degree *= 2
-    batch_one_s = weights / (fleet.max_tensor_parallel * gpu.bandwidth_bytes_per_s)
-    raise PlanError(
-        f"no GPU group of up to {fleet.max_tensor_parallel} {gpu.name} gives a stream "
-        f"{_n(shape.stream_tokens_per_s)} tokens/s: reading the weights alone takes "
-        f"{batch_one_s * 1000:,.2f} ms a step, and a step may take at most "
-        f"{1000 / shape.stream_tokens_per_s:,.2f} ms"
+            candidates.append((batch.tokens_per_s / degree, degree, batch))
+    if not candidates:
+        batch_one_s = weights / (degrees[-1] * gpu.bandwidth_bytes_per_s)
+        raise PlanError(
+            f"no GPU group of up to {degrees[-1]} {gpu.name} gives a stream "
+            f"{_n(shape.stream_tokens_per_s)} tokens/s: reading the weights alone takes "
+            f"{batch_one_s * 1000:,.2f} ms a step, and a step may take at most "
+            f"{1000 / shape.stream_tokens_per_s:,.2f} ms"
+        )
+    best_rate = max(rate for rate, _, _ in candidates)
+    rate, degree, batch = next(c for c in candidates if c[0] >= GOOD_ENOUGH_TP_RATE * best_rate)
+    how = (
+        f"roofline on {degree} GPU(s): step = max(({_bytes(weights)} + B × "
+        f"{_n(shape.mean_decode_context_tokens)} tokens × {_bytes(kv_token)}) / "
+        f"{_n(degree * gpu.bandwidth_bytes_per_s)} B/s, 2 × {_n(load.num_params)} × B / "
+        f"{_n(degree * gpu.flops_per_s)} FLOP/s); B = {batch.batch_size} (limited by "
+        f"{batch.limited_by}), step {batch.step_seconds * 1000:,.2f} ms; {batch.batch_size} / "
+        f"{batch.step_seconds * 1000:,.2f} ms / {degree} = {_n(rate)}"
     )
+    chosen = ""
+    if len(candidates) > 1:
+        tried = ", ".join(f"{d} → {_n(round(r, 1))}" for r, d, _ in candidates)
+        chosen = (
+            f"; the roofline's rates per GPU by degree: {tried} tokens/s; the smallest degree "
+            f"with at least {GOOD_ENOUGH_TP_RATE:.0%} of the best: {degree}"
+        )
+    throughput = GpuThroughput(rate, batch.stream_tokens_per_s, source="roofline")
+    return throughput, degree, how, chosen
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    degrees = [low]
+    while degrees[-1] * 2 <= high:
+        degrees.append(degrees[-1] * 2)
+    return degrees
 
 
 def _settle(value: float) -> float:

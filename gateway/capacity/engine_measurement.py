@@ -23,6 +23,8 @@ import httpx
 
 from gateway.capacity.plan_inputs import GpuThroughput
 
+UNIX_PREFIX = "unix:"
+
 
 class MeasurementError(RuntimeError):
     """The engine could not be measured (unreachable, refused the load); says which."""
@@ -30,7 +32,7 @@ class MeasurementError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoadSpec:
-    base_url: str  # the engine's, e.g. http://127.0.0.1:8001
+    base_url: str  # the engine's: http://127.0.0.1:8001, or unix:/path/to/engine.sock
     prompt_tokens: int
     output_tokens: int
     stream_tokens_per_s: float  # the per-stream target
@@ -106,13 +108,15 @@ class Measurement:
         )
 
 
-async def measure_engine(
-    spec: LoadSpec, transport: httpx.AsyncBaseTransport | None = None
-) -> Measurement:
+async def measure_engine(spec: LoadSpec) -> Measurement:
     headers = {"authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
+    base_url, transport = spec.base_url, None
+    if base_url.startswith(UNIX_PREFIX):  # as the gateway's upstreams name a local engine
+        transport = httpx.AsyncHTTPTransport(uds=base_url.removeprefix(UNIX_PREFIX))
+        base_url = "http://engine"
     async with httpx.AsyncClient(
-        base_url=spec.base_url, headers=headers, timeout=timeout, transport=transport
+        base_url=base_url, headers=headers, timeout=timeout, transport=transport
     ) as client:
         model = spec.model or await _first_model(client)
         rounds: list[LoadRound] = []

@@ -109,10 +109,11 @@ class FleetSpec:
     dollars_per_gpu_hour: float | None = None
     average_utilization: float = 1.0  # the share of its capacity a GPU sells, on average
     max_tensor_parallel: int = 8  # the GPUs one NVLink domain joins
+    tensor_parallel: int | None = None  # None: the plan chooses
 
     def __post_init__(self) -> None:
         _fraction(self, "usable_memory_fraction", "average_utilization")
-        _positive(self, "dollars_per_gpu_hour", "max_tensor_parallel")
+        _positive(self, "dollars_per_gpu_hour", "max_tensor_parallel", "tensor_parallel")
         if not self.headroom_fraction >= 0:
             raise ValueError(f"--headroom-fraction must be 0 or more, got {self.headroom_fraction}")
 

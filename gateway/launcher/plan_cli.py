@@ -179,6 +179,12 @@ def plan(
         typer.Option(help="Share of its capacity a GPU sells, on average.", rich_help_panel=FLEET),
     ] = 1.0,
     max_tensor_parallel: Annotated[int, typer.Option(rich_help_panel=FLEET)] = 8,
+    tensor_parallel: Annotated[
+        int | None,
+        typer.Option(
+            help="GPUs per model replica (default: the plan's choice).", rich_help_panel=FLEET
+        ),
+    ] = None,
     gpu_tokens_per_second: Annotated[
         float | None,
         typer.Option(
@@ -239,6 +245,7 @@ def _gather(o: dict[str, Any]) -> tuple[PlanInputs, UsageTraffic | None, Measure
         dollars_per_gpu_hour=o["dollars_per_gpu_hour"],
         average_utilization=o["average_utilization"],
         max_tensor_parallel=o["max_tensor_parallel"],
+        tensor_parallel=o["tensor_parallel"],
     )
     traffic, shape, usage = _traffic_and_shape(o)
     measurement = None

@@ -53,7 +53,7 @@ def print_plan_json(
     usage: UsageTraffic | None,
     measurement: Measurement | None,
 ) -> None:
-    print(json.dumps(plan_json(plan, inputs, usage, measurement), indent=2))
+    print(json.dumps(plan_json(plan, inputs, usage, measurement), indent=2, ensure_ascii=False))
 
 
 def print_plan_table(

@@ -13,7 +13,9 @@ import math
 import pytest
 
 from gateway.capacity.capacity_plan import (
+    GOOD_ENOUGH_TP_RATE,
     SECONDS_PER_DAY,
+    CapacityPlan,
     PlanError,
     free_kv_bytes,
     kv_bytes_per_token,
@@ -252,6 +254,38 @@ def test_prefill_operations_and_time() -> None:
     half = plan_capacity(PlanInputs(inputs.traffic, cached, LLAMA_8B, inputs.fleet))
     assert half.prefill_seconds_p90 == pytest.approx(plan.prefill_seconds_p90 / 2)
     assert half.prefill_share_per_gpu < plan.prefill_share_per_gpu
+
+
+# --- the tensor-parallel degree ------------------------------------------------------------
+
+
+def roofline_plan(chat_model: ModelSpec, **fleet: int) -> CapacityPlan:
+    inputs = million_user_inputs(chat_model, headroom=0.3)
+    return plan_capacity(
+        PlanInputs(inputs.traffic, inputs.shape, chat_model, FleetSpec(H100, **fleet))
+    )
+
+
+def test_the_degree_is_the_smallest_within_half_of_the_best_per_gpu_rate() -> None:
+    rates = {tp: roofline_plan(LLAMA_70B, tensor_parallel=tp).gpu_output_tokens_per_s
+             for tp in (2, 4, 8)}  # fmt: skip
+    # On 2 GPUs the weights leave room for 4 streams' KV cache: a few tokens/s per GPU.
+    assert rates[2] < GOOD_ENOUGH_TP_RATE * rates[8] <= rates[4] < rates[8]
+    chosen = roofline_plan(LLAMA_70B)
+    assert chosen.tensor_parallel == 4
+    assert chosen.gpu_output_tokens_per_s == rates[4]
+    assert chosen.gpus_at_peak % 4 == 0
+    # An 8B model on one GPU is already within half of its best rate.
+    assert roofline_plan(LLAMA_8B).tensor_parallel == 1
+    assert roofline_plan(LLAMA_70B, max_tensor_parallel=2).tensor_parallel == 2
+
+
+def test_the_roofline_batch_fits_its_kv_cache() -> None:
+    for chat_model in (LLAMA_8B, LLAMA_70B):
+        plan = roofline_plan(chat_model)
+        assert plan.gpu_throughput_source == "roofline"
+        assert plan.fits  # its batch stops where the KV cache is full, or sooner
+        assert plan.streams_per_gpu * plan.tensor_parallel >= 1
 
 
 # --- what no fleet can serve ---------------------------------------------------------------
