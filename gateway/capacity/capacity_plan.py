@@ -5,7 +5,8 @@ also a `PlanStep` with its formula written out with the numbers that went in, so
 redo each step by hand (the articles Tollway is built from work it out the same way).
 
 Units: bytes, seconds, tokens; a "stream" is one response being generated. Counts of GPUs are
-rounded up, to whole tensor-parallel groups.
+rounded up, to whole tensor-parallel groups. The memory arithmetic is `kv_memory`'s; the
+per-GPU rate and the tensor-parallel degree are `gpu_rate`'s.
 """
 
 from __future__ import annotations
@@ -15,26 +16,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.capacity.plan_inputs import (
-    FleetSpec,
-    GpuThroughput,
-    ModelSpec,
-    PlanInputs,
-    UserTraffic,
+from gateway.capacity.gpu_rate import gpu_rate, tensor_parallel_to_fit
+from gateway.capacity.kv_memory import (
+    kv_bytes_per_token,
+    settle,
+    weights_bytes,
 )
+from gateway.capacity.plan_inputs import PlanError, PlanInputs, UserTraffic
 from gateway.capacity.quantity_text import bytes_text as _bytes
 from gateway.capacity.quantity_text import number_text as _n
-from gateway.capacity.roofline import DecodeBatch, DecodeHardware, DecodeLoad, largest_batch
 
 SECONDS_PER_DAY = 86_400
 HOURS_PER_MONTH = 730  # 8,760 hours a year / 12
-# A larger tensor-parallel group must at least reach this share of the best per-GPU rate.
-GOOD_ENOUGH_TP_RATE = 0.5
-
-
-class PlanError(ValueError):
-    """Inputs no fleet can serve (a model that fits on no tensor-parallel group, a speed no
-    GPU reaches); the message says which and by how much."""
 
 
 @dataclass(frozen=True)
@@ -75,27 +68,6 @@ class CapacityPlan:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["steps"] = [dataclasses.asdict(step) for step in self.steps]
         return data
-
-
-def kv_bytes_per_token(model: ModelSpec) -> int:
-    """2 (key and value) × layers × KV heads × head dimension × bytes per element."""
-    shape = model.shape
-    size = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * model.kv_bytes_per_element
-    return math.ceil(size)
-
-
-def weights_bytes(model: ModelSpec) -> int:
-    return math.ceil(model.shape.num_params * model.weight_bytes_per_param)
-
-
-def free_kv_bytes(fleet: FleetSpec, weights: float, tensor_parallel: int = 1) -> float:
-    """What a tensor-parallel group leaves for the KV cache: usable memory less the weights."""
-    return tensor_parallel * fleet.usable_memory_fraction * fleet.gpu.memory_bytes - weights
-
-
-def streams_that_fit(free_bytes: float, context_tokens: float, kv_per_token: float) -> int:
-    """Whole streams of ``context_tokens`` whose KV cache fits in ``free_bytes``."""
-    return max(0, math.floor(_settle(free_bytes / (context_tokens * kv_per_token))))
 
 
 def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
@@ -170,13 +142,13 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
         f"{_n(peak_output)}",
     )
 
-    fit_degree = _tensor_parallel_to_fit(fleet, weights + kv_stream)
+    fit_degree = tensor_parallel_to_fit(fleet, weights + kv_stream)
     if fleet.tensor_parallel is not None and fleet.tensor_parallel < fit_degree:
         raise PlanError(
             f"--tensor-parallel {fleet.tensor_parallel} is too small: the weights and one "
             f"stream's KV cache need {fit_degree} {gpu.name}"
         )
-    throughput, tensor_parallel, how, chosen = _gpu_throughput(
+    throughput, tensor_parallel, how, chosen = gpu_rate(
         inputs, weights, kv_token, kv_stream, fit_degree
     )
     step(
@@ -300,100 +272,6 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
     )
 
 
-def _tensor_parallel_to_fit(fleet: FleetSpec, needed_bytes: float) -> int:
-    degree = 1
-    while degree <= fleet.max_tensor_parallel:
-        if free_kv_bytes(fleet, needed_bytes, degree) >= 0:
-            return degree
-        degree *= 2
-    largest = degree // 2
-    raise PlanError(
-        f"the model does not fit on any tensor-parallel group of up to "
-        f"{fleet.max_tensor_parallel} {fleet.gpu.name}: it needs {_bytes(needed_bytes)} "
-        f"(weights and one stream's KV cache), {largest} GPUs hold "
-        f"{_bytes(largest * fleet.usable_memory_fraction * fleet.gpu.memory_bytes)} usable"
-    )
-
-
-def _gpu_throughput(
-    inputs: PlanInputs, weights: int, kv_token: int, kv_stream: int, fit_degree: int
-) -> tuple[GpuThroughput, int, str, str]:
-    """The per-GPU rate (given, measured or the roofline's), the tensor-parallel degree it
-    runs at, how the rate was found, and why that degree (when it is not ``fit_degree``).
-
-    The roofline tries every degree from ``fit_degree`` to the largest (or only the fleet's
-    ``tensor_parallel``, where set). A bigger group leaves more memory for the KV cache and
-    shares the weights' reads, but pays all-reduces between its GPUs that the roofline does
-    not count; so it takes the smallest degree whose per-GPU rate is at least
-    ``GOOD_ENOUGH_TP_RATE`` of the best one's."""
-    shape, fleet, gpu = inputs.shape, inputs.fleet, inputs.fleet.gpu
-    if inputs.gpu_throughput is not None:
-        given = inputs.gpu_throughput
-        degree = fleet.tensor_parallel or fit_degree
-        return given, degree, f"{given.source}: {_n(given.output_tokens_per_s)}", ""
-    load = DecodeLoad(
-        weights_bytes=weights,
-        num_params=inputs.model.shape.num_params,
-        kv_bytes_read_per_stream=shape.mean_decode_context_tokens * kv_token,
-    )
-    candidates: list[tuple[float, int, DecodeBatch]] = []
-    degrees = (
-        [fleet.tensor_parallel]
-        if fleet.tensor_parallel
-        else _powers_of_two(fit_degree, fleet.max_tensor_parallel)
-    )
-    for degree in degrees:
-        hardware = DecodeHardware(
-            bandwidth_bytes_per_s=degree * gpu.bandwidth_bytes_per_s,
-            flops_per_s=degree * gpu.flops_per_s,
-        )
-        max_streams = streams_that_fit(free_kv_bytes(fleet, weights, degree), 1, kv_stream)
-        batch = largest_batch(
-            load, hardware, stream_tokens_per_s=shape.stream_tokens_per_s, max_streams=max_streams
-        )
-        if batch is not None:
-            candidates.append((batch.tokens_per_s / degree, degree, batch))
-    if not candidates:
-        batch_one_s = weights / (degrees[-1] * gpu.bandwidth_bytes_per_s)
-        raise PlanError(
-            f"no GPU group of up to {degrees[-1]} {gpu.name} gives a stream "
-            f"{_n(shape.stream_tokens_per_s)} tokens/s: reading the weights alone takes "
-            f"{batch_one_s * 1000:,.2f} ms a step, and a step may take at most "
-            f"{1000 / shape.stream_tokens_per_s:,.2f} ms"
-        )
-    best_rate = max(rate for rate, _, _ in candidates)
-    rate, degree, batch = next(c for c in candidates if c[0] >= GOOD_ENOUGH_TP_RATE * best_rate)
-    how = (
-        f"roofline on {degree} GPU(s): step = max(({_bytes(weights)} + B × "
-        f"{_n(shape.mean_decode_context_tokens)} tokens × {_bytes(kv_token)}) / "
-        f"{_n(degree * gpu.bandwidth_bytes_per_s)} B/s, 2 × {_n(load.num_params)} × B / "
-        f"{_n(degree * gpu.flops_per_s)} FLOP/s); B = {batch.batch_size} (limited by "
-        f"{batch.limited_by}), step {batch.step_seconds * 1000:,.2f} ms; {batch.batch_size} / "
-        f"{batch.step_seconds * 1000:,.2f} ms / {degree} = {_n(rate)}"
-    )
-    chosen = ""
-    if len(candidates) > 1:
-        tried = ", ".join(f"{d} → {_n(round(r, 1))}" for r, d, _ in candidates)
-        chosen = (
-            f"; the roofline's rates per GPU by degree: {tried} tokens/s; the smallest degree "
-            f"with at least {GOOD_ENOUGH_TP_RATE:.0%} of the best: {degree}"
-        )
-    throughput = GpuThroughput(rate, batch.stream_tokens_per_s, source="roofline")
-    return throughput, degree, how, chosen
-
-
-def _powers_of_two(low: int, high: int) -> list[int]:
-    degrees = [low]
-    while degrees[-1] * 2 <= high:
-        degrees.append(degrees[-1] * 2)
-    return degrees
-
-
-def _settle(value: float) -> float:
-    """``value`` with floating-point noise removed, so a ratio that is whole stays whole."""
-    return round(value, 9)
-
-
 def _whole_groups(gpus: float, group: int) -> int:
     """At least ``gpus`` GPUs, in whole tensor-parallel groups."""
-    return math.ceil(_settle(gpus / group)) * group
+    return math.ceil(settle(gpus / group)) * group

@@ -12,6 +12,11 @@ from gateway.capacity.gpu_presets import GpuSpec
 from gateway.capacity.model_shape import ModelShape
 
 
+class PlanError(ValueError):
+    """Inputs that are each valid but that no fleet can serve (a model that fits on no
+    tensor-parallel group, a speed no GPU reaches); the message says which and by how much."""
+
+
 def _positive(owner: object, *names: str) -> None:
     for name in names:
         value = getattr(owner, name)
