@@ -13,8 +13,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.engine import make_url
 
 from gateway.capacity.plan_inputs import RequestShape, RequestTraffic
 from gateway.storage.database import Database
@@ -130,6 +132,9 @@ def read_usage_traffic(
     database_url: str, *, tenant_id: str | None, period: timedelta, end: datetime
 ) -> UsageTraffic | None:
     """The completed requests of ``tenant_id`` (None: every tenant) in ``[end - period, end)``."""
+    url = make_url(database_url)  # an ArgumentError names a malformed URL
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        raise ValueError(f"no SQLite database at {url.database}")  # rather than create one
     start = end - period
     query = select(
         UsageRecord.created_at,

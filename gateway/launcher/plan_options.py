@@ -134,7 +134,8 @@ def _from_usage(o: dict[str, Any]) -> tuple[Traffic, RequestShape, UsageTraffic]
             end=datetime.now(timezone.utc),
         )
     except (SQLAlchemyError, ArgumentError) as exc:
-        raise ValueError(f"reading usage records failed: {exc}") from None
+        first_line = str(exc).strip().splitlines()[0]  # SQLAlchemy appends the SQL and a link
+        raise ValueError(f"reading usage records failed: {first_line}") from None
     if usage is None:
         whose = f"tenant {o['tenant']!r}" if o["tenant"] else "any tenant"
         raise ValueError(

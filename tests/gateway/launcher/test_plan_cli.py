@@ -121,6 +121,13 @@ def test_a_gguf_checkpoint_and_a_custom_gpu(tmp_path: Path) -> None:
          "error: give --measure or --gpu-tokens-per-second, not both"),
         ([*MILLION_USERS, *CHAT, *LLAMA_8B, *H100, "--model", "/nonexistent"], 2,
          "error: give --model or --layers/--kv-heads/--head-dim/--params, not both"),
+        (["--from-usage", "sqlite:////nonexistent/tollway.db", *LLAMA_8B, *H100], 1,
+         "error: no SQLite database at /nonexistent/tollway.db"),
+        (["--from-usage", "nosuchdb://x", *LLAMA_8B, *H100], 1,
+         "error: unsupported database URL 'nosuchdb://x': use sqlite:///path/to/tollway.db or "
+         "postgresql+psycopg://user@host/db"),
+        (["--from-usage", "sqlite:///x.db", "--prompt-tokens", "5", *LLAMA_8B, *H100], 2,
+         "error: --from-usage reads the request shape; drop --prompt-tokens"),
         ([*MILLION_USERS, *CHAT, "--model", "/nonexistent", *H100], 1,
          "error: no checkpoint at /nonexistent: expected a Hugging Face directory with "
          "config.json or a .gguf file"),
@@ -131,6 +138,14 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(args: list[str], code: int, me
     assert result.exit_code == code, result.output
     assert result.output.strip() == message
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_unreachable_database_is_one_line_without_its_password() -> None:
+    url = "postgresql+psycopg://admin:hunter2@127.0.0.1:1/tollway"
+    result = runner.invoke(app, ["plan", "--from-usage", url, *LLAMA_8B, *H100])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: reading usage records failed: (psycopg.Operational")
+    assert len(result.output.strip().splitlines()) == 1 and "hunter2" not in result.output
 
 
 def test_an_unreachable_engine_to_measure_is_one_line() -> None:
