@@ -73,8 +73,9 @@ def shape_from_checkpoint(path: str | Path) -> ModelShape:
 
 
 def estimate_params(config: dict[str, Any]) -> int:
-    """Parameters of a Llama-style decoder from its config: embeddings, attention, gated MLP and
-    norms per layer, the final norm, and an output head unless it is tied to the embeddings."""
+    """Parameters of a Llama-style decoder from its config: embeddings, attention (with q, k and
+    v biases where the config has them, as Qwen2 does by default), gated MLP and norms per
+    layer, the final norm, and an output head unless it is tied to the embeddings."""
     hidden = int(config["hidden_size"])
     num_heads = int(config["num_attention_heads"])
     num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
@@ -83,6 +84,9 @@ def estimate_params(config: dict[str, Any]) -> int:
     attention = 2 * hidden * num_heads * head_dim + 2 * hidden * num_kv_heads * head_dim
     mlp = 3 * hidden * int(config["intermediate_size"])
     per_layer = attention + mlp + 2 * hidden
+    architectures = config.get("architectures") or []
+    if config.get("attention_bias", "Qwen2ForCausalLM" in architectures):
+        per_layer += (num_heads + 2 * num_kv_heads) * head_dim  # q, k and v biases
     heads = 1 if config.get("tie_word_embeddings", False) else 2
     return heads * vocab * hidden + int(config["num_hidden_layers"]) * per_layer + hidden
 

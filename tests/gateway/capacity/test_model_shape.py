@@ -69,6 +69,23 @@ def test_a_demo_checkpoint_s_params_are_its_weights(demo_checkpoint: Callable[..
     assert estimate_params(json.loads((path / "config.json").read_text())) == shape.num_params
 
 
+def test_the_estimate_counts_qwen2_s_attention_biases() -> None:
+    """Qwen2.5-0.5B's config (biases on q, k and v by default; tied embeddings): its model
+    card's 494,032,768 parameters ("0.49B")."""
+    qwen = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
+    assert estimate_params(qwen) == 494_032_768
+    assert estimate_params({**qwen, "attention_bias": False}) < 494_032_768
+
+
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0])
 def test_a_gguf_file_gives_its_shape_and_param_count(tmp_path: Path, qtype: Q) -> None:
     tensors = hf_tensors()
