@@ -8,6 +8,7 @@ high, marked with an asterisk) first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GB = 10**9
@@ -28,8 +29,8 @@ class GpuSpec:
     def __post_init__(self) -> None:
         for field in ("memory_bytes", "bandwidth_bytes_per_s", "flops_per_s"):
             value = getattr(self, field)
-            if not value > 0:
-                raise ValueError(f"the GPU's {field} must be greater than 0, got {value}")
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"the GPU's {field} must be a finite number above 0, got {value}")
 
     @property
     def ridge_flops_per_byte(self) -> float:

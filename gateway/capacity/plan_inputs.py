@@ -6,6 +6,7 @@ Field names are the command's option names (``daily_users`` is ``--daily-users``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gateway.capacity.gpu_presets import GpuSpec
@@ -20,8 +21,12 @@ class PlanError(ValueError):
 def _positive(owner: object, *names: str) -> None:
     for name in names:
         value = getattr(owner, name)
-        if value is not None and not value > 0:
+        if value is None:
+            continue
+        if not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be greater than 0, got {value}")
+        if not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def _fraction(owner: object, *names: str, allow_zero: bool = False) -> None:
@@ -119,7 +124,7 @@ class FleetSpec:
     def __post_init__(self) -> None:
         _fraction(self, "usable_memory_fraction", "average_utilization")
         _positive(self, "dollars_per_gpu_hour", "max_tensor_parallel", "tensor_parallel")
-        if not self.headroom_fraction >= 0:
+        if not (self.headroom_fraction >= 0 and math.isfinite(self.headroom_fraction)):
             raise ValueError(f"--headroom-fraction must be 0 or more, got {self.headroom_fraction}")
 
 

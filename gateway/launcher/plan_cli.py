@@ -198,7 +198,7 @@ def plan(
     except UsageError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    except (ValueError, OSError, MeasurementError) as exc:
+    except (ValueError, OSError, ArithmeticError, MeasurementError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from None
     if output_format is OutputFormat.json:

@@ -8,6 +8,7 @@ given, a checkpoint's shape, the gateway's usage records and a measured engine w
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -155,6 +156,8 @@ def _model(o: dict[str, Any]) -> ModelSpec:
         if all(o[name] is None for name in by_hand):
             raise UsageError("give --model PATH, or --layers, --kv-heads, --head-dim and --params")
         _require(o, by_hand)
+        if not math.isfinite(o["params"]):
+            raise ValueError(f"--params must be a finite number, got {o['params']}")
         shape = ModelShape(
             num_layers=o["layers"],
             num_kv_heads=o["kv_heads"],
@@ -183,8 +186,10 @@ def _gpu(o: dict[str, Any]) -> GpuSpec:
         )
     _require(o, custom)
     for name in custom:
-        if not o[name] > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be greater than 0, got {o[name]}")
+        if not (o[name] > 0 and math.isfinite(o[name])):
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be a finite number above 0, got {o[name]}"
+            )
     return GpuSpec(
         "custom",
         memory_bytes=o["gpu_memory_gb"] * GB,
