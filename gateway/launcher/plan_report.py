@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 from rich.console import Console
@@ -38,7 +39,8 @@ def plan_json(
                 {
                     "concurrency": r.concurrency,
                     "output_tokens_per_s": r.output_tokens_per_s,
-                    "slowest_stream_tokens_per_s": r.slowest_stream_tokens_per_s,
+                    # None: every stream's tokens came at once (too fast to time)
+                    "slowest_stream_tokens_per_s": _finite(r.slowest_stream_tokens_per_s),
                     "meets_target": r.meets(measurement.stream_tokens_per_s),
                 }
                 for r in measurement.rounds
@@ -47,13 +49,18 @@ def plan_json(
     return data
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def print_plan_json(
     plan: CapacityPlan,
     inputs: PlanInputs,
     usage: UsageTraffic | None,
     measurement: Measurement | None,
 ) -> None:
-    print(json.dumps(plan_json(plan, inputs, usage, measurement), indent=2, ensure_ascii=False))
+    data = plan_json(plan, inputs, usage, measurement)
+    print(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False))
 
 
 def print_plan_table(
