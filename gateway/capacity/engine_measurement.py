@@ -8,7 +8,8 @@ output token over the round's wall time. The result is the fastest round in whic
 still got the per-stream target, as the article says: "measure it with your model, prompts
 and server". Rounds stop at the first one that misses the target, or at ``max_concurrency``.
 
-Each stream's prompt starts with its own number, so no two share a cached prefix.
+One request first warms the engine up and is not counted (a CPU engine builds its kernels on
+first use). Each stream's prompt starts with its own number, so no two share a cached prefix.
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ async def measure_engine(spec: LoadSpec) -> Measurement:
         base_url=base_url, headers=headers, timeout=timeout, transport=transport
     ) as client:
         model = spec.model or await _first_model(client)
+        await _stream(client, spec, model, 0)  # warms the engine up (kernels built on first use)
         rounds: list[LoadRound] = []
-        concurrency, num_sent = 1, 0
+        concurrency, num_sent = 1, 1
         while concurrency <= spec.max_concurrency:
             started = time.monotonic()
             streams = await asyncio.gather(
