@@ -252,9 +252,10 @@ class Tollway:
 
 
 @dataclass
-class EngineProcess:
-    """``python -m backend_engine`` on ``address:port``, serving ``model``; restartable on
-    the same address."""
+class TcpEngine:
+    """``python -m backend_engine`` on TCP ``address:port``, serving ``model``; restartable
+    on the same address (`gateway.launcher.engine_processes.EngineProcess` spawns the
+    Unix-socket engines of ``tollway serve``; a replica behind a DNS name needs an address)."""
 
     checkpoint: Path
     address: str
@@ -267,7 +268,7 @@ class EngineProcess:
     def url(self) -> str:
         return f"http://{self.address}:{self.port}"
 
-    def start(self) -> EngineProcess:
+    def start(self) -> TcpEngine:
         command = [
             sys.executable, "-m", "backend_engine", "--model", str(self.checkpoint),
             "--host", self.address, "--port", str(self.port), "--served-model-name", self.model,

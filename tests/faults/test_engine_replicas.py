@@ -29,7 +29,7 @@ from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry, list_usage
 from tests.faults.processes import (
     CLIENT_TIMEOUT,
-    EngineProcess,
+    TcpEngine,
     chat_body,
     free_port,
     read_stream,
@@ -58,7 +58,7 @@ def system_chat(max_tokens: int, *, stream: bool, system: str = SYSTEM) -> dict[
 
 @dataclass
 class Cluster:
-    engines: list[EngineProcess]
+    engines: list[TcpEngine]
     dns: list[str]  # what HOST_NAME resolves to now
     url: str
     key: str
@@ -75,7 +75,7 @@ class Cluster:
         self.request_ids.append(response.headers["x-request-id"])
         return response
 
-    def served_by(self, body: dict[str, Any]) -> tuple[EngineProcess, httpx.Response]:
+    def served_by(self, body: dict[str, Any]) -> tuple[TcpEngine, httpx.Response]:
         """The (live) engine that answered ``body``, and its answer."""
         live = [e for e in self.engines if e.process is not None and e.process.poll() is None]
         before = {e.address: e.num_requests() for e in live}
@@ -110,7 +110,7 @@ def cluster(demo_checkpoint: Callable[..., Path], tmp_path: Path) -> Iterator[Cl
     checkpoint = demo_checkpoint(size="tiny")
     port = free_port()
     engines = [
-        EngineProcess(checkpoint, address, port, tmp_path / f"engine-{address}.log")
+        TcpEngine(checkpoint, address, port, tmp_path / f"engine-{address}.log")
         for address in ADDRESSES
     ]
     dns = list(ADDRESSES[:2])
@@ -223,7 +223,7 @@ def test_an_engine_added_by_dns_mid_run_receives_requests(cluster: Cluster) -> N
         assert cluster.chat(system_chat(2, stream=False, system=system)).status_code == 200
     added = cluster.engines[2].start()
     cluster.dns.append(added.address)  # the headless Service lists the new ready pod
-    served: list[EngineProcess] = []
+    served: list[TcpEngine] = []
 
     def added_serves() -> bool:
         system = f"Tenant {len(cluster.request_ids)} arrives after the scale-up. " * 10

@@ -29,7 +29,7 @@ from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.usage_store import sum_tokens
 from tests.faults.conftest import PostgresProcess, RedisProcess
-from tests.faults.processes import CLIENT_TIMEOUT, EngineProcess, free_port, is_gone, wait_for
+from tests.faults.processes import CLIENT_TIMEOUT, TcpEngine, free_port, is_gone, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,9 +48,9 @@ PROMPT = [{"role": "user", "content": "Write a long story"}]
 @pytest.fixture(scope="module")
 def engine(
     demo_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EngineProcess]:
+) -> Iterator[TcpEngine]:
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    engine = EngineProcess(demo_checkpoint(size="tiny"), "127.0.0.1", free_port(), log, MODEL)
+    engine = TcpEngine(demo_checkpoint(size="tiny"), "127.0.0.1", free_port(), log, MODEL)
     try:
         yield engine.start()
     finally:
@@ -69,7 +69,7 @@ def chat(max_tokens: int, *, stream: bool) -> dict[str, Any]:
 
 
 def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
-    engine: EngineProcess,
+    engine: TcpEngine,
     redis_process: RedisProcess,
     postgres_process: PostgresProcess,
     make_tenant: Callable[..., tuple[str, str]],
