@@ -75,6 +75,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        self.num_requests = 0  # queued since start (`add`)
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -102,6 +103,7 @@ class LLMEngine:
         except Exception:
             self.scheduler.finish(request.request_id, "error")
             raise
+        self.num_requests += 1
 
     def make_request(
         self,
@@ -218,6 +220,7 @@ class LLMEngine:
             num_running=len(self.scheduler.running),
             num_prompt_tokens=self.num_prompt_tokens,
             num_generation_tokens=self.num_generation_tokens,
+            num_requests=self.num_requests,
         )
 
 

@@ -65,3 +65,4 @@ class EngineStats:
     num_running: int
     num_prompt_tokens: int  # prompt tokens computed (prefilled), cumulative
     num_generation_tokens: int  # tokens generated, cumulative
+    num_requests: int = 0  # requests queued, cumulative

@@ -5,13 +5,14 @@ The stream (the event lines' format is `backend_engine.kv_events`'s)::
     {"type": "snapshot", "engine_id": ..., "seq": 7, "block_size": 16, "extra_key": ...,
      "blocks": [...]}
     {"type": "load", "num_waiting": 0, "num_running": 1, "kv_blocks_used": 3,
-     "kv_blocks_total": 512}
+     "kv_blocks_total": 512, "num_requests_total": 40}
     {"type": "stored", "seq": 8, "blocks": [...]}
     ...
 
 - the snapshot first, then every event line after it, in order (`KVEventFanout`);
 - a ``load`` line right after the snapshot, then whenever one of its numbers has changed,
-  at most ``1 / LOAD_INTERVAL_S`` a second;
+  at most ``1 / LOAD_INTERVAL_S`` a second (``num_requests_total`` counts the requests
+  queued since the engine started: a gateway reckons the replica's recent traffic from it);
 - a ``ping`` line after ``PING_AFTER_S`` without any other line.
 
 It never ends by itself while the engine serves; it ends when this listener falls more than
@@ -65,6 +66,7 @@ def load_line(stats: EngineStats) -> WireEvent:
         "num_running": stats.num_running,
         "kv_blocks_used": stats.num_kv_blocks_used,
         "kv_blocks_total": stats.num_kv_blocks_total,
+        "num_requests_total": stats.num_requests,
     }
 
 

@@ -21,7 +21,9 @@ count how many leading blocks of a request a replica would find.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +42,40 @@ class EngineLoad:
     num_running: int
     kv_blocks_used: int
     kv_blocks_total: int
+    num_requests_total: int | None = None  # queued since the engine started (newer engines)
 
     @property
     def kv_usage(self) -> float:
         if self.kv_blocks_total <= 0:
             return 0.0
         return min(1.0, max(0.0, self.kv_blocks_used / self.kv_blocks_total))
+
+
+# How far back a replica's recent traffic reaches: a decayed count, e^-1 per this many s.
+RECENT_REQUESTS_WINDOW_S = 30.0
+
+
+class RecentRequests:
+    """Requests an engine queued lately: its ``num_requests_total`` counter's increments, each
+    decaying by e^-1 every ``RECENT_REQUESTS_WINDOW_S``. Every gateway reads the same counter
+    from the same stream, so every gateway reckons about the same figure."""
+
+    def __init__(self, window_s: float = RECENT_REQUESTS_WINDOW_S) -> None:
+        self._window_s = window_s
+        self._count = 0.0
+        self._at = 0.0
+        self._total: int | None = None
+
+    def count_up_to(self, total: int, now: float) -> None:
+        """The engine's counter reads ``total`` now (it restarts from 0 with the engine)."""
+        added = total - self._total if self._total is not None and total >= self._total else 0
+        self._count = self.at(now) + added
+        self._at, self._total = now, total
+
+    def at(self, now: float) -> float:
+        if self._count == 0.0:
+            return 0.0
+        return self._count * math.exp(-max(0.0, now - self._at) / self._window_s)
 
 
 class ReplicaCache:
@@ -56,7 +86,9 @@ class ReplicaCache:
     load line (`note_sent`); a load line resets it, since the engine's counts include them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.recent = RecentRequests()
         self.blocks: set[BlockHash] = set()
         self.engine_id: str | None = None
         self.seq = 0
@@ -82,13 +114,17 @@ class ReplicaCache:
             if kind == "snapshot":
                 self._snapshot(event)
             elif kind == "load":
+                total = event.get("num_requests_total")
                 self.load = EngineLoad(
                     num_waiting=_count(event["num_waiting"]),
                     num_running=_count(event["num_running"]),
                     kv_blocks_used=_count(event["kv_blocks_used"]),
                     kv_blocks_total=_count(event["kv_blocks_total"]),
+                    num_requests_total=None if total is None else _count(total),
                 )
                 self.num_unreported = 0
+                if self.load.num_requests_total is not None:
+                    self.recent.count_up_to(self.load.num_requests_total, self._clock())
             elif kind == "ping":
                 return
             elif kind in ("stored", "evicted", "cleared"):
@@ -172,22 +208,22 @@ def block_chain(token_ids: Sequence[int], block_size: int, extra_key: bytes) -> 
 def cached_prefixes(
     token_ids: Sequence[int], block_size: int, extra_key: bytes, caches: Sequence[ReplicaCache]
 ) -> tuple[list[int], BlockHash | None]:
-    """Each cache's cached prefix of the prompt's chain, in blocks, and the chain's first hash
-    (None for a prompt shorter than a block). The chain is hashed only as far as some cache
-    holds it, plus one block: a prompt nobody holds costs one hash, not one per block."""
+    """Each cache's cached prefix of the prompt's chain, in blocks, and the hash of the chain's
+    first block no cache holds (its last block where some cache holds all; None for a prompt
+    shorter than a block): the prompt's own part, past what it shares with cached prompts,
+    which names it for rendezvous ties. The chain is hashed only as far as some cache holds
+    it, plus one block: a prompt nobody holds costs one hash, not one per block."""
     num_cached = [0] * len(caches)
     holding = [i for i, cache in enumerate(caches) if cache.is_known]
-    first: BlockHash | None = None
     parent: BlockHash | None = None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start : start + block_size], extra_key)
-        first = first or parent
         holding = [i for i in holding if parent in caches[i].blocks]
         if not holding:
             break
         for i in holding:
             num_cached[i] += 1
-    return num_cached, first
+    return num_cached, parent
 
 
 def _count(value: Any) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -121,7 +122,7 @@ class ReplicaRouter:
             token_ids = prompt_token_ids or await encode_body(encoder, body)
         if token_ids is None:
             policy = "least_loaded"
-        num_cached, affinity_key = _cached_prefixes(caches, token_ids)
+        num_cached, affinity_key, prompt_blocks = _cached_prefixes(caches, token_ids)
         states = [
             self._state(name, cache, cached)
             for name, cache, cached in zip(replicas, caches, num_cached, strict=True)
@@ -132,6 +133,7 @@ class ReplicaRouter:
             turn=turn,
             epsilon=self._epsilon,
             affinity_key=affinity_key,
+            prompt_blocks=prompt_blocks,
         )
         logger.debug("replicas for %s: %s (%s)", model, choice.order, choice.reason)
         return list(choice.order)
@@ -155,6 +157,7 @@ class ReplicaRouter:
             name,
             is_known=True,
             cached_blocks=cached_blocks,
+            recent_requests=cache.recent.at(time.monotonic()),
             num_waiting=load.num_waiting if load else 0,
             num_running=load.num_running if load else 0,
             kv_usage=load.kv_usage if load else 0.0,
@@ -165,14 +168,16 @@ class ReplicaRouter:
 
 def _cached_prefixes(
     caches: list[ReplicaCache], token_ids: Sequence[int] | None
-) -> tuple[list[int], BlockHash | None]:
-    """Each replica's cached prefix of the prompt, in blocks, and the prompt's first block
-    hash. Replicas of one model share a block size and an extra key unless they run different
-    checkpoints or KV dtypes: one chain per pair."""
+) -> tuple[list[int], BlockHash | None, int | None]:
+    """Each replica's cached prefix of the prompt, in blocks, the hash naming the prompt for
+    rendezvous ties (`cached_prefixes`), and the prompt's full blocks. Replicas of one model
+    share a block size and an extra key unless they run different checkpoints or KV dtypes:
+    one chain per pair (the first pair's key and block count are used)."""
     num_cached = [0] * len(caches)
     affinity_key: BlockHash | None = None
+    prompt_blocks: int | None = None
     if token_ids is None:
-        return num_cached, None
+        return num_cached, None, None
     keys = sorted({(c.block_size, c.extra_key) for c in caches if c.is_known})
     for key in keys:
         group = [
@@ -181,8 +186,9 @@ def _cached_prefixes(
         counts, first = cached_prefixes(token_ids, *key, [caches[i] for i in group])
         for i, count in zip(group, counts, strict=True):
             num_cached[i] = count
-        affinity_key = affinity_key or first
-    return num_cached, affinity_key
+        if affinity_key is None:
+            affinity_key, prompt_blocks = first, len(token_ids) // key[0]
+    return num_cached, affinity_key, prompt_blocks
 
 
 def _exact_encoder(counter: TokenCounter | None) -> PromptEncoder | None:

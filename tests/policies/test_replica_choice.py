@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from policies.replica_choice import (
     DEFAULT_EPSILON,
+    MIN_LOAD_BOUND,
     ReplicaState,
     bound,
     choose_replicas,
@@ -94,20 +96,39 @@ PREFIX_CASES = [
     ),
     (
         "bounded load: exactly at the bound is still within",
-        # loads 2, 2, 1, 1: total 6, bound ceil(1.25 * 7 / 4) = 3: a at 3 <= 3, kept
+        # loads 5, 5, 4, 4: total 18, bound ceil(1.25 * 19 / 4) = 6: a at 6 <= 6, kept
         [
-            known("a", cached=20, running=2),
-            known("b", running=2),
-            known("c", running=1),
-            known("d", running=1),
+            known("a", cached=20, running=5),
+            known("b", running=5),
+            known("c", running=4),
+            known("d", running=4),
         ],
         ("a", "c", "d", "b"),
         "prefix",
     ),
     (
         "bounded load: one request past the bound is passed over",
-        # loads 1, 0, 0, 0: total 1, bound ceil(1.25 * 2 / 4) = 1: a would be at 2
-        [known("a", cached=20, running=1), known("b"), known("c", cached=3), known("d")],
+        # loads 6, 4, 4, 3: total 17, bound ceil(1.25 * 18 / 4) = 6: a would be at 7
+        [
+            known("a", cached=20, running=6),
+            known("b", running=4),
+            known("c", cached=3, running=4),
+            known("d", running=3),
+        ],
+        ("c", "d", "b", "a"),
+        "prefix_bounded_load",
+    ),
+    (
+        "bounded load: a replica that would run at most MIN_LOAD_BOUND is never passed over",
+        # loads 3, 0, 0, 0: ceil(1.25 * 4 / 4) = 2, but the floor is 4: a at 4 is within
+        [known("a", cached=20, running=3), known("b"), known("c", cached=3), known("d")],
+        ("a", "c", "b", "d"),
+        "prefix",
+    ),
+    (
+        "bounded load: past the floor, the bound applies",
+        # loads 4, 0, 0, 0: total 4, bound max(4, ceil(1.25 * 5 / 4) = 2) = 4: a would be at 5
+        [known("a", cached=20, running=4), known("b"), known("c", cached=3), known("d")],
         ("c", "b", "d", "a"),
         "prefix_bounded_load",
     ),
@@ -205,13 +226,53 @@ def test_prefix_ties_go_to_the_rendezvous_home_of_the_affinity_key() -> None:
     assert firsts == set(names)
 
 
+def test_a_prompt_nobody_holds_much_of_is_placed_as_a_new_prefix() -> None:
+    """A block every prompt starts with (a chat template's header) does not pull new prefixes
+    to the replicas that hold it: at most PREFIX_NEAR_TIE of the prompt cached is nothing."""
+    key = b"the prompt's own first block"
+    names = ["a", "b", "c", "d"]
+    empty = [known(x) for x in names]
+    header = [known(x, cached=1) for x in names[:3]] + [known("d")]
+    assert choose_replicas(header, "prefix", affinity_key=key).order[-1] == "d"  # shunned
+    placed = choose_replicas(header, "prefix", affinity_key=key, prompt_blocks=64)
+    assert placed == choose_replicas(empty, "prefix", affinity_key=key, prompt_blocks=64)
+    assert placed.reason == "prefix_none_cached"
+    # 8 of 64 blocks (12.5%) is still a new prefix: least load wins; 9 is a prefix to follow
+    eight = [known("a", cached=8, running=1), known("b")]
+    assert choose_replicas(eight, "prefix", prompt_blocks=64).order == ("b", "a")
+    nine = [known("a", cached=9, running=1), known("b")]
+    assert choose_replicas(nine, "prefix", prompt_blocks=64).order == ("a", "b")
+    with pytest.raises(ValueError, match="prompt_blocks"):
+        choose_replicas(nine, "prefix", prompt_blocks=-1)
+
+
+def test_new_prefixes_go_mostly_to_replicas_with_little_recent_traffic() -> None:
+    """Weighted rendezvous: odds in proportion to 1 / (1 + recent_requests)."""
+    replicas = [known("busy", recent_requests=9.0), known("b"), known("c"), known("d")]
+    firsts = Counter(
+        choose_replicas(
+            replicas, "prefix", affinity_key=f"prefix {n}".encode(), prompt_blocks=64
+        ).order[0]
+        for n in range(2000)
+    )
+    # weights 0.1, 1, 1, 1: busy wins 0.1 / 3.1 = 3% of new prefixes, each other one 32%
+    assert firsts["busy"] < 0.06 * 2000
+    assert all(0.27 * 2000 < firsts[x] < 0.38 * 2000 for x in "bcd"), firsts
+    # a known prefix is not moved by recent traffic (only load bounds it)
+    held = [known("busy", cached=60, recent_requests=9.0), known("b")]
+    assert choose_replicas(held, "prefix", affinity_key=b"k", prompt_blocks=64).order[0] == "busy"
+    with pytest.raises(ValueError, match="recent_requests"):
+        known("x", recent_requests=-1.0)
+
+
 def test_epsilon_sets_the_bound() -> None:
-    # loads 3, 0: total 3, mean with this request 2; holder at 4
-    replicas = [known("a", cached=9, running=3), known("b")]
-    assert choose_replicas(replicas, "prefix", epsilon=1.0).order[0] == "a"  # bound 4
-    assert choose_replicas(replicas, "prefix", epsilon=DEFAULT_EPSILON).order[0] == "b"  # bound 3
-    assert bound(3, 2, 1.0) == 4
-    assert bound(3, 2, 0.25) == 3
+    # loads 7, 0: total 7, mean with this request 4; holder at 8
+    replicas = [known("a", cached=9, running=7), known("b")]
+    assert choose_replicas(replicas, "prefix", epsilon=1.0).order[0] == "a"  # bound 8
+    assert choose_replicas(replicas, "prefix", epsilon=DEFAULT_EPSILON).order[0] == "b"  # bound 5
+    assert bound(7, 2, 1.0) == 8
+    assert bound(7, 2, 0.25) == 5
+    assert bound(0, 4, 0.25) == bound(3, 4, 0.25) == MIN_LOAD_BOUND  # the floor
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,7 @@ async def test_the_stream_opens_with_a_snapshot_then_the_load(live: LiveEngine) 
             "num_running": 0,
             "kv_blocks_used": 0,
             "kv_blocks_total": NUM_KV_BLOCKS,
+            "num_requests_total": 0,
         }
 
 
@@ -219,7 +220,7 @@ async def test_an_idle_stream_is_pinged(live: LiveEngine, monkeypatch: pytest.Mo
 async def test_the_load_follows_the_engine(live: LiveEngine) -> None:
     vocab_size = live.engine.tokenizer.vocab_size
     async with live.client() as client, KVEventListener(client) as listener:
-        await listener.next_line()
+        before = (await listener.next_line())["num_requests_total"]
         task = asyncio.ensure_future(_complete(client, _prompt(300, 40, vocab_size), 120))
         running = None
         while running is None:
@@ -227,6 +228,7 @@ async def test_the_load_follows_the_engine(live: LiveEngine) -> None:
             if line["type"] == "load" and line["num_running"] == 1:
                 running = line
         assert 0 < running["kv_blocks_used"] <= NUM_KV_BLOCKS
+        assert running["num_requests_total"] == before + 1
         await task
         line = await listener.next_line()
         while not (line["type"] == "load" and line["num_running"] == 0):

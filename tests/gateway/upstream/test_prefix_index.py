@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.request import Request
 from backend_engine.sampling_params import SamplingParams
 from gateway.upstream.prefix_index import (
+    RECENT_REQUESTS_WINDOW_S,
     EngineLoad,
     PrefixIndex,
     ReplicaCache,
@@ -156,11 +158,38 @@ def test_cached_prefixes_hash_the_chain_as_far_as_a_replica_holds_it() -> None:
         caches[:3], [CHAIN[:2], CHAIN[:7], CHAIN[:2] + CHAIN[3:]], strict=True
     ):
         cache.apply(snapshot(blocks))
-    counts, first = cached_prefixes(TOKENS, 4, KEY, caches)
+    counts, own = cached_prefixes(TOKENS, 4, KEY, caches)
     assert counts == [2, 7, 2, 0] == [c.cached_blocks(CHAIN) for c in caches]
-    assert first == CHAIN[0]
+    assert own == CHAIN[7]  # the first block no replica holds names the prompt
+    assert cached_prefixes(TOKENS[:28], 4, KEY, caches) == ([2, 7, 2, 0], CHAIN[6])  # all held
     assert cached_prefixes(TOKENS[:3], 4, KEY, caches) == ([0, 0, 0, 0], None)
     assert cached_prefixes(TOKENS, 4, b"another key", caches) == (
         [0, 0, 0, 0],
         block_chain(TOKENS, 4, b"another key")[0],
     )
+
+
+def test_recent_requests_count_the_engines_counter_and_decay() -> None:
+    now = [100.0]
+    cache = ReplicaCache(clock=lambda: now[0])
+    cache.apply(snapshot([]))
+
+    def load(total: int | None) -> dict[str, Any]:
+        line = {"type": "load", "num_waiting": 0, "num_running": 1, "kv_blocks_used": 0}
+        line["kv_blocks_total"] = 8
+        return line if total is None else {**line, "num_requests_total": total}
+
+    cache.apply(load(500))  # the first reading: requests before it are not recent
+    assert cache.recent.at(now[0]) == 0.0
+    cache.apply(load(510))
+    assert cache.recent.at(now[0]) == 10.0
+    now[0] += RECENT_REQUESTS_WINDOW_S
+    assert cache.recent.at(now[0]) == pytest.approx(10.0 / math.e)
+    cache.apply(load(512))
+    assert cache.recent.at(now[0]) == pytest.approx(10.0 / math.e + 2)
+    cache.apply(load(3))  # the engine restarted: its counter begins again, nothing is added
+    cache.apply(load(None))  # an engine that does not count
+    assert cache.recent.at(now[0]) == pytest.approx(10.0 / math.e + 2)
+    cache.apply(load(5))
+    assert cache.recent.at(now[0]) == pytest.approx(10.0 / math.e + 4)
+    assert cache.load is not None and cache.load.num_requests_total == 5
