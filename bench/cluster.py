@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,25 +233,42 @@ async def run_load(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         started = time.monotonic()
 
-        async def converse(conversation: Conversation) -> None:
-            await asyncio.sleep(max(0.0, started + conversation.start_s - time.monotonic()))
-            messages = [{"role": "system", "content": workload.system_prompts[conversation.tenant]}]
-            for index, question in enumerate(conversation.questions):
-                if index:
-                    await asyncio.sleep(conversation.think_s[index - 1])
-                messages.append({"role": "user", "content": question})
-                url = gateway_urls[next(turn) % len(gateway_urls)]
-                answer = await stream_chat(session, url, keys[conversation.tenant], messages, args)
-                if answer is None:
-                    outcome.num_failed += 1
-                    return
-                text, ttft, num_tokens = answer
-                outcome.ttft_s.append(ttft)
-                outcome.num_completion_tokens += num_tokens
-                messages.append({"role": "assistant", "content": text})
+        async def ask(messages: list[dict[str, str]], key: str) -> str | None:
+            url = gateway_urls[next(turn) % len(gateway_urls)]
+            answer = await stream_chat(session, url, key, messages, args)
+            if answer is None:
+                outcome.num_failed += 1
+                return None
+            text, ttft, num_tokens = answer
+            outcome.ttft_s.append(ttft)
+            outcome.num_completion_tokens += num_tokens
+            return text
 
-        await asyncio.gather(*(converse(c) for c in workload.conversations))
+        await asyncio.gather(
+            *(converse(c, workload, keys, started, ask) for c in workload.conversations)
+        )
         return outcome, time.monotonic() - started
+
+
+async def converse(
+    conversation: Conversation,
+    workload: Workload,
+    keys: list[str],
+    started: float,
+    ask: Callable[[list[dict[str, str]], str], Awaitable[str | None]],
+) -> None:
+    """One conversation on its schedule: each turn sends the history so far plus a new
+    question (``ask(messages, key)``: the answer's text, or None to end the conversation)."""
+    await asyncio.sleep(max(0.0, started + conversation.start_s - time.monotonic()))
+    messages = [{"role": "system", "content": workload.system_prompts[conversation.tenant]}]
+    for index, question in enumerate(conversation.questions):
+        if index:
+            await asyncio.sleep(conversation.think_s[index - 1])
+        messages.append({"role": "user", "content": question})
+        text = await ask(messages, keys[conversation.tenant])
+        if text is None:
+            return
+        messages.append({"role": "assistant", "content": text})
 
 
 async def stream_chat(
