@@ -164,7 +164,9 @@ async def _forward(
         upstream_body(body, admission, ctx.settings.models[version].upstream_id),
         headers,
         is_stream=body.is_stream,
-        on_replica_error=lambda m, _reason: metrics.child(metrics.upstream_errors, m).inc(),
+        on_replica_error=lambda _m, _reason: metrics.child(
+            metrics.upstream_errors, model, version
+        ).inc(),
         prompt_token_ids=admission.prompt_token_ids,
     )
     # Non-streamed, the call goes on if the client leaves (see _finish_after_departure).

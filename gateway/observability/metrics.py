@@ -48,8 +48,8 @@ class GatewayMetrics:
         )
         self.upstream_errors = Counter(
             "tollway_gateway_upstream_errors",
-            "Failed attempts to reach or read an engine, by model.",
-            ("model",),
+            "Failed attempts to reach or read an engine, by model and the version it serves.",
+            ("model", "version"),
             registry=self.registry,
         )
         self.time_to_first_token = LoopHistogram(

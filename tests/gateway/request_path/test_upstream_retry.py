@@ -63,7 +63,7 @@ def test_dead_replica_is_skipped(
             assert response.status_code == 200, response.text
         metrics = client.get("/metrics", headers=METRICS_AUTH).text
     if health_check_interval_s == 0:
-        assert 'tollway_gateway_upstream_errors_total{model="tiny"} 2.0' in metrics
+        assert 'tollway_gateway_upstream_errors_total{model="tiny",version="tiny"} 2.0' in metrics
         assert 'tollway_gateway_healthy_replicas{model="tiny"} 2.0' in metrics
     else:
         assert "tollway_gateway_upstream_errors_total{" not in metrics
