@@ -228,7 +228,8 @@ def _tie_ranks(
         if not weighted:
             ranks[r.name] = (-int.from_bytes(digest, "big"), i)
             continue
-        uniform = (int.from_bytes(digest, "big") + 0.5) / 2**64  # in (0, 1)
+        # 52 bits and a half: strictly inside (0, 1) as a float (64 bits would round to 1.0)
+        uniform = ((int.from_bytes(digest, "big") >> 12) + 0.5) / 2**52
         score = 1.0 / (1.0 + r.recent_requests) / -math.log(uniform)
         ranks[r.name] = (-score, i)
     return ranks
