@@ -106,15 +106,19 @@ def wait_for_state(router: ReplicaRouter, num_replicas: int) -> None:
     )
 
 
+@pytest.mark.parametrize("inline_hash_tokens", [replica_router.INLINE_HASH_TOKENS, 0])
 def test_requests_go_to_the_replica_holding_their_prefix(
     engines: dict[str, tuple[StandInKvEvents, TappedEngine]],
     demo_model_files: Callable[..., Path],
     sqlite_db_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    inline_hash_tokens: int,
 ) -> None:
     """Each prompt is tokenized once, by the admitter: the router hashes the ids it counted
-    and never encodes the body itself."""
+    and never encodes the body itself. It hashes on the event loop, or (0: every prompt is
+    long) on a worker thread, alike."""
+    monkeypatch.setattr(replica_router, "INLINE_HASH_TOKENS", inline_hash_tokens)
 
     async def no_second_tokenization(*_: Any) -> list[int]:
         raise AssertionError("the router tokenized the prompt again")
