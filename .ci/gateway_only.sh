@@ -2,7 +2,7 @@
 # The gateway without the engine: `pip install .` plus only the gateway's test tools, in a
 # fresh virtual environment (no torch, triton or safetensors). In it: torch must not import;
 # the gateway's and the policies' tests pass (in-process engines serve a stand-in for the
-# model, tests/stand_in_runner.py; tests that start engine processes skip); and
+# model, tests/support/stand_in_runner.py; tests that start engine processes skip); and
 # `tollway serve --config` with a remote upstream (the stand-in engine) answers a chat request.
 #
 #   .ci/gateway_only.sh            # from anywhere; PYTHON=python3.12 to pick the interpreter

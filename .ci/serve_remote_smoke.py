@@ -1,6 +1,6 @@
 """`tollway serve --config` with only a remote upstream answers a chat request.
 
-Starts the torch-free stand-in engine (``bench/stand_in_engine.py``) on a free port, then
+Starts the torch-free stand-in engine (``tests/support/stand_in_engine.py``) on a free port, then
 ``tollway serve`` with a config whose one model points at it, in a temporary data directory;
 waits for both by polling; sends one chat completion with the API key the first run prints;
 checks the answer; stops both. Exit 0 on success, 1 with one line saying what failed.
@@ -91,7 +91,14 @@ def main() -> int:
     gateway_log = work / "gateway.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     engine = subprocess.Popen(
-        [sys.executable, "-m", "bench.stand_in_engine", "--port", str(engine_port), *STAND_IN],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.stand_in_engine",
+            "--port",
+            str(engine_port),
+            *STAND_IN,
+        ],
         cwd=REPO_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend_engine.config import EngineConfig
+from backend_engine.core.kv_event_log import KVCacheEvent, KVEventLog
+from backend_engine.core.request import Request
+from backend_engine.core.step_runner import PlanRunner
 from backend_engine.kv_event_fanout import DEFAULT_BUFFER_LINES, KVEventFanout
-from backend_engine.kv_events import KVCacheEvent, KVEventLog
 from backend_engine.llm_engine import LLMEngine
 from backend_engine.outputs import EngineStats, RequestOutputDelta
-from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.step_runner import PlanRunner
 
 logger = logging.getLogger(__name__)
 

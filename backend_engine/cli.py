@@ -117,8 +117,8 @@ def run_server(
     """Load the model and serve it until SIGINT or SIGTERM."""
     # The model's runner needs torch: imported first, so a missing torch is said before the
     # checkpoint is read.
-    from backend_engine.model_runner import plan_model_runner
     from backend_engine.server.app import serve
+    from backend_engine.worker.model_runner import plan_model_runner
 
     serve(
         config, host=host, port=port, uds=uds, model_name=model_name, plan_runner=plan_model_runner
@@ -131,8 +131,8 @@ def demo_model(
     seed: Annotated[int, typer.Option(help="Seed for the random weights.")] = 0,
 ) -> None:
     """Write a random-weight Llama checkpoint in exact Hugging Face format."""
-    from backend_engine.demo_model import write_demo_checkpoint
-    from backend_engine.demo_model_files import DEMO_SIZES
+    from backend_engine.demo.checkpoint import write_demo_checkpoint
+    from backend_engine.demo.checkpoint_files import DEMO_SIZES
 
     if size not in DEMO_SIZES:
         raise typer.BadParameter(
@@ -149,7 +149,7 @@ def convert(
     force: Annotated[bool, typer.Option(help="Write into a directory that holds files.")] = False,
 ) -> None:
     """Convert a GGUF file into a Hugging Face checkpoint directory (weights dequantized)."""
-    from backend_engine.gguf_convert import convert_gguf
+    from backend_engine.model_loader.gguf_convert import convert_gguf
 
     try:
         convert_gguf(source, out_dir, dtype=dtype, overwrite=force, show_progress=True)

@@ -20,7 +20,7 @@ import contextlib
 from collections import deque
 from collections.abc import Iterable
 
-from backend_engine.kv_events import KVCacheEvent, KVEventLog, WireEvent
+from backend_engine.core.kv_event_log import KVCacheEvent, KVEventLog, WireEvent
 
 DEFAULT_BUFFER_LINES = 4096
 

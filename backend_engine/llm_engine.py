@@ -15,18 +15,18 @@ import hashlib
 import itertools
 import logging
 
-from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
-from backend_engine.kv_cache_manager import KVCacheManager
-from backend_engine.kv_events import KVCacheEvent
-from backend_engine.model_config import ModelConfig
-from backend_engine.output_processor import OutputProcessor
+from backend_engine.core.kv_cache_manager import KVCacheManager
+from backend_engine.core.kv_event_log import KVCacheEvent
+from backend_engine.core.request import Request
+from backend_engine.core.scheduler import Scheduler
+from backend_engine.core.step_runner import PlanRunner, RunnerPlan
 from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta
-from backend_engine.request import Request
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.scheduler import Scheduler
-from backend_engine.step_runner import PlanRunner, RunnerPlan
+from backend_engine.text.output_processor import OutputProcessor
+from model_files.checkpoint import Checkpoint
+from model_files.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ class LLMEngine:
         plan_runner: PlanRunner | None = None,
         kv_events: list[KVCacheEvent] | None = None,
     ) -> None:
-        """``plan_runner``: what computes the tokens (`backend_engine.step_runner`); by
+        """``plan_runner``: what computes the tokens (`backend_engine.core.step_runner`); by
         default the checkpoint's model, on ``config.device``, with torch. ``kv_events``: where
-        the prefix cache appends its events (`backend_engine.kv_events`); None: nowhere."""
+        the prefix cache appends its events (`backend_engine.core.kv_event_log`); None: nowhere."""
         self.config = config
         checkpoint = Checkpoint(config.model)
         self.model_config = checkpoint.check()  # refuses a bad file before anything is built
@@ -226,7 +226,7 @@ class LLMEngine:
 
 def _plan_model_runner(config: EngineConfig, model_config: ModelConfig) -> RunnerPlan:
     # Imported here: torch comes in with the model, not with the engine's loop.
-    from backend_engine.model_runner import plan_model_runner
+    from backend_engine.worker.model_runner import plan_model_runner
 
     return plan_model_runner(config, model_config)
 

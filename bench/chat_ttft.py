@@ -44,7 +44,7 @@ from bench.workloads import add_common_args, checkpoint, command_line, shipped_g
 
 if TYPE_CHECKING:
     from backend_engine import LLM
-    from backend_engine.tokenizer import Tokenizer
+    from model_files.tokenizer import Tokenizer
 
 _WORDS = (
     "the gateway engine request token model cache block answer question user system policy "

@@ -51,8 +51,8 @@ if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gateway_stack import child_process, redis_server, serve_gateway, tcp_socket, wait_http
-from bench.postgres_server import postgres_server
 from bench.workloads import command_line, demo_model
+from tests.support.postgres_server import postgres_server
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 MODEL = "chat"
@@ -207,7 +207,7 @@ def make_tenant_keys(database_url: str, num_tenants: int) -> list[str]:
 
 
 def context_window(checkpoint: str) -> int:
-    from backend_engine.checkpoint import Checkpoint
+    from model_files.checkpoint import Checkpoint
 
     return int(Checkpoint(checkpoint).model_config().max_position_embeddings)
 
@@ -413,7 +413,7 @@ def main() -> None:
     parser.add_argument("--no-pooled", action="store_true", help="skip the pooled reference")
     args = parser.parse_args()
 
-    from backend_engine.tokenizer import Tokenizer
+    from model_files.tokenizer import Tokenizer
 
     checkpoint = demo_model(args.size, args.model)
     tokenizer = Tokenizer.from_pretrained(checkpoint)

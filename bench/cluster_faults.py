@@ -70,8 +70,8 @@ from bench.gateway_stack import (
     wait_http,
     write_hosts_file,
 )
-from bench.postgres_server import postgres_server
 from bench.workloads import command_line, demo_model
+from tests.support.postgres_server import postgres_server
 
 HOST_NAME = "engines.cluster"
 FIRST_ADDRESS = 2  # engine i listens on 127.0.0.(2 + i)
@@ -260,7 +260,7 @@ def main() -> None:
         help="Redis keeps nothing across its restart (deploy/ runs it with an append-only file)",
     )
     args = parser.parse_args()
-    from backend_engine.tokenizer import Tokenizer
+    from model_files.tokenizer import Tokenizer
 
     checkpoint = demo_model(args.size, args.model)
     tokenizer = Tokenizer.from_pretrained(checkpoint)

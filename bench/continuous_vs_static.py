@@ -222,7 +222,7 @@ def main() -> None:
     import torch
 
     from backend_engine import SamplingParams
-    from backend_engine.model_config import ModelConfig
+    from model_files.model_config import ModelConfig
 
     model = demo_model(args.size, args.model)
     vocab = ModelConfig.from_pretrained(model).vocab_size

@@ -141,8 +141,8 @@ def prefill_case(count: int, low: int, high: int, num_calls: int) -> tuple[float
 def engine_burst(model: str, num_prompts: int, lens: tuple[int, int], repeats: int) -> None:
     from backend_engine import EngineConfig, SamplingParams
     from backend_engine.llm_engine import LLMEngine
-    from backend_engine.model_config import ModelConfig
     from kernels import cpu_attention
+    from model_files.model_config import ModelConfig
 
     engine = LLMEngine(
         EngineConfig(
@@ -197,7 +197,7 @@ class DecodeRuns:
     def __init__(self, model: str, num_seqs: int, context: int) -> None:
         from backend_engine import EngineConfig, SamplingParams
         from backend_engine.llm_engine import LLMEngine
-        from backend_engine.model_config import ModelConfig
+        from model_files.model_config import ModelConfig
 
         self.engine = LLMEngine(
             EngineConfig(

@@ -17,7 +17,7 @@
     python -m bench.gateway_overhead --profile /tmp/gw.prof   # CPU profile of the gateway's loop
 
 Six processes share the machine (`bench.gateway_stack`): this one (the aiohttp load
-generator), two stand-in engines (`bench.stand_in_engine`, instant and paced; the gateway
+generator), two stand-in engines (`tests.support.stand_in_engine`, instant and paced; the gateway
 serves them as two models), the gateway (uvicorn, one worker, uvloop + httptools),
 redis-server, and the floor proxy (`bench.floor_proxy`, served the same way: body parsed
 for the model, one Lua script in Redis, aiohttp to the engine, nothing else). Each case
@@ -48,8 +48,8 @@ if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gateway_stack import EngineSpec, Stack, cpu_sample, gateway_stack
-from bench.stand_in_engine import MODEL
 from bench.workloads import command_line
+from tests.support.stand_in_engine import MODEL
 
 # Developer notes: LiteLLM's proxy, one worker, in front of an instant stand-in engine.
 LITELLM_RPS = {False: 118.0, True: 45.0}

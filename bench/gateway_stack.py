@@ -1,6 +1,6 @@
 """The processes a gateway benchmark runs against, each its own process on this machine:
 engines (one per model, each on TCP for direct calls and on a unix socket for the gateway:
-`bench.stand_in_engine`, or a real engine on a checkpoint), a real redis-server, the gateway
+`tests.support.stand_in_engine`, or a real engine on a checkpoint), a real redis-server, the gateway
 (uvicorn, one worker, uvloop + httptools; budgets and rate limits in Redis, keys in SQLite)
 and, served the same way, the floor proxy (`bench.floor_proxy`). Plus the /proc readings
 that charge CPU to them.
@@ -139,7 +139,7 @@ def _serve_engine(sockets: list[socket.socket], spec: EngineSpec) -> None:
 
     install_from_environment("engine")
     if spec.checkpoint is None:
-        from bench.stand_in_engine import serve
+        from tests.support.stand_in_engine import serve
 
         serve(sockets, spec.num_chunks, spec.ttft_ms, spec.itl_ms)
         return
@@ -170,10 +170,10 @@ def serve_gateway(
     import cProfile
 
     from bench.memory_probe import install_from_environment
-    from bench.stand_in_engine import bench_server
     from gateway.app import build_gateway
     from gateway.launcher.serve import tune_gc_for_serving
     from gateway.settings import GatewaySettings
+    from tests.support.stand_in_engine import bench_server
 
     settings = GatewaySettings.from_dict(settings_data)
     if hosts_file is None:
@@ -200,8 +200,8 @@ def serve_gateway(
 
 def _serve_floor_proxy(upstreams: dict[str, str], redis_url: str, sock: socket.socket) -> None:
     from bench.floor_proxy import FloorProxy
-    from bench.stand_in_engine import bench_server
     from gateway.launcher.serve import tune_gc_for_serving
+    from tests.support.stand_in_engine import bench_server
 
     app = FloorProxy(upstreams, redis_url)
     tune_gc_for_serving()

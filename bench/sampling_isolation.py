@@ -22,11 +22,11 @@ if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root
 
 import torch
 
-from backend_engine.model_runner import ModelRunner
-from backend_engine.sampler import sample
+from backend_engine.core.scheduler import ScheduledRequest
+from backend_engine.core.step_runner import SampledToken
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.scheduler import ScheduledRequest
-from backend_engine.step_runner import SampledToken
+from backend_engine.worker.model_runner import ModelRunner
+from backend_engine.worker.sampler import sample
 
 CASES: dict[str, Callable[[int], SamplingParams]] = {
     "greedy": lambda i: SamplingParams(temperature=0),

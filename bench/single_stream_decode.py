@@ -45,7 +45,7 @@ from bench.workloads import add_common_args, checkpoint, command_line, shipped_g
 
 if TYPE_CHECKING:
     from backend_engine import LLM
-    from backend_engine.model_config import ModelConfig
+    from model_files.model_config import ModelConfig
 
 _COPY_BYTES = 1 << 30  # per buffer: far beyond any cache here (L3 is up to a few hundred MB)
 _COPY_TRIES = 3

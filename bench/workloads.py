@@ -93,7 +93,7 @@ def load_transformers_model(model: str) -> nn.Module:
     else:
         hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     hf.generation_config.eos_token_id = None
-    # Denormals flushed to zero, as our engine runs (backend_engine.cpu_runtime): on
+    # Denormals flushed to zero, as our engine runs (backend_engine.worker.cpu_runtime): on
     # SmolLM2 some activations underflow, and unflushed transformers slows 5-50x in bursts.
     torch.set_flush_denormal(True)
     return hf.eval()
@@ -103,7 +103,7 @@ def demo_model(size: str, model: str | None) -> str:
     """The checkpoint to benchmark: ``model`` if given, else a demo one written once."""
     if model:
         return model
-    from backend_engine.demo_model import write_demo_checkpoint
+    from backend_engine.demo.checkpoint import write_demo_checkpoint
 
     path = Path(tempfile.gettempdir()) / f"tollway-bench-{size}"
     if not (path / "config.json").exists():

@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.admission.admission_store import AdmissionStore
 from gateway.admission.admitter import Admitter
-from gateway.admission.atomic_step import AdmissionStore
-from gateway.admission.memory_atomic_step import MemoryAdmissionStore
+from gateway.admission.memory_admission_store import MemoryAdmissionStore
 from gateway.admission.pool_load_reader import PoolLoadReader
-from gateway.admission.redis_atomic_step import RedisAdmissionStore
+from gateway.admission.redis_admission_store import RedisAdmissionStore
 from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
 from gateway.api.admin_api import admin_routes
 from gateway.api.completions import chat_completions, completions

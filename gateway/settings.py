@@ -111,8 +111,8 @@ from gateway.upstream.replica_health import (
     EjectionRule,
 )
 from gateway.upstream.replica_set import ReplicaWatch
+from policies.model_routing import ModelPair, RoutingPolicy
 from policies.replica_choice import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES, ReplicaPolicy
-from policies.routing import ModelPair, RoutingPolicy
 
 _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_HOST": "host",

@@ -1,7 +1,7 @@
 """Rotary position embedding applied to queries and keys: in place by a C kernel for float32
 on the CPU, in PyTorch otherwise (Hugging Face's ``rotate_half`` convention, bit for bit).
 
-``backend_engine.rotary`` computes the angles; this applies them. The PyTorch path is eight
+``backend_engine.models.rotary`` computes the angles; this applies them. The PyTorch path is eight
 ops and a new tensor per layer (~25 us for a 16-sequence decode step's q and k on the 2-core
 development machine, ~45 us cold); ``kernels/csrc/rotary_cpu.c`` rotates the heads where the
 q/k/v projection left them, in one pass. CUDA, other dtypes, layouts the kernel does not

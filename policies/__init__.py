@@ -4,6 +4,16 @@ from policies.budget_admission import admit_budget, reservation_tokens
 from policies.budget_period import BudgetWindow, budget_window, period_key
 from policies.decision import Rejection
 from policies.model_access import check_model_access
+from policies.model_routing import (
+    ModelPair,
+    ModelSize,
+    PoolLoad,
+    RequestFeatures,
+    RoutingDecision,
+    RoutingPolicy,
+    detect_code_or_math,
+    route,
+)
 from policies.output_cap import resolve_max_tokens
 from policies.priority import resolve_priority
 from policies.prompt_length import check_prompt_length
@@ -13,16 +23,6 @@ from policies.rate_limit import (
     WindowReport,
     check_rate_limit,
     format_duration,
-)
-from policies.routing import (
-    ModelPair,
-    ModelSize,
-    PoolLoad,
-    RequestFeatures,
-    RoutingDecision,
-    RoutingPolicy,
-    detect_code_or_math,
-    route,
 )
 
 __all__ = [

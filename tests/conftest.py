@@ -17,7 +17,9 @@ import pytest
 
 from gateway.launcher.bundled_model import GGUF_NAME, INSTALL_COMMAND, find_bundled_gguf
 from gateway.launcher.engine_install import is_engine_installed
-from tests.stand_in_runner import DemoEngineModel, plan_stand_in_runner
+from tests.support.stand_in_runner import DemoEngineModel, plan_stand_in_runner
+
+pytest_plugins = ["tests.support.server_fixtures"]
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +31,7 @@ def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
     it (a gateway-only install) the tests that use this fixture skip.
     """
     pytest.importorskip("torch", reason="demo checkpoints need the engine (torch)")
-    from backend_engine.demo_model import write_demo_checkpoint
+    from backend_engine.demo.checkpoint import write_demo_checkpoint
 
     cache: dict[str, Path] = {}
 
@@ -51,7 +53,7 @@ def demo_model_files(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., 
     checkpoint without its weights (tokenizer and configs, the same bytes as
     ``demo_checkpoint``'s), for tests that only count or render tokens. Needs no torch, so
     those tests run in a gateway-only install too. Shared per session: read-only."""
-    from backend_engine.demo_model_files import write_demo_model_files
+    from backend_engine.demo.checkpoint_files import write_demo_model_files
 
     cache: dict[tuple[str, str], Path] = {}
 
@@ -76,7 +78,7 @@ def demo_model_files(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., 
 def demo_engine_model(request: pytest.FixtureRequest) -> Callable[..., DemoEngineModel]:
     """``demo_engine_model(architecture="LlamaForCausalLM", size="tiny")``: with the engine
     installed, the demo checkpoint and its model; without it (a gateway-only install), the
-    same tokenizer and config and the stand-in runner (`tests.stand_in_runner`), so the
+    same tokenizer and config and the stand-in runner (`tests.support.stand_in_runner`), so the
     engine's own tokenizing, scheduling, HTTP server and errors still run. For tests about
     the engine's contract with the gateway, not about the tokens a model chooses."""
     if is_engine_installed():

@@ -1,7 +1,7 @@
 """The gateway, the policies and the HTTP protocol import without torch, triton or safetensors.
 
 Every module under ``gateway/``, ``policies/`` and ``openai_protocol/`` is imported in one
-fresh interpreter where those imports fail (`tests.without_engine`): a module that pulls in
+fresh interpreter where those imports fail (`tests.support.without_engine`): a module that pulls in
 the engine's heavy dependencies, directly or through any import, fails the test. This keeps
 the dependency direction one way (gateway -> openai_protocol <- backend_engine, and only the
 engine's torch-free model-file readers from the gateway); it runs in both the full and the
@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tests.without_engine import run_without_engine
+from tests.support.without_engine import run_without_engine
 
 IMPORT_EVERY_MODULE = """
 import importlib
@@ -53,5 +53,5 @@ def test_the_check_catches_a_module_that_needs_torch() -> None:
     result = run_without_engine(IMPORT_EVERY_MODULE, "backend_engine")
     assert result.returncode == 0, result.stderr
     failures = json.loads(result.stdout)["failures"]
-    assert "backend_engine.model_runner" in failures
-    assert "torch" in failures["backend_engine.model_runner"]
+    assert "backend_engine.worker.model_runner" in failures
+    assert "torch" in failures["backend_engine.worker.model_runner"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from backend_engine.checkpoint import Checkpoint
-from backend_engine.model_config import ModelConfig
+from backend_engine.model_loader.weights import iter_checkpoint_weights, resolve_dtype
 from backend_engine.models.llama import CausalLM, KVCache
-from backend_engine.weights import resolve_dtype
+from model_files.checkpoint import Checkpoint
+from model_files.model_config import ModelConfig
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": CausalLM,
@@ -43,7 +43,7 @@ def load_model(
         checkpoint = Checkpoint(checkpoint)
     torch_dtype = resolve_dtype(dtype, config)
     model = model_class(config.architecture)(config, torch_dtype, torch.device(device))
-    model.load_weights(checkpoint.iter_weights(torch_dtype, show_progress))
+    model.load_weights(iter_checkpoint_weights(checkpoint, torch_dtype, show_progress))
     return model.eval()
 
 

@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from backend_engine.attention_metadata import AttentionMetadata
-from backend_engine.model_config import ModelConfig
+from backend_engine.model_loader.weights import check_weight_names
+from backend_engine.models.attention_metadata import AttentionMetadata
 from backend_engine.models.packed_linear import PackedLinear
-from backend_engine.rotary import RotaryEmbedding
-from backend_engine.weights import check_weight_names
+from backend_engine.models.rotary import RotaryEmbedding
 from kernels import cpu_decoder, rms_norm
 from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
 from kernels.rotary import apply_rotary
+from model_files.model_config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # 2 x [num_blocks, block_size, num_kv_heads, head_dim]
 

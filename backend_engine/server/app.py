@@ -22,8 +22,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from backend_engine.async_engine import AsyncEngine
-from backend_engine.checkpoint import Checkpoint
 from backend_engine.config import EngineConfig
+from backend_engine.core.step_runner import PlanRunner
 from backend_engine.server.context import ServerContext
 from backend_engine.server.engine_host import EngineHost
 from backend_engine.server.errors import EXCEPTION_HANDLERS
@@ -31,7 +31,7 @@ from backend_engine.server.metrics import ServerMetrics
 from backend_engine.server.request_id import RequestIdMiddleware
 from backend_engine.server.request_reader import DEFAULT_MAX_BODY_BYTES
 from backend_engine.server.routes import ROUTES
-from backend_engine.step_runner import PlanRunner
+from model_files.checkpoint import Checkpoint
 
 EngineLoader = Callable[[], Awaitable[AsyncEngine]]
 

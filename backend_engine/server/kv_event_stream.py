@@ -1,6 +1,6 @@
 """``GET /kv_events``: the engine's prefix-cache events and load, as newline-delimited JSON.
 
-The stream (the event lines' format is `backend_engine.kv_events`'s)::
+The stream (the event lines' format is `backend_engine.core.kv_event_log`'s)::
 
     {"type": "snapshot", "engine_id": ..., "seq": 7, "block_size": 16, "extra_key": ...,
      "blocks": [...]}
@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backend_engine.async_engine import AsyncEngine
+from backend_engine.core.kv_event_log import WireEvent
 from backend_engine.kv_event_fanout import KVEventSubscription
-from backend_engine.kv_events import WireEvent
 from backend_engine.outputs import EngineStats
 from backend_engine.server.context import ServerContext
 from openai_protocol.sse import EventStreamResponse

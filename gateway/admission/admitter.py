@@ -41,7 +41,7 @@ import anyio
 import jinja2
 from redis.exceptions import RedisError
 
-from gateway.admission.atomic_step import (
+from gateway.admission.admission_store import (
     AdmissionAsk,
     AdmissionStore,
     AdmissionTimedOut,

@@ -15,7 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.upstream.pool import UpstreamPool
-from policies.routing import PoolLoad
+from policies.model_routing import PoolLoad
 
 DEFAULT_TTL_S = 1.0
 

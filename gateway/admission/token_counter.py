@@ -39,12 +39,13 @@ from tiktoken.model import encoding_name_for_model
 from tiktoken_ext import openai_public
 from tokenizers import Tokenizer as HFTokenizer
 
-from backend_engine.tokenizer import Tokenizer
 from gateway.admission.tiktoken_vocabulary import (
     TiktokenVocabulary,
     UnsupportedTokenizer,
     tiktoken_vocabulary,
 )
+from model_files.checkpoint import load_tokenizer
+from model_files.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 Messages = list[dict[str, Any]]
@@ -422,13 +423,13 @@ def from_checkpoint(path: str | Path) -> CheckpointTokenCounter:
 
     Opening a GGUF file takes seconds (its reader parses the whole vocabulary): call this once
     per file, at start-up, not on the event loop."""
-    return _tiktoken_counter(Tokenizer.from_checkpoint(path), Path(path).name)
+    return _tiktoken_counter(load_tokenizer(path), Path(path).name)
 
 
 def exact_counter(path: str | Path) -> CheckpointTokenCounter | TokenizerCounter:
     """``from_checkpoint``'s counter, or a ``TokenizerCounter`` where tiktoken can't (the
     tokenizer is loaded once either way)."""
-    tokenizer = Tokenizer.from_checkpoint(path)
+    tokenizer = load_tokenizer(path)
     try:
         return _tiktoken_counter(tokenizer, Path(path).name)
     except UnsupportedTokenizer as exc:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.launcher.engine_commands import register_engine_commands
-from gateway.launcher.plan_cli import register_plan_commands
+from gateway.launcher.handed_over_commands import register_handed_over_commands
 from gateway.launcher.serve_cli import register_serve_commands
 from gateway.launcher.storage_cli import register_storage_commands
 
@@ -15,10 +14,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-register_engine_commands(app)
+register_handed_over_commands(app)
 register_storage_commands(app)
 register_serve_commands(app)
-register_plan_commands(app)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gateway.launcher.engine_install import require_engine
+from gateway.launcher.handed_over_commands import write_demo_checkpoint
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database
 from policies.quota import TenantQuota
@@ -80,8 +81,6 @@ def ensure_demo_checkpoints(
                 f"{path} exists but holds no config.json: remove it to get a new demo checkpoint"
             )
         require_engine("writing the demo models")
-        from backend_engine.demo_model import write_demo_checkpoint
-
         if on_write is not None:
             on_write(name, path)
         partial = models_dir / f".{name}.partial"

@@ -39,10 +39,10 @@ from typing import Any
 
 import yaml
 
-from backend_engine.checkpoint import Checkpoint
 from gateway.defaults import DEFAULT_DATA_DIR
 from gateway.launcher.engine_processes import MAX_SOCKET_PATH_BYTES, EngineSpec
 from gateway.settings import GatewaySettings
+from model_files.checkpoint import Checkpoint
 
 # Micros of currency per million tokens (input, cached input, output).
 DEMO_PRICES: Mapping[str, Mapping[str, int]] = {

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backend_engine.block_pool import BlockHash, hash_block
+from engine_protocol.block_hash import BlockHash, hash_block
 
 
 class StreamOutOfSync(Exception):

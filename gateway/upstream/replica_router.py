@@ -29,7 +29,7 @@ import anyio
 import httpx
 import jinja2
 
-from backend_engine.block_pool import BlockHash
+from engine_protocol.block_hash import BlockHash
 from gateway.admission.token_counter import (
     INLINE_TOKENIZE_CHARS,
     CheckpointTokenCounter,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.triton_interpreter import use_interpreter_without_gpu
+from tests.support.triton_interpreter import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()  # before anything here imports triton
 

@@ -9,8 +9,8 @@ import pytest
 
 from backend_engine import AsyncEngine, EngineConfig, Priority, SamplingParams
 from backend_engine.async_engine import EngineError
-from backend_engine.kv_events import KVCacheEvent
-from backend_engine.step_runner import PlanRunner
+from backend_engine.core.kv_event_log import KVCacheEvent
+from backend_engine.core.step_runner import PlanRunner
 
 
 @pytest.fixture

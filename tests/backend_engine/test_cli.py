@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from backend_engine import cli
 from backend_engine.config import HELP, EngineConfig
-from tests.without_engine import run_without_engine
+from tests.support.without_engine import run_without_engine
 
 runner = CliRunner()
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from backend_engine import LLM, SamplingParams
-from backend_engine.checkpoint import Checkpoint
-from backend_engine.tokenizer import Tokenizer
+from model_files.checkpoint import Checkpoint
+from model_files.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

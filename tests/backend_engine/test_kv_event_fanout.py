@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend_engine.block_pool import hash_block
+from backend_engine.core.kv_event_log import BlockEvicted, BlockStored, CacheCleared, KVEventLog
 from backend_engine.kv_event_fanout import KVEventFanout
-from backend_engine.kv_events import BlockEvicted, BlockStored, CacheCleared, KVEventLog
+from engine_protocol.block_hash import hash_block
 
 KEY = b"model"
 HASHES = [hash_block(None, [i], KEY) for i in range(8)]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from backend_engine import LLM, SamplingParams
-from backend_engine.model_config import ModelConfig
 from kernels import dispatch
+from model_files.model_config import ModelConfig
 
 transformers = pytest.importorskip("transformers")
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import torch
 
-from backend_engine import output_processor
 from backend_engine.config import EngineConfig
-from backend_engine.detokenizer import IncrementalDetokenizer
+from backend_engine.core.scheduler import ScheduledRequest
 from backend_engine.llm_engine import LLMEngine
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.scheduler import ScheduledRequest
-from backend_engine.stop_strings import StopStringMatcher
+from backend_engine.text import output_processor
+from backend_engine.text.detokenizer import IncrementalDetokenizer
+from backend_engine.text.stop_strings import StopStringMatcher
 
 NUM_OTHERS = 12
 MAX_TOKENS = 24

@@ -25,7 +25,7 @@ def prompts_of_mixed_lengths(vocab_size: int) -> list[list[int]]:
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def case(request, demo_checkpoint, transformers_greedy):
     path = demo_checkpoint(architecture=request.param, size="tiny")
-    from backend_engine.model_config import ModelConfig
+    from model_files.model_config import ModelConfig
 
     prompts = prompts_of_mixed_lengths(ModelConfig.from_pretrained(path).vocab_size)
     return path, prompts, transformers_greedy(path, prompts, NUM_NEW_TOKENS)

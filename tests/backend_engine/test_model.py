@@ -26,11 +26,11 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from backend_engine.attention_metadata import AttentionMetadata
-from backend_engine.model_config import ModelConfig
 from backend_engine.models import CausalLM, load_model
+from backend_engine.models.attention_metadata import AttentionMetadata
 from backend_engine.models.packed_linear import pack_linears
 from kernels import cpu_decoder
+from model_files.model_config import ModelConfig
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 64

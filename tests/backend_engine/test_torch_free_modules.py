@@ -15,17 +15,17 @@ import sys
 import pytest
 
 TORCH_FREE_MODULES = [
-    "backend_engine.scheduler",
-    "backend_engine.block_pool",
-    "backend_engine.kv_cache_manager",
-    "backend_engine.kv_events",  # the gateway imports it with hash_block
+    "backend_engine.core.scheduler",
+    "backend_engine.core.block_pool",
+    "backend_engine.core.kv_cache_manager",
+    "backend_engine.core.kv_event_log",  # the gateway imports it with hash_block
     "backend_engine.kv_event_fanout",
-    "backend_engine.waiting_queue",
+    "backend_engine.core.waiting_queue",
     "backend_engine.request_priority",
-    "backend_engine.request",
-    "backend_engine.stop_rules",
-    "backend_engine.step_runner",
-    "backend_engine.output_processor",
+    "backend_engine.core.request",
+    "backend_engine.core.stop_rules",
+    "backend_engine.core.step_runner",
+    "backend_engine.text.output_processor",
     "backend_engine.llm_engine",
     "backend_engine.async_engine",
     "backend_engine.server.app",
@@ -64,7 +64,7 @@ def test_module_imports_without_torch(module: str) -> None:
 def test_the_check_catches_a_module_that_imports_torch() -> None:
     """The guard itself works: a module that needs torch fails it."""
     result = subprocess.run(
-        [sys.executable, "-c", IMPORT_WITHOUT_TORCH, "backend_engine.model_runner"],
+        [sys.executable, "-c", IMPORT_WITHOUT_TORCH, "backend_engine.worker.model_runner"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -37,14 +37,14 @@ import pytest
 import redis
 import uvicorn
 
-from bench.stand_in_engine import MODEL, StandInEngine
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.tenants import create_tenant
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.stand_in_engine import MODEL, StandInEngine
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 PG_SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 

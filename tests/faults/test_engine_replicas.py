@@ -35,8 +35,8 @@ from tests.faults.processes import (
     read_stream,
     wait_for,
 )
-from tests.gateway.stand_in_stack import tenant_key
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.stand_in_stack import tenant_key
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 pytestmark = pytest.mark.timeout(300)
 

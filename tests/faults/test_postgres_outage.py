@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
-from bench.stand_in_engine import MODEL
 from gateway.app import SPILL_FILENAME
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.models import UsageRecord, UsageStatus
+from tests.support.stand_in_engine import MODEL
 
 ADMIN_KEY = "admin-key-for-fault-tests"
 CACHE_TTL_S = 1.0

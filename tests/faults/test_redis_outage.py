@@ -17,12 +17,12 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from bench.stand_in_engine import MODEL
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageRecord, UsageStatus
 from gateway.storage.usage_store import sum_tokens
+from tests.support.stand_in_engine import MODEL
 
 from .conftest import METRICS_AUTH
 

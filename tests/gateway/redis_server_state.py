@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from tests.polling import eventually
+from tests.support.polling import eventually
 
 ASLEEP_PROBE_S = 0.05  # a server that does not answer a PING this fast is taken as asleep
 

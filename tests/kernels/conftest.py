@@ -1,6 +1,6 @@
 """Run the Triton kernels under Triton's interpreter when there is no GPU.
 
-``TRITON_INTERPRET`` is set first (`tests.triton_interpreter`: before anything imports
+``TRITON_INTERPRET`` is set first (`tests.support.triton_interpreter`: before anything imports
 triton); then this conftest mends the interpreter's bf16 ``tl.dot``. With CUDA
 present nothing changes and the same tests run the compiled kernels on the GPU.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tests.triton_interpreter import use_interpreter_without_gpu
+from tests.support.triton_interpreter import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 

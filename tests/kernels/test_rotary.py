@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend_engine.rotary import RotaryEmbedding
+from backend_engine.models.rotary import RotaryEmbedding
 from kernels import rotary
 from kernels.cpu_build import DISABLE_ENV, find_compiler
 

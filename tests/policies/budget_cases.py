@@ -13,7 +13,7 @@ The targets (a case lists those it runs against in ``targets``):
   every step (`run_on_ledger`); its decisions and balances must be the table's. Redis keeps
   time on the server, so `Advance` lets real time pass there: a case that needs an exact
   instant (``EXACT_TIME``) does not run on it.
-- ``admission`` (``tests/gateway/admission/test_atomic_step.py``): the same, but reserving
+- ``admission`` (``tests/gateway/admission/test_admission_store.py``): the same, but reserving
   through the admission step, the gateway's own path (its Redis script is not the ledger's
   ``reserve`` script); it runs on memory and Redis as the case's other targets say.
 

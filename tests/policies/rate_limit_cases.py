@@ -12,7 +12,7 @@ the targets in its ``targets`` (all of them unless it says otherwise):
   and the fit times found by trying each instant a hit expires), then ``check_rate_limit``;
 - ``memory`` and ``redis`` (``tests/gateway/ratelimit/test_rate_limit_store.py``): the store's
   ``hit``, then ``check_rate_limit``;
-- ``admission`` (``tests/gateway/admission/test_atomic_step.py``): the same through the
+- ``admission`` (``tests/gateway/admission/test_admission_store.py``): the same through the
   admission step, the gateway's own path, in process and in Redis (whose script is not the
   store's ``hit`` script). It does not consult the window of a request with no limit.
 

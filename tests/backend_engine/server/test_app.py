@@ -23,7 +23,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.outputs import EngineStats
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.token_text import TokenText
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL_NAME = "tiny-demo"
 MAX_MODEL_LEN = 2048  # the tiny demo's whole context: long requests take seconds

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.polling import wait_until
-from tests.without_engine import needs_engine
+from tests.support.polling import wait_until
+from tests.support.without_engine import needs_engine
 
 pytestmark = needs_engine
 

@@ -13,7 +13,7 @@ import uvicorn
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app, uvicorn_config
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 
 def test_the_real_model_answers_a_chat_over_http(smollm2_gguf: Path) -> None:

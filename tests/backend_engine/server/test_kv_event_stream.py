@@ -15,17 +15,17 @@ import pytest
 import uvicorn
 
 from backend_engine.async_engine import AsyncEngine
-from backend_engine.block_pool import hash_block
 from backend_engine.config import EngineConfig
+from backend_engine.core.kv_event_log import BlockEvicted, BlockStored
 from backend_engine.kv_event_fanout import DEFAULT_BUFFER_LINES
-from backend_engine.kv_events import BlockEvicted, BlockStored
 from backend_engine.server import kv_event_stream
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.engine_host import EngineHost
+from engine_protocol.block_hash import hash_block
 from tests.backend_engine.server.kv_event_client import KVEventListener
-from tests.polling import eventually
-from tests.stand_in_runner import DemoEngineModel
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.polling import eventually
+from tests.support.stand_in_runner import DemoEngineModel
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL_NAME = "tiny-demo"
 BLOCK_SIZE = 16

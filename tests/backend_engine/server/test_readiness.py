@@ -21,9 +21,9 @@ from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app, serve, uvicorn_config
 from backend_engine.server.engine_host import EngineHost
-from tests.polling import wait_until
-from tests.stand_in_runner import DemoEngineModel
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.polling import wait_until
+from tests.support.stand_in_runner import DemoEngineModel
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL_NAME = "tiny-demo"
 CHAT = "/v1/chat/completions"

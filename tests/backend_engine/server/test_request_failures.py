@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from backend_engine.output_processor import OutputProcessor
-from backend_engine.request import Request
+from backend_engine.core.request import Request
+from backend_engine.text.output_processor import OutputProcessor
 
 from .test_app import MODEL_NAME, LiveServer, assert_openai_error, live_server, wait_idle
 

@@ -14,16 +14,16 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.stand_in_engine import MODEL
 from gateway.admission.token_counter import for_openai_model
-from tests.gateway.stand_in_stack import (
+from tests.support.polling import wait_until
+from tests.support.stand_in_engine import MODEL
+from tests.support.stand_in_stack import (
     TappedEngine,
     gateway,
     stand_in_engine,
     stand_in_settings,
     tenant_key,
 )
-from tests.polling import wait_until
 
 NUM_CHUNKS = 4
 MESSAGES = [{"role": "user", "content": "three word prompt"}]  # 3 prompt tokens to the stand-in

@@ -31,7 +31,7 @@ from backend_engine.server.app import build_app
 from gateway.admission.admitter import count_prompt_tokens
 from gateway.admission.token_counter import CheckpointTokenCounter, from_checkpoint
 from gateway.api.request_body import parse_body
-from tests.stand_in_runner import DemoEngineModel
+from tests.support.stand_in_runner import DemoEngineModel
 
 MODEL = "tiny"
 CHATML = (

@@ -15,8 +15,7 @@ import pytest
 from tokenizers import AddedToken, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from backend_engine.demo_corpus import iter_demo_corpus
-from backend_engine.tokenizer import Tokenizer
+from backend_engine.demo.corpus import iter_demo_corpus
 from gateway.admission.token_counter import (
     CheckpointTokenCounter,
     PromptTokens,
@@ -30,12 +29,14 @@ from gateway.admission.token_counter import (
 )
 from gateway.app import token_counters
 from gateway.settings import ModelSettings
-from tests.backend_engine.gguf_tokenizer_files import (
+from model_files.checkpoint import load_tokenizer
+from model_files.tokenizer import Tokenizer
+from tests.model_files.gguf_tokenizer_files import (
     AWKWARD_TEXTS,
     write_sentencepiece_gguf,
     write_tokenizer_gguf,
 )
-from tests.backend_engine.gguf_tokenizer_files import CONVERSATIONS as GGUF_CONVERSATIONS
+from tests.model_files.gguf_tokenizer_files import CONVERSATIONS as GGUF_CONVERSATIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -410,7 +411,7 @@ def test_a_gguf_files_prompts_count_as_its_engine_tokenizer(tmp_path: Path, pre:
         add_bos_token=pre == "llama-bpe",
         num_unused=3 if pre == "qwen2" else 0,
     )
-    counter, tokenizer = from_checkpoint(path), Tokenizer.from_checkpoint(path)
+    counter, tokenizer = from_checkpoint(path), load_tokenizer(path)
     assert counter.count_prompt("hi") == counter.count_text("hi") + (pre == "llama-bpe")  # BOS
     _assert_counts_like_engine(counter, tokenizer)
     for token_id in range(tokenizer.vocab_size):
@@ -445,7 +446,7 @@ def test_smollm2_counts_as_its_engine_tokenizer_without_torch(smollm2_gguf: Path
         check=True,
     )
     ids, prompt_counts, chat_ids, prompt_ids = json.loads(result.stdout)
-    tokenizer = Tokenizer.from_checkpoint(smollm2_gguf)
+    tokenizer = load_tokenizer(smollm2_gguf)
     assert ids == [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     assert ids[texts.index("!\x04!")] == tokenizer.encode("!!", add_special_tokens=False)
     assert prompt_counts[: len(TEXTS)] == [len(tokenizer.encode(t)) for t in TEXTS]
@@ -461,7 +462,7 @@ def test_a_tokenizer_tiktoken_cannot_reproduce_is_counted_with_the_engines_own(
     path = write_sentencepiece_gguf(tmp_path / "spm.gguf")
     with pytest.raises(UnsupportedTokenizer, match="byte_fallback"):
         from_checkpoint(path)
-    counter, tokenizer = exact_counter(path), Tokenizer.from_checkpoint(path)
+    counter, tokenizer = exact_counter(path), load_tokenizer(path)
     assert isinstance(counter, TokenizerCounter)
     for text in [*TEXTS, *AWKWARD_TEXTS]:
         assert counter.count_text(text) == len(tokenizer.encode(text, add_special_tokens=False))

@@ -30,7 +30,7 @@ from gateway.storage.tenants import create_tenant
 from gateway.storage.usage_store import list_usage
 from openai_protocol import errors as vocabulary
 from openai_protocol.errors import error_body
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL = "scripted"
 ENGINE_SECRET = "CUDA out of memory in layer 7 (engine internals)"

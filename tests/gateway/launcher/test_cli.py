@@ -9,8 +9,8 @@ from gguf import GGMLQuantizationType as Q
 from typer.testing import CliRunner, Result
 
 from gateway.launcher.cli import app
-from tests.gguf_files import FFN, HIDDEN, hf_tensors, write_gguf
-from tests.without_engine import needs_engine
+from tests.support.gguf_files import FFN, HIDDEN, hf_tensors, write_gguf
+from tests.support.without_engine import needs_engine
 
 runner = CliRunner()
 

@@ -24,8 +24,8 @@ from gateway.rollouts import LiveRollouts, parse_rollouts, resolve_version
 from gateway.settings import GatewaySettings
 from gateway.storage import migrate
 from gateway.storage.api_keys import hash_key
-from tests.gateway.stand_in_stack import stand_in_engine, tenant_key
-from tests.polling import wait_until
+from tests.support.polling import wait_until
+from tests.support.stand_in_stack import stand_in_engine, tenant_key
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ADMIN_KEY = "admin-" + "c" * 40

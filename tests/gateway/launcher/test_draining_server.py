@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.stand_in_engine import MODEL
 from gateway.storage.database import Database, default_database_url
 from gateway.storage.usage_store import list_usage
-from tests.gateway.stand_in_stack import CONTEXT_WINDOW, TappedEngine, stand_in_engine
-from tests.polling import wait_until
+from tests.support.polling import wait_until
+from tests.support.stand_in_engine import MODEL
+from tests.support.stand_in_stack import CONTEXT_WINDOW, TappedEngine, stand_in_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ITL_MS = 100.0

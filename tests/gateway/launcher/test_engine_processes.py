@@ -23,10 +23,10 @@ from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.engine_host import EngineHost
 from gateway.launcher.engine_processes import EngineSpec, is_socket_healthy, is_socket_ready
 from gateway.launcher.serve_config import config_plan
-from tests.gguf_files import hf_tensors, write_gguf
-from tests.polling import wait_until
-from tests.stand_in_runner import DemoEngineModel
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.gguf_files import hf_tensors, write_gguf
+from tests.support.polling import wait_until
+from tests.support.stand_in_runner import DemoEngineModel
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 
 @pytest.fixture

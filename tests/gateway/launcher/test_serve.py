@@ -41,9 +41,9 @@ from gateway.launcher.serve_config import (
 from gateway.storage import api_keys, migrate, tenants
 from gateway.storage.database import Database, default_database_url
 from policies.quota import TenantQuota
-from tests.gguf_files import CONTEXT, hf_tensors, write_gguf
-from tests.polling import wait_until
-from tests.without_engine import needs_engine
+from tests.support.gguf_files import CONTEXT, hf_tensors, write_gguf
+from tests.support.polling import wait_until
+from tests.support.without_engine import needs_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ import pytest
 from gateway.defaults import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
 from gateway.launcher import serve_cli
 from gateway.launcher.serve_config import config_plan, context_window
-from tests.backend_engine.gguf_tokenizer_files import write_tokenizer_gguf
+from tests.model_files.gguf_tokenizer_files import write_tokenizer_gguf
 
 
 def test_a_gguf_files_context_window_comes_from_its_metadata(tmp_path: Path) -> None:

@@ -18,19 +18,19 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.stand_in_engine import MODEL
 from gateway.admission.token_counter import for_openai_model
 from gateway.storage.database import Database
 from gateway.storage.models import UsageRecord
 from gateway.storage.usage_store import list_usage
-from tests.gateway.stand_in_stack import (
+from tests.support.polling import wait_until
+from tests.support.stand_in_engine import MODEL
+from tests.support.stand_in_stack import (
     TappedEngine,
     gateway,
     stand_in_engine,
     stand_in_settings,
     tenant_key,
 )
-from tests.polling import wait_until
 
 NUM_CHUNKS = 6
 MESSAGES = [{"role": "user", "content": "a prompt of six words"}]  # 5 tokens to the stand-in

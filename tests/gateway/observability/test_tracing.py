@@ -12,15 +12,15 @@ import httpx
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from bench.stand_in_engine import MODEL
 from gateway.observability.tracing import build_tracer_provider
-from tests.gateway.stand_in_stack import (
+from tests.support.otlp_collector import OtlpCollector, span_attributes
+from tests.support.stand_in_engine import MODEL
+from tests.support.stand_in_stack import (
     gateway,
     stand_in_engine,
     stand_in_settings,
     tenant_key,
 )
-from tests.otlp_collector import OtlpCollector, span_attributes
 
 NUM_CHUNKS = 5
 EXPORT_DELAY_MS = "50"  # the batch span processor's (5 s by default)

@@ -8,7 +8,7 @@
 - ``gateway``: ``gateway(settings) -> base_url`` runs `build_gateway` under uvicorn in a
   thread (lifespan included) and stops it after the test.
 - ``db_url``: a migrated SQLite database per test (tenants and keys:
-  ``tests.gateway.stand_in_stack.tenant_key``).
+  ``tests.support.stand_in_stack.tenant_key``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from backend_engine.server.app import build_app
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
-from tests.stand_in_runner import DemoEngineModel
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.stand_in_runner import DemoEngineModel
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 SMALL, LARGE = "tiny", "tiny-large"
 CONTEXT_WINDOW = 2048

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from backend_engine.output_processor import OutputProcessor
-from backend_engine.request import Request
-from tests.gateway.stand_in_stack import tenant_key
+from backend_engine.core.request import Request
+from backend_engine.text.output_processor import OutputProcessor
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import SMALL, Engines, settings_for
 from .test_openai_sdk import usage_records

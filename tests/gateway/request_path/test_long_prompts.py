@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.stand_in_stack import tenant_key
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import CONTEXT_WINDOW, LARGE, SMALL, Engines
 

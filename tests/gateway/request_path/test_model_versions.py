@@ -18,7 +18,7 @@ from gateway.api.completions import VERSION_HEADER
 from gateway.rollouts import resolve_version
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
-from tests.gateway.stand_in_stack import TappedEngine, gateway, stand_in_engine, tenant_key
+from tests.support.stand_in_stack import TappedEngine, gateway, stand_in_engine, tenant_key
 
 from .test_openai_sdk import usage_records
 

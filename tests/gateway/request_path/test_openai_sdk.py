@@ -12,7 +12,7 @@ import pytest
 
 from gateway.storage.database import Database
 from gateway.storage.usage_store import list_usage
-from tests.gateway.stand_in_stack import tenant_key
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 

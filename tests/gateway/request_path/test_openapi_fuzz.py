@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from gateway.app import build_gateway
 from gateway.storage.api_keys import hash_key
-from tests.gateway.stand_in_stack import tenant_key
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import Engines, settings_for
 

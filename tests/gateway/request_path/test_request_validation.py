@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.stand_in_stack import tenant_key
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import SMALL, Engines, settings_for
 from .test_errors import assert_openai_error

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gateway.settings import GatewaySettings
-from tests.gateway.stand_in_stack import tenant_key
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.database import Database
 from gateway.storage.usage_store import UsageEntry, list_usage
-from tests.gateway.stand_in_stack import tenant_key
+from tests.support.stand_in_stack import tenant_key
 
 from .conftest import SMALL, Engines, settings_for
 from .test_openai_sdk import usage_records

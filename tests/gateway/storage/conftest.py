@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from bench.postgres_server import PostgresServer
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry
+from tests.support.postgres_server import PostgresServer
 
 PG_TEMPLATE = "tollway_migrated"
 

@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.storage.redis_client import LeanRedis
 from tests.gateway.redis_server_state import until_asleep, until_blocked_in
-from tests.polling import eventually
+from tests.support.polling import eventually
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 _CLOSE = b""
 

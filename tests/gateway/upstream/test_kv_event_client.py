@@ -18,7 +18,7 @@ from gateway.upstream.kv_event_client import (
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import PrefixIndex, StreamOutOfSync, block_chain
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
-from tests.polling import eventually
+from tests.support.polling import eventually
 
 KEY = bytes(16)
 CHAIN = block_chain(list(range(64)), 4, KEY)  # 16 blocks

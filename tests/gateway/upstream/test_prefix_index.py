@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from backend_engine.kv_cache_manager import KVCacheManager
-from backend_engine.request import Request
+from backend_engine.core.kv_cache_manager import KVCacheManager
+from backend_engine.core.request import Request
 from backend_engine.sampling_params import SamplingParams
 from gateway.upstream.prefix_index import (
     RECENT_REQUESTS_WINDOW_S,

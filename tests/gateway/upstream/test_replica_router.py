@@ -14,8 +14,6 @@ import httpx
 import pytest
 import uvicorn
 
-from backend_engine.tokenizer import Tokenizer
-from bench.stand_in_engine import MODEL, StandInEngine
 from gateway.admission.token_counter import from_checkpoint
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings, ModelSettings
@@ -24,10 +22,12 @@ from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import block_chain
 from gateway.upstream.replica_router import ReplicaRouter, encode_body
 from gateway.upstream.replica_set import ReplicaWatch
-from tests.gateway.stand_in_stack import TappedEngine, tenant_key
+from model_files.tokenizer import Tokenizer
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
-from tests.polling import eventually, wait_until
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.polling import eventually, wait_until
+from tests.support.stand_in_engine import MODEL, StandInEngine
+from tests.support.stand_in_stack import TappedEngine, tenant_key
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 BLOCK_SIZE = 4
 KEY = b"\x07" * 16

@@ -20,12 +20,12 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from bench.stand_in_engine import MODEL, StandInEngine
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
-from tests.gateway.stand_in_stack import CONTEXT_WINDOW, TappedEngine, gateway, tenant_key
-from tests.polling import wait_until
-from tests.uvicorn_thread import start_in_thread, stop_thread
+from tests.support.polling import wait_until
+from tests.support.stand_in_engine import MODEL, StandInEngine
+from tests.support.stand_in_stack import CONTEXT_WINDOW, TappedEngine, gateway, tenant_key
+from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 METRICS_TOKEN = "metrics-" + "m" * 40
 NAME = "engines.test"

@@ -1,0 +1,63 @@
+"""What the engine loop needs from whatever computes its tokens, with no torch in sight.
+
+`LLMEngine` asks a `RunnerPlan` how large one KV block is (to size the cache from its memory
+budget) and then has the plan build the `StepRunner` that runs every scheduled step. The
+real one is `backend_engine.worker.model_runner.plan_model_runner` (torch: the model, its KV
+tensors, sampling), imported only when an engine is built without another plan. So the
+scheduler, the output processor, `AsyncEngine` and the HTTP server import without torch, and
+a test can run them all behind a stand-in runner (`tests/support/stand_in_runner.py`) in an
+environment that has no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from backend_engine.outputs import TokenLogprob
+
+if TYPE_CHECKING:
+    from backend_engine.config import EngineConfig
+    from backend_engine.core.scheduler import SchedulerOutput
+    from model_files.checkpoint import Checkpoint
+    from model_files.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: TokenLogprob | None
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    sampled: dict[str, SampledToken]  # request id -> the token sampled for it this step
+    failed: dict[str, Exception]  # requests whose work raised even alone: only they fail
+
+
+class StepRunner(Protocol):
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        """Compute every scheduled item; a token for each item with ``do_sample``."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Forget what the runner holds for a request that has ended (its generator)."""
+        ...
+
+
+class RunnerPlan(Protocol):
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype ("float32", ...): part of the prefix-cache key, so blocks
+        computed in another dtype never match."""
+        ...
+
+    @property
+    def kv_bytes_per_block(self) -> int: ...
+
+    def build(self, num_blocks: int, checkpoint: Checkpoint) -> StepRunner: ...
+
+
+# Called once per engine, after the checkpoint is checked and before the KV cache is sized.
+PlanRunner = Callable[["EngineConfig", "ModelConfig"], RunnerPlan]

@@ -1,0 +1,95 @@
+"""Who gets admitted next: priority classes, then preempted requests, then
+tenants in turn.
+
+Order of admission:
+1. a lower ``Priority`` value first (interactive before batch);
+2. within a class, requests that were preempted, oldest first: they keep their
+   place ahead of anything that arrived later;
+3. otherwise the tenant with the fewest running requests goes first (ties: the
+   tenant whose oldest waiting request is oldest), and within a tenant, arrival
+   order. One tenant's burst therefore cannot starve another tenant.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+
+from backend_engine.core.request import Request
+from backend_engine.request_priority import Priority
+
+
+class _PriorityClass:
+    def __init__(self) -> None:
+        self.preempted: deque[Request] = deque()
+        self.by_tenant: dict[str, deque[Request]] = {}
+
+    def __len__(self) -> int:
+        return len(self.preempted) + sum(len(q) for q in self.by_tenant.values())
+
+
+class WaitingQueue:
+    def __init__(self) -> None:
+        self._classes: dict[Priority, _PriorityClass] = {p: _PriorityClass() for p in Priority}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def __iter__(self) -> Iterator[Request]:
+        for cls in self._classes.values():
+            yield from cls.preempted
+            for queue in cls.by_tenant.values():
+                yield from queue
+
+    def add(self, request: Request) -> None:
+        cls = self._classes[request.priority]
+        cls.by_tenant.setdefault(request.tenant_id, deque()).append(request)
+        self._size += 1
+
+    def add_preempted(self, request: Request) -> None:
+        """A preempted request goes back ahead of every later arrival of its class."""
+        preempted = self._classes[request.priority].preempted
+        index = 0
+        while index < len(preempted) and preempted[index].arrival_seq < request.arrival_seq:
+            index += 1
+        preempted.insert(index, request)
+        self._size += 1
+
+    def peek(self, num_running_by_tenant: Mapping[str, int]) -> Request | None:
+        """The request to admit next (see the module docstring), without removing it."""
+        for priority in sorted(self._classes):
+            cls = self._classes[priority]
+            if cls.preempted:
+                return cls.preempted[0]
+            best: Request | None = None
+            best_key: tuple[int, int] | None = None
+            for tenant, queue in cls.by_tenant.items():
+                head = queue[0]
+                key = (num_running_by_tenant.get(tenant, 0), head.arrival_seq)
+                if best_key is None or key < best_key:
+                    best, best_key = head, key
+            if best is not None:
+                return best
+        return None
+
+    def remove(self, request: Request) -> bool:
+        cls = self._classes[request.priority]
+        if cls.preempted and request in cls.preempted:
+            cls.preempted.remove(request)
+            self._size -= 1
+            return True
+        queue = cls.by_tenant.get(request.tenant_id)
+        if queue is None or request not in queue:
+            return False
+        if queue[0] is request:
+            queue.popleft()
+        else:
+            queue.remove(request)
+        if not queue:
+            del cls.by_tenant[request.tenant_id]
+        self._size -= 1
+        return True

@@ -1,0 +1,1 @@
+"""Random-weight demo checkpoints in exact Hugging Face format (``tollway demo-model``)."""

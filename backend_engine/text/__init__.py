@@ -1,0 +1,1 @@
+"""Token ids to text: incremental detokenization, stop strings and the output processor."""

@@ -1,0 +1,127 @@
+"""Turns sampled tokens into text increments: detokenization and stop strings.
+
+This is the only place that looks at output text. A stop string found here
+finishes the request through the scheduler; the text never contains it. Token-level
+stops (eos, stop tokens, lengths) are the scheduler's decision (:mod:`.stop_rules`):
+this module only acts on it, leaving the stop token out of the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend_engine.core.request import Request
+from backend_engine.outputs import FinishReason, RequestOutputDelta, TokenLogprob
+from backend_engine.text.detokenizer import IncrementalDetokenizer
+from backend_engine.text.stop_strings import StopStringMatcher
+from model_files.tokenizer import Tokenizer
+
+
+@dataclass
+class _RequestText:
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher | None
+    num_emitted_tokens: int = 0
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._states: dict[str, _RequestText] = {}
+
+    def add(self, request: Request) -> None:
+        params = request.sampling_params
+        self._states[request.request_id] = _RequestText(
+            IncrementalDetokenizer(
+                self.tokenizer, request.prompt_token_ids, params.skip_special_tokens
+            ),
+            StopStringMatcher(params.stop) if params.stop else None,
+        )
+
+    def process(
+        self, request: Request, logprob: TokenLogprob | None
+    ) -> tuple[RequestOutputDelta, bool]:
+        """The delta for a request that just received a token; the flag says a stop
+        string was hit (the caller then finishes the request)."""
+        state = self._states[request.request_id]
+        if logprob is not None:
+            state.pending_logprobs.append(logprob)
+        token_id = request.all_token_ids[-1]
+        text = ""
+        hit_stop = False
+        if request.stop_token_id is None:  # the scheduler did not stop it on this token
+            text = state.detokenizer.add(token_id)
+            if state.stop_matcher is not None:
+                text, hit_stop = state.stop_matcher.feed(text)
+        finished = request.is_finished or hit_stop
+        reason: FinishReason | None = "stop" if hit_stop else request.finish_reason
+        if finished and not hit_stop:
+            text += self._flush(state)
+        return self._delta(request, state, text, finished, reason), hit_stop
+
+    @staticmethod
+    def _flush(state: _RequestText) -> str:
+        """Release held-back text at the end: incomplete bytes, then any stop-string prefix."""
+        tail = state.detokenizer.flush()
+        if state.stop_matcher is None:
+            return tail
+        text, hit_stop = state.stop_matcher.feed(tail)
+        return text if hit_stop else text + state.stop_matcher.flush()
+
+    def finish_without_token(self, request: Request) -> RequestOutputDelta:
+        """The closing delta of a request finished by abort (no new token)."""
+        state = self._states.get(request.request_id)
+        if state is None:
+            return RequestOutputDelta(
+                request.request_id,
+                [],
+                "",
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                request.num_cached_tokens,
+                finished=True,
+                finish_reason=request.finish_reason,
+            )
+        return self._delta(request, state, self._flush(state), True, request.finish_reason)
+
+    def fail(self, request: Request, error: str) -> RequestOutputDelta:
+        """The closing delta of a request whose own work failed: no more text (its text
+        state may be what failed), only the tokens already delivered are counted."""
+        state = self._states.pop(request.request_id, None)
+        return RequestOutputDelta(
+            request.request_id,
+            [],
+            "",
+            request.num_prompt_tokens,
+            state.num_emitted_tokens if state is not None else 0,
+            request.num_cached_tokens,
+            finished=True,
+            finish_reason="error",
+            error=error,
+        )
+
+    def _delta(
+        self,
+        request: Request,
+        state: _RequestText,
+        text: str,
+        finished: bool,
+        reason: FinishReason | None,
+    ) -> RequestOutputDelta:
+        new_tokens = request.all_token_ids[request.num_prompt_tokens + state.num_emitted_tokens :]
+        state.num_emitted_tokens = request.num_output_tokens
+        logprobs, state.pending_logprobs = state.pending_logprobs, []
+        if finished:
+            self._states.pop(request.request_id, None)
+        return RequestOutputDelta(
+            request_id=request.request_id,
+            new_token_ids=new_tokens,
+            new_text=text,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_completion_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            new_logprobs=logprobs,
+            finished=finished,
+            finish_reason=reason if finished else None,
+        )

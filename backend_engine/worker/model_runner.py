@@ -1,0 +1,275 @@
+"""Runs one scheduled step on the model: builds the packed batch, owns the KV
+cache tensors and the per-request random generators, and samples.
+
+A failure is pinned on the requests that cause it (:mod:`.failure_isolation`): the step
+comes back with their exceptions, and every other request's token, the same token it
+would have got without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from backend_engine.config import EngineConfig
+from backend_engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from backend_engine.core.step_runner import RunnerOutput, SampledToken
+from backend_engine.model_loader.weights import resolve_dtype
+from backend_engine.models import load_model
+from backend_engine.models.attention_metadata import AttentionMetadata
+from backend_engine.models.packed_linear import pack_linears
+from backend_engine.outputs import TokenLogprob
+from backend_engine.worker.cpu_runtime import tune_cpu_runtime
+from backend_engine.worker.failure_isolation import isolate_failures
+from backend_engine.worker.sampler import choose_tokens, token_logprobs
+from model_files.checkpoint import Checkpoint
+from model_files.model_config import ModelConfig
+
+
+def engine_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype:
+    """The dtype weights and KV cache use: the configured one, except float16 on CPU."""
+    dtype = resolve_dtype(config.dtype, model_config)
+    if config.device == "cpu" and dtype == torch.float16:
+        return torch.float32  # half matmuls on CPU are slow and inexact
+    return dtype
+
+
+def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element_size = torch.empty((), dtype=dtype).element_size()
+    per_token = 2 * model_config.num_key_value_heads * model_config.head_dim * element_size
+    return per_token * block_size * model_config.num_hidden_layers
+
+
+@dataclass(frozen=True)
+class ModelRunnerPlan:
+    """The `RunnerPlan` of a real model: its KV dtype and block size, then the runner."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    dtype: torch.dtype
+
+    @property
+    def kv_dtype(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return kv_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+
+    def build(self, num_blocks: int, checkpoint: Checkpoint) -> ModelRunner:
+        return ModelRunner(self.config, self.model_config, num_blocks, checkpoint)
+
+
+def plan_model_runner(config: EngineConfig, model_config: ModelConfig) -> ModelRunnerPlan:
+    """Set the device up (torch's threads, the CPU runtime; refuse CUDA that is not there)
+    and plan a `ModelRunner` for it: the engine's default `PlanRunner`."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    if config.device == "cpu":
+        tune_cpu_runtime()
+    elif not torch.cuda.is_available():
+        raise ValueError(f"device={config.device!r} was asked for but CUDA is not available")
+    return ModelRunnerPlan(config, model_config, engine_dtype(config, model_config))
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    metadata: AttentionMetadata
+    sample_token_indices: torch.Tensor  # [num_sampled]: each sampled request's last token
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        num_blocks: int,
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = torch.device(config.device)
+        self.dtype = engine_dtype(config, model_config)
+        self.block_size = config.block_size
+        self.model = load_model(
+            checkpoint or Checkpoint(config.model),
+            model_config,
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=config.device,
+            show_progress=config.show_progress,
+        )
+        if self.device.type == "cpu":
+            pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls
+        shape = (
+            num_blocks,
+            config.block_size,
+            model_config.num_key_value_heads,
+            model_config.head_dim,
+        )
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(model_config.num_hidden_layers)
+        ]
+        if self.device.type == "cpu":
+            self.model.bind_native_decoder(self.kv_caches)  # decode steps in one native call
+        self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, item: ScheduledRequest) -> torch.Generator | None:
+        seed = item.sampling_params.seed
+        if seed is None or item.sampling_params.temperature == 0.0:
+            return None
+        generator = self._generators.get(item.request_id)
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[item.request_id] = generator
+        return generator
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        """The forward pass over every scheduled request, then sampling.
+
+        A forward pass that raises is retried on halves of the batch until the failure is
+        pinned on requests that fail alone; a sampling failure is pinned on its rows the
+        same way, without running the model again.
+        """
+        scheduled = output.scheduled
+        sampled: dict[str, SampledToken] = {}
+        failed: dict[str, Exception] = {}
+        outcomes = isolate_failures(scheduled, self._forward_and_sample)
+        for item, outcome in zip(scheduled, outcomes, strict=True):
+            if isinstance(outcome, SampledToken):
+                sampled[item.request_id] = outcome
+            elif isinstance(outcome, Exception):
+                failed[item.request_id] = outcome
+        return RunnerOutput(sampled, failed)
+
+    def _forward_and_sample(
+        self, scheduled: Sequence[ScheduledRequest]
+    ) -> list[SampledToken | Exception | None]:
+        """One outcome per scheduled request: its token, its sampling failure, or None (a
+        prefill chunk that samples nothing)."""
+        outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
+        if not scheduled:
+            return outcomes
+        # The flat batch: decodes first, then prefill chunks, each kind as the scheduler says.
+        decode_rows = [i for i, s in enumerate(scheduled) if s.is_decode]
+        prefill_rows = [i for i, s in enumerate(scheduled) if not s.is_decode]
+        order = decode_rows + prefill_rows
+        batch = self._prepare(
+            [scheduled[i] for i in decode_rows], [scheduled[i] for i in prefill_rows]
+        )
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
+        # hidden: [num_tokens, hidden_size]
+        rows = [i for i in order if scheduled[i].do_sample]  # batch order: sample_token_indices'
+        if not rows:
+            return outcomes
+        logits = self.model.compute_logits(hidden[batch.sample_token_indices])
+        # logits: [num_sampled, vocab]
+        sampled = self._sample(logits, [scheduled[i] for i in rows])
+        for row, outcome in zip(rows, sampled, strict=True):
+            outcomes[row] = outcome
+        return outcomes
+
+    def _sample(
+        self, logits: torch.Tensor, to_sample: list[ScheduledRequest]
+    ) -> list[SampledToken | Exception]:
+        """Tokens for the rows of ``logits`` (one per request in ``to_sample``), each row's
+        failure pinned on it alone."""
+        params = [s.sampling_params for s in to_sample]
+        num_rows = len(to_sample)
+
+        def choose(rows: Sequence[int]) -> list[int]:
+            generators = [self._generator(to_sample[r]) for r in rows]
+            row_logits = logits if len(rows) == num_rows else logits[list(rows)]
+            return choose_tokens(
+                row_logits, [params[r] for r in rows], generators, self.default_generator
+            )
+
+        token_ids = isolate_failures(range(num_rows), choose)
+        chosen = {r: t for r, t in enumerate(token_ids) if isinstance(t, int)}
+        wanted = [r for r in chosen if params[r].logprobs is not None]
+        logprobs: dict[int, TokenLogprob | Exception] = {}
+        if wanted:
+
+            def logprobs_of(rows: Sequence[int]) -> list[TokenLogprob]:
+                return token_logprobs(
+                    logits[list(rows)],
+                    [chosen[r] for r in rows],
+                    [params[r].logprobs or 0 for r in rows],
+                )
+
+            logprobs = dict(zip(wanted, isolate_failures(wanted, logprobs_of), strict=True))
+        outcomes: list[SampledToken | Exception] = []
+        for r, token_id in enumerate(token_ids):
+            logprob = logprobs.get(r)
+            if isinstance(token_id, Exception):
+                outcomes.append(token_id)
+            elif isinstance(logprob, Exception):
+                outcomes.append(logprob)
+            else:
+                outcomes.append(SampledToken(token_id, logprob))
+        return outcomes
+
+    def _prepare(
+        self, decodes: Sequence[ScheduledRequest], prefills: Sequence[ScheduledRequest]
+    ) -> PreparedBatch:
+        """The packed batch: the decodes' tokens, then the prefill chunks' tokens."""
+        block_size = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_token_indices: list[int] = []
+        for item in (*decodes, *prefills):
+            start = item.start_position
+            table = item.block_table
+            input_ids.extend(item.token_ids)
+            span = range(start, start + item.num_tokens)
+            positions.extend(span)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+            if item.do_sample:
+                sample_token_indices.append(len(input_ids) - 1)
+
+        device = self.device
+        int32 = torch.int32
+        decode_lens = [s.start_position + 1 for s in decodes]
+        prefill_lens = [s.start_position + s.num_tokens for s in prefills]
+        cu_q = [0]
+        for s in prefills:
+            cu_q.append(cu_q[-1] + s.num_tokens)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=_pad_tables([s.block_table for s in decodes], device),
+            decode_seq_lens=torch.tensor(decode_lens, dtype=int32, device=device),
+            prefill_block_tables=_pad_tables([s.block_table for s in prefills], device),
+            prefill_cu_seqlens_q=torch.tensor(cu_q, dtype=int32, device=device),
+            prefill_seq_lens=torch.tensor(prefill_lens, dtype=int32, device=device),
+            max_decode_seq_len=max(decode_lens, default=0),
+            max_prefill_seq_len=max(prefill_lens, default=0),
+            max_prefill_query_len=max((s.num_tokens for s in prefills), default=0),
+        )
+        return PreparedBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            metadata=metadata,
+            sample_token_indices=torch.tensor(sample_token_indices, device=device),
+        )
+
+
+def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max((len(t) for t in tables), default=0)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    if not padded:
+        return torch.zeros((0, 0), dtype=torch.int32, device=device)
+    return torch.tensor(padded, dtype=torch.int32, device=device)

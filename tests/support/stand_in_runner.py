@@ -1,0 +1,102 @@
+"""A stand-in for the model inside a real engine, for environments without torch.
+
+`LLMEngine`, `AsyncEngine` and the engine's HTTP server run as they are (tokenizing,
+validation, scheduling, the KV blocks, stop rules, detokenizing, usage, metrics, errors);
+only the tokens come from here instead of a forward pass:
+
+    AsyncEngine(EngineConfig(model=str(demo_model_files())), plan_runner=plan_stand_in_runner())
+
+Each sampled token is the next word of a fixed text, chosen by its position: never an end of
+sequence or a special token, so every request runs to its ``max_tokens`` (as with
+``ignore_eos``). Sampling parameters change nothing. A step takes ``step_s`` seconds, about
+what the tiny demo model takes on a CPU, so a stream lasts as long as a real one would and a
+client can leave in the middle of it. Asked for logprobs, it reports its own distribution:
+half the mass on its token, the other half spread evenly over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend_engine.config import EngineConfig
+from backend_engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from backend_engine.core.step_runner import PlanRunner, RunnerOutput, SampledToken
+from backend_engine.outputs import TokenLogprob
+from model_files.checkpoint import Checkpoint
+from model_files.model_config import ModelConfig
+
+TEXT = " the cat sat on the mat and looked at the moon for a while"
+STEP_S = 0.002
+_FLOAT32_BYTES = 4
+
+
+class StandInRunner:
+    """A `StepRunner` whose token for position ``p`` is word ``p`` (cyclically) of ``TEXT``."""
+
+    def __init__(self, checkpoint: Checkpoint, step_s: float) -> None:
+        tokenizer = checkpoint.tokenizer()
+        encoded = tokenizer.encode(TEXT, add_special_tokens=False)
+        self.words = [t for t in encoded if not tokenizer.is_special(t)]
+        assert self.words and not set(self.words) & tokenizer.eos_token_ids
+        self.vocab_size = tokenizer.vocab_size
+        self.step_s = step_s
+
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        time.sleep(self.step_s)
+        sampled = {
+            item.request_id: self._sample(item) for item in output.scheduled if item.do_sample
+        }
+        return RunnerOutput(sampled, failed={})
+
+    def release(self, request_id: str) -> None:
+        pass  # it holds nothing per request
+
+    def _sample(self, item: ScheduledRequest) -> SampledToken:
+        position = item.start_position + item.num_tokens  # of the token sampled now
+        token_id = self.words[position % len(self.words)]
+        k = item.sampling_params.logprobs
+        if k is None:
+            return SampledToken(token_id, None)
+        rest = math.log(0.5 / self.vocab_size)
+        chosen = math.log(0.5 + 0.5 / self.vocab_size)
+        others = [t for t in range(k + 1) if t != token_id][: max(k - 1, 0)]
+        top = ((token_id, chosen), *((t, rest) for t in others)) if k > 0 else ()
+        return SampledToken(token_id, TokenLogprob(token_id, chosen, top))
+
+
+@dataclass(frozen=True)
+class StandInPlan:
+    model_config: ModelConfig
+    block_size: int
+    step_s: float
+    kv_dtype: str = "float32"
+
+    @property
+    def kv_bytes_per_block(self) -> int:  # as the model's float32 cache would be
+        config = self.model_config
+        per_token = 2 * config.num_key_value_heads * config.head_dim * _FLOAT32_BYTES
+        return per_token * self.block_size * config.num_hidden_layers
+
+    def build(self, num_blocks: int, checkpoint: Checkpoint) -> StandInRunner:
+        return StandInRunner(checkpoint, self.step_s)
+
+
+def plan_stand_in_runner(step_s: float = STEP_S) -> PlanRunner:
+    """A `PlanRunner` for `LLMEngine` / `AsyncEngine`: the stand-in, ``step_s`` per step."""
+
+    def plan(config: EngineConfig, model_config: ModelConfig) -> StandInPlan:
+        return StandInPlan(model_config, config.block_size, step_s)
+
+    return plan
+
+
+@dataclass(frozen=True)
+class DemoEngineModel:
+    """What an in-process engine serves (the ``demo_engine_model`` fixture):
+    ``AsyncEngine(EngineConfig(model=str(checkpoint)), plan_runner=plan_runner)``."""
+
+    checkpoint: Path
+    plan_runner: PlanRunner | None  # None: the checkpoint's own model computes the tokens
