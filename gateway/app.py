@@ -37,7 +37,6 @@ from gateway.admission.redis_admission_store import RedisAdmissionStore
 from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
 from gateway.api.admin_api import admin_routes
 from gateway.api.completions import chat_completions, completions
-from gateway.api.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.api.handler_context import GatewayContext
 from gateway.api.openapi import openapi_route
 from gateway.api.readiness import Readiness, readiness_route
@@ -46,6 +45,7 @@ from gateway.api.tenant_api import tenant_routes
 from gateway.auth.bearer_keys import authenticate_request, bearer_matches
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
+from gateway.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.ledger.budget_ledger import BudgetLedger
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger

@@ -7,7 +7,7 @@ Every error body is ``{"error": {"message": ..., "type": ..., "param": ..., "cod
 table and the gateway builds its own from the same one, so an engine's ``engine_error`` and
 the gateway's ``upstream_error`` are both ``server_error``s, and a code means the same thing
 whichever process sent it. What the gateway shows a client for an engine's error is the
-gateway's decision (``gateway.api.errors.from_engine_answer``), made in these words.
+gateway's decision (``gateway.errors.from_engine_answer``), made in these words.
 
 Plain Python: the engine, the gateway and the policies all import it.
 """

@@ -57,11 +57,11 @@ from gateway.admission.token_counter import (
     PromptTokens,
     TokenCounter,
 )
-from gateway.api.errors import ApiError, invalid_request, state_unavailable
 from gateway.api.request_body import CompletionBody
 from gateway.auth.bearer_keys import Caller, auth_unavailable
 from gateway.auth.epochs import AuthEpochs
 from gateway.auth.key_cache import CachedKey, KeyCache
+from gateway.errors import ApiError, invalid_request, state_unavailable
 from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.observability.metrics import GatewayMetrics

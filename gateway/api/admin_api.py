@@ -48,7 +48,6 @@ from gateway.api.admin_schemas import (
     TenantList,
     TenantUpdate,
 )
-from gateway.api.errors import ApiError, change_not_announced, invalid_request
 from gateway.api.tenant_api import (
     budget_status,
     parse_summary_window,
@@ -60,6 +59,7 @@ from gateway.api.tenant_api import (
 from gateway.auth.admin_key import Endpoint, admin_guard
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs
 from gateway.auth.key_cache import KeyCache
+from gateway.errors import ApiError, change_not_announced, invalid_request
 from gateway.ledger.budget_ledger import BudgetLedger
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database

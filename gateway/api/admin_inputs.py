@@ -14,8 +14,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from gateway.api.admin_schemas import NON_BLANK_PATTERN, TENANT_ID_PATTERN, TEXT_PATTERN
-from gateway.api.errors import ApiError, invalid_request
 from gateway.api.request_body import read_json
+from gateway.errors import ApiError, invalid_request
 from policies.decision import Rejection
 
 MAX_BODY_BYTES = 64 * 1024

@@ -38,13 +38,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.admission.admitter import Admission, Refusal
-from gateway.api.errors import (
-    ApiError,
-    error_response,
-    from_engine_answer,
-    invalid_api_key,
-    to_rejection,
-)
 from gateway.api.handler_context import GatewayContext
 from gateway.api.request_body import (
     CompletionBody,
@@ -54,6 +47,13 @@ from gateway.api.request_body import (
     requested_model,
 )
 from gateway.auth.bearer_keys import bearer_token
+from gateway.errors import (
+    ApiError,
+    error_response,
+    from_engine_answer,
+    invalid_api_key,
+    to_rejection,
+)
 from gateway.ledger.settlement import RequestInfo
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.api.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
+from gateway.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
 from openai_protocol.field_rules import (
     RULES,
     Endpoint,

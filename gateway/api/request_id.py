@@ -13,7 +13,7 @@ import secrets
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import error_response, to_rejection
+from gateway.errors import error_response, to_rejection
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from gateway.api.errors import ApiError, invalid_request
 from gateway.auth.bearer_keys import authenticate_request
+from gateway.errors import ApiError, invalid_request
 from gateway.ledger.budget_ledger import Balance, BudgetLedger
 from gateway.storage.database import Database
 from gateway.storage.models import utc_now

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.errors import ApiError
 from gateway.auth.bearer_keys import bearer_token
 from gateway.auth.key_cache import KeyCache
+from gateway.errors import ApiError
 from gateway.storage import api_keys
 from policies.decision import Rejection
 

@@ -16,7 +16,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
-from gateway.api.errors import RETRY_AFTER_S, ApiError, invalid_api_key
+from gateway.errors import RETRY_AFTER_S, ApiError, invalid_api_key
 from gateway.storage.api_keys import AuthenticatedKey, authenticate, verify_key
 from gateway.storage.database import Database
 from policies.decision import Rejection

@@ -54,9 +54,9 @@ from dataclasses import dataclass, field, replace
 import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.api.errors import ApiError, invalid_api_key
 from gateway.auth.bearer_keys import Caller, auth_unavailable, caller_of
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs
+from gateway.errors import ApiError, invalid_api_key
 from gateway.storage.api_keys import AuthenticatedKey, authenticate_hash, hash_key
 from gateway.storage.database import Database
 

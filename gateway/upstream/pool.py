@@ -35,7 +35,7 @@ import aiohttp
 import httpx
 import orjson
 
-from gateway.api.errors import upstream_unavailable
+from gateway.errors import upstream_unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import ModelSettings
 from gateway.upstream.aiohttp_transport import READ_BODY, AiohttpTransport

@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 
 from backend_engine.async_engine import EngineError, EngineStopped
 from backend_engine.server import errors as engine_errors
-from gateway.api import errors as gateway_errors
+from gateway import errors as gateway_errors
 from openai_protocol import errors as vocabulary
 from openai_protocol.errors import ErrorKind
 from openai_protocol.field_rules import FieldError

@@ -17,9 +17,9 @@ from starlette.routing import Route
 
 from gateway.api.admin_api import admin_routes
 from gateway.api.admin_schemas import Quota
-from gateway.api.errors import EXCEPTION_HANDLERS
 from gateway.api.openapi import openapi_document, openapi_route
 from gateway.api.tenant_api import tenant_routes
+from gateway.errors import EXCEPTION_HANDLERS
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import authenticate, hash_key, list_keys
 from gateway.storage.database import Database

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api.admin_api import admin_routes
-from gateway.api.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.api.request_body import parse_body, read_json, requested_model
+from gateway.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import hash_key
 from gateway.storage.database import Database

@@ -14,8 +14,8 @@ import pytest
 from starlette.applications import Starlette
 
 from gateway.api.admin_api import admin_routes
-from gateway.api.errors import EXCEPTION_HANDLERS
 from gateway.api.tenant_api import tenant_routes
+from gateway.errors import EXCEPTION_HANDLERS
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import create_key, hash_key, revoke_key
 from gateway.storage.database import Database

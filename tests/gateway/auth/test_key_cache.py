@@ -12,9 +12,9 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import event
 
-from gateway.api.errors import ApiError
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
+from gateway.errors import ApiError
 from gateway.storage.api_keys import create_key, list_keys, revoke_key
 from gateway.storage.database import Database
 from gateway.storage.tenants import create_tenant, get_tenant, update_tenant

@@ -16,7 +16,7 @@ import pytest
 from starlette.applications import Starlette
 
 from gateway.api.admin_api import admin_routes
-from gateway.api.errors import EXCEPTION_HANDLERS
+from gateway.errors import EXCEPTION_HANDLERS
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.storage.api_keys import hash_key
 from gateway.storage.database import Database

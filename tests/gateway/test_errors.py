@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.api.errors import MAX_ENGINE_MESSAGE_CHARS, from_engine_answer
+from gateway.errors import MAX_ENGINE_MESSAGE_CHARS, from_engine_answer
 
 
 def _body(**error: object) -> bytes:
