@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the gateway reads a GGUF model's tokenizer and context window through
 this module (with the ``gguf`` package, llama.cpp's own reader), and the gateway never imports
-torch. The weights, which need torch, are in ``gguf_checkpoint.py``.
+torch. The weights, which need torch, are read by ``backend_engine.model_loader.gguf_weights``.
 
 A file is opened once with :func:`open_gguf` (about 1 s for a 49k-token vocabulary: the reader
 parses every metadata array) and the reader is passed to whatever needs it.
@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-# The tensor types ``gguf_checkpoint`` dequantizes (with the gguf package's dequantizer).
+# The tensor types ``gguf_weights`` dequantizes (with the gguf package's dequantizer).
 SUPPORTED_TYPES = (
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,
