@@ -29,6 +29,9 @@ COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY policies policies
 COPY openai_protocol openai_protocol
+COPY engine_protocol engine_protocol
+COPY model_files model_files
+COPY capacity_planner capacity_planner
 COPY migrations migrations
 COPY backend_engine backend_engine
 COPY kernels kernels
