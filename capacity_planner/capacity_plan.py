@@ -19,8 +19,8 @@ from typing import Any
 from capacity_planner.gpu_rate import gpu_rate, tensor_parallel_to_fit
 from capacity_planner.kv_memory import (
     kv_bytes_per_token,
-    settle,
     weights_bytes,
+    without_float_noise,
 )
 from capacity_planner.plan_inputs import PlanError, PlanInputs, UserTraffic
 from capacity_planner.quantity_text import bytes_text as _bytes
@@ -274,4 +274,4 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
 
 def _whole_groups(gpus: float, group: int) -> int:
     """At least ``gpus`` GPUs, in whole tensor-parallel groups."""
-    return math.ceil(settle(gpus / group)) * group
+    return math.ceil(without_float_noise(gpus / group)) * group

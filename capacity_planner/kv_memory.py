@@ -26,9 +26,9 @@ def free_kv_bytes(fleet: FleetSpec, weights: float, tensor_parallel: int = 1) ->
 
 def streams_that_fit(free_bytes: float, context_tokens: float, kv_per_token: float) -> int:
     """Whole streams of ``context_tokens`` whose KV cache fits in ``free_bytes``."""
-    return max(0, math.floor(settle(free_bytes / (context_tokens * kv_per_token))))
+    return max(0, math.floor(without_float_noise(free_bytes / (context_tokens * kv_per_token))))
 
 
-def settle(value: float) -> float:
+def without_float_noise(value: float) -> float:
     """``value`` with floating-point noise removed, so a ratio that is whole stays whole."""
     return round(value, 9)
