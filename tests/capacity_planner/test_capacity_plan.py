@@ -8,14 +8,16 @@ fundamentals for system design" (configurations A and B, the requests-per-day es
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
-from capacity_planner.capacity_plan import SECONDS_PER_DAY, CapacityPlan, plan_capacity
+from capacity_planner.capacity_plan import CapacityPlan, plan_capacity
 from capacity_planner.gpu_presets import gpu_preset
 from capacity_planner.gpu_rate import GOOD_ENOUGH_TP_RATE
 from capacity_planner.model_shape import ModelShape
+from capacity_planner.peak_traffic import SECONDS_PER_DAY
 from capacity_planner.plan_inputs import (
     FleetSpec,
     GpuThroughput,
@@ -77,6 +79,23 @@ def test_one_million_users_memory_check() -> None:
     assert large.tensor_parallel == 2
     assert large.memory_bytes_per_gpu > large.usable_memory_bytes_per_gpu
     assert not large.fits
+
+
+def test_the_steps_come_in_the_plan_s_order_each_a_field_of_it() -> None:
+    inputs = million_user_inputs(LLAMA_8B, headroom=0.4)
+    priced = dataclasses.replace(inputs.fleet, dollars_per_gpu_hour=3)
+    plan = plan_capacity(dataclasses.replace(inputs, fleet=priced))
+    assert [step.key for step in plan.steps] == [
+        "kv_bytes_per_token", "weights_bytes", "kv_bytes_per_stream",
+        "peak_streams", "peak_requests_per_s", "peak_output_tokens_per_s",
+        "tensor_parallel", "gpu_output_tokens_per_s", "streams_per_gpu", "gpus_at_peak",
+        "gpus_with_headroom",
+        "kv_bytes_per_gpu", "fits",
+        "prefill_share_per_gpu", "meets_ttft_target",
+        "cost_per_million_output_tokens", "cost_per_month",
+    ]  # fmt: skip
+    fields = {field.name for field in dataclasses.fields(CapacityPlan)}
+    assert {step.key for step in plan.steps} <= fields
 
 
 # --- the requests-per-day estimate (article 2) ---------------------------------------------
