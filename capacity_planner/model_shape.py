@@ -2,9 +2,11 @@
 
 Read from a Hugging Face directory (``config.json``; parameters counted from the safetensors
 headers, else estimated from the config) or a GGUF file (its metadata and tensor infos), or
-given directly. Nothing here loads a weight or imports torch: a safetensors file starts with
-an 8-byte length and a JSON header that lists every tensor's shape, and the GGUF reader maps
-its file without reading tensors.
+given directly. The config's keys are read by `model_files` (``ModelConfig.from_dict``, and
+``hf_config`` for a GGUF file's metadata) without checking that this engine serves the model:
+the planner plans any Llama-style decoder. Nothing here loads a weight or imports torch: a
+safetensors file starts with an 8-byte length and a JSON header that lists every tensor's
+shape, and the GGUF reader maps its file without reading tensors.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from model_files.model_config import ModelConfig
 
 CONFIG_FILE = "config.json"
 _MAX_SAFETENSORS_HEADER = 100 * 2**20
+# What a config that is JSON but not a model's config raises, on its way through ModelConfig.
+_NOT_A_SHAPE = (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError)
 
 
 @dataclass(frozen=True)
@@ -52,43 +57,43 @@ def shape_from_checkpoint(path: str | Path) -> ModelShape:
             f"{CONFIG_FILE} or a .gguf file"
         )
     try:
-        config = json.loads(config_path.read_text())
+        raw = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{config_path} is not readable JSON: {exc}") from None
-    if not isinstance(config, dict):
+    if not isinstance(raw, dict):
         raise ValueError(f"{config_path} must hold a JSON object")
-    config = config.get("text_config", config)  # a multimodal wrapper's language model
+    raw = raw.get("text_config", raw)  # a multimodal wrapper's language model
     try:
-        num_heads = int(config["num_attention_heads"])
-        hidden_size = int(config["hidden_size"])
-        return ModelShape(
-            num_layers=int(config["num_hidden_layers"]),
-            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-            head_dim=int(config.get("head_dim") or hidden_size // num_heads),
-            num_params=_count_safetensors_params(checkpoint) or estimate_params(config),
-            source=str(checkpoint),
-        )
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        config = ModelConfig.from_dict(raw, check_support=False)
+        num_params = _count_safetensors_params(checkpoint) or estimate_params(config)
+        return _shape(config, num_params, source=checkpoint)
+    except _NOT_A_SHAPE as exc:
         raise ValueError(f"{config_path} does not describe a model shape: {exc!r}") from None
 
 
-def estimate_params(config: dict[str, Any]) -> int:
+def estimate_params(config: ModelConfig) -> int:
     """Parameters of a Llama-style decoder from its config: embeddings, attention (with q, k and
     v biases where the config has them, as Qwen2 does by default), gated MLP and norms per
     layer, the final norm, and an output head unless it is tied to the embeddings."""
-    hidden = int(config["hidden_size"])
-    num_heads = int(config["num_attention_heads"])
-    num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
-    head_dim = int(config.get("head_dim") or hidden // num_heads)
-    vocab = int(config["vocab_size"])
+    hidden, head_dim = config.hidden_size, config.head_dim
+    num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
     attention = 2 * hidden * num_heads * head_dim + 2 * hidden * num_kv_heads * head_dim
-    mlp = 3 * hidden * int(config["intermediate_size"])
+    mlp = 3 * hidden * config.intermediate_size
     per_layer = attention + mlp + 2 * hidden
-    architectures = config.get("architectures") or []
-    if config.get("attention_bias", "Qwen2ForCausalLM" in architectures):
+    if config.attention_bias:
         per_layer += (num_heads + 2 * num_kv_heads) * head_dim  # q, k and v biases
-    heads = 1 if config.get("tie_word_embeddings", False) else 2
-    return heads * vocab * hidden + int(config["num_hidden_layers"]) * per_layer + hidden
+    heads = 1 if config.tie_word_embeddings else 2
+    return heads * config.vocab_size * hidden + config.num_hidden_layers * per_layer + hidden
+
+
+def _shape(config: ModelConfig, num_params: int, *, source: Path) -> ModelShape:
+    return ModelShape(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        num_params=num_params,
+        source=str(source),
+    )
 
 
 def _count_safetensors_params(directory: Path) -> int:
@@ -107,16 +112,14 @@ def _count_safetensors_params(directory: Path) -> int:
 
 
 def _shape_from_gguf(file: Path) -> ModelShape:
-    from model_files.gguf_metadata import metadata_int, metadata_string, open_gguf
+    from model_files.gguf_metadata import GGUFError, hf_config, open_gguf
 
     reader = open_gguf(file)  # a GGUFError (a ValueError) naming the file if unreadable
-    arch = metadata_string(reader, "general.architecture")
-    num_heads = metadata_int(reader, f"{arch}.attention.head_count")
-    hidden_size = metadata_int(reader, f"{arch}.embedding_length")
-    return ModelShape(
-        num_layers=metadata_int(reader, f"{arch}.block_count"),
-        num_kv_heads=metadata_int(reader, f"{arch}.attention.head_count_kv", num_heads),
-        head_dim=metadata_int(reader, f"{arch}.attention.key_length", hidden_size // num_heads),
-        num_params=sum(int(tensor.n_elements) for tensor in reader.tensors),
-        source=str(file),
-    )
+    num_params = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    try:
+        config = ModelConfig.from_dict(hf_config(reader, check_support=False), check_support=False)
+        return _shape(config, num_params, source=file)
+    except GGUFError:
+        raise  # the metadata key that is missing or wrong, by name
+    except _NOT_A_SHAPE as exc:
+        raise ValueError(f"{file} does not describe a model shape: {exc!r}") from None

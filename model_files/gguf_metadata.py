@@ -88,11 +88,19 @@ def architecture(reader: GGUFReader) -> str:
     return name
 
 
-def hf_config(reader: GGUFReader) -> dict[str, Any]:
-    """The model's ``config.json``, from the file's metadata."""
-    arch = architecture(reader)
-    if has_tensor(reader, "rope_freqs.weight"):
-        raise GGUFError("Llama-3 RoPE frequency factors (rope_freqs) are not supported yet")
+def hf_config(reader: GGUFReader, *, check_support: bool = True) -> dict[str, Any]:
+    """The model's ``config.json``, from the file's metadata.
+
+    ``check_support=False`` maps a model this engine does not run too, as the capacity planner
+    does (it reads any decoder's shape): an architecture not in ``ARCHITECTURES`` keeps
+    llama.cpp's name, and Llama-3 RoPE frequency factors are left out, not refused.
+    """
+    if check_support:
+        arch = architecture(reader)
+        if has_tensor(reader, "rope_freqs.weight"):
+            raise GGUFError("Llama-3 RoPE frequency factors (rope_freqs) are not supported yet")
+    else:
+        arch = metadata_string(reader, "general.architecture")
     hidden_size = metadata_int(reader, f"{arch}.embedding_length")
     num_heads = metadata_int(reader, f"{arch}.attention.head_count")
     tokens = reader.get_field("tokenizer.ggml.tokens")
@@ -104,7 +112,7 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         else tensor_rows(reader, "token_embd.weight")
     )
     config: dict[str, Any] = {
-        "architectures": [ARCHITECTURES[arch]],
+        "architectures": [ARCHITECTURES.get(arch, arch)],
         "model_type": arch,  # transformers' name for both is llama.cpp's
         "hidden_act": "silu",
         "vocab_size": vocab_size,

@@ -86,17 +86,20 @@ class ModelConfig:
             return cls.from_dict(json.load(f))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, raw: dict[str, Any], *, check_support: bool = True) -> ModelConfig:
+        """``check_support=False`` reads a model this engine does not run, as the capacity
+        planner does (it plans any Llama-style decoder): its architecture, RoPE type and dtype
+        are then taken as given instead of refused."""
         architectures = raw.get("architectures") or []
         architecture = architectures[0] if architectures else "<missing 'architectures'>"
-        if architecture not in SUPPORTED_ARCHITECTURES:
+        if check_support and architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported model architecture {architecture!r}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         hidden_size = int(raw["hidden_size"])
         num_heads = int(raw["num_attention_heads"])
-        rope_theta, rope_scaling = _parse_rope(raw)
+        rope_theta, rope_scaling = _parse_rope(raw, check_support)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
@@ -114,18 +117,18 @@ class ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", architecture == "Qwen2ForCausalLM")),
-            torch_dtype=_parse_dtype(raw.get("torch_dtype") or raw.get("dtype")),
+            torch_dtype=_parse_dtype(raw.get("torch_dtype") or raw.get("dtype"), check_support),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             sliding_window=_parse_sliding_window(raw, architecture),
         )
 
 
-def _parse_rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def _parse_rope(raw: dict[str, Any], check_support: bool) -> tuple[float, dict[str, Any] | None]:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in _ROPE_TYPES:
+    if check_support and rope_type not in _ROPE_TYPES:
         raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {_ROPE_TYPES}")
     if rope_type == "default":
         return theta, None
@@ -134,11 +137,13 @@ def _parse_rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
-def _parse_dtype(name: str | None) -> str:
+def _parse_dtype(name: str | None, check_support: bool) -> str:
     if name is None:
         return "float32"
     name = name.removeprefix("torch.")
     if name not in _DTYPE_NAMES:
+        if not check_support:
+            return name
         raise ValueError(f"unsupported torch_dtype {name!r} in config.json")
     return _DTYPE_NAMES[name]
 

@@ -7,10 +7,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 from capacity_planner.model_shape import estimate_params, shape_from_checkpoint
+from model_files.model_config import ModelConfig
 from tests.support.gguf_files import HEAD_DIM, KV_HEADS, LAYERS, hf_tensors, write_gguf
 
 # meta-llama/Llama-3.1-8B's config.json (the fields the estimate reads).
@@ -28,7 +30,7 @@ LLAMA_3_1_8B = {
 
 def test_the_estimate_from_a_config_is_llama_3_1_8b_s_published_count() -> None:
     # The model card's parameter count: 8,030,261,248.
-    assert estimate_params(LLAMA_3_1_8B) == 8_030_261_248
+    assert estimate_params(ModelConfig.from_dict(LLAMA_3_1_8B)) == 8_030_261_248
 
 
 def test_a_config_only_directory_gives_the_shape_and_estimates_the_params(tmp_path: Path) -> None:
@@ -49,7 +51,8 @@ def test_safetensors_headers_count_the_params(tmp_path: Path) -> None:
             {n: tensors[n] for n in part}, str(tmp_path / f"model-{i}.safetensors")
         )
     config = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": LAYERS}
-    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 2}))
+    config |= {"num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     shape = shape_from_checkpoint(tmp_path)
     assert shape.num_params == sum(t.size for t in tensors.values())
 
@@ -66,7 +69,7 @@ def test_a_demo_checkpoint_s_params_are_its_weights(demo_checkpoint: Callable[..
     ]
     shape = shape_from_checkpoint(path)
     assert shape.num_params == sum(t.size for t in loaded) > 0
-    assert estimate_params(json.loads((path / "config.json").read_text())) == shape.num_params
+    assert estimate_params(ModelConfig.from_pretrained(path)) == shape.num_params
 
 
 def test_the_estimate_counts_qwen2_s_attention_biases() -> None:
@@ -82,8 +85,8 @@ def test_the_estimate_counts_qwen2_s_attention_biases() -> None:
         "vocab_size": 151936,
         "tie_word_embeddings": True,
     }
-    assert estimate_params(qwen) == 494_032_768
-    assert estimate_params({**qwen, "attention_bias": False}) < 494_032_768
+    assert estimate_params(ModelConfig.from_dict(qwen)) == 494_032_768
+    assert estimate_params(ModelConfig.from_dict({**qwen, "attention_bias": False})) < 494_032_768
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0])
@@ -102,7 +105,7 @@ def test_a_gguf_file_gives_its_shape_and_param_count(tmp_path: Path, qtype: Q) -
         "intermediate_size": 128,
         "vocab_size": tensors["model.embed_tokens.weight"].shape[0],
     }
-    assert estimate_params(config) == shape.num_params
+    assert estimate_params(ModelConfig.from_dict(config, check_support=False)) == shape.num_params
 
 
 def test_the_bundled_smollm2_gguf(smollm2_gguf: Path) -> None:
@@ -110,6 +113,33 @@ def test_the_bundled_smollm2_gguf(smollm2_gguf: Path) -> None:
     # SmolLM2-135M: 30 layers, 3 KV heads of 64; 134.5 million parameters (tied embeddings).
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (30, 3, 64)
     assert round(shape.num_params / 1e6, 1) == 134.5
+
+
+def test_a_config_the_engine_does_not_serve_still_gives_its_shape(tmp_path: Path) -> None:
+    """The planner plans any Llama-style decoder: an architecture, RoPE type or dtype the engine
+    refuses, inside a multimodal wrapper, is read as given."""
+    text = LLAMA_3_1_8B | {
+        "architectures": ["MistralNemoForCausalLM"],
+        "head_dim": 64,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+        "torch_dtype": "float8_e4m3fn",
+    }
+    wrapper = {"architectures": ["LlavaForConditionalGeneration"], "text_config": text}
+    (tmp_path / "config.json").write_text(json.dumps(wrapper))
+    shape = shape_from_checkpoint(tmp_path)
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (32, 8, 64)
+
+
+def test_a_gguf_file_the_engine_does_not_serve_still_gives_its_shape(tmp_path: Path) -> None:
+    """Llama 3's RoPE frequency factors and an architecture the engine does not run."""
+    tensors = hf_tensors()
+    factors = {"rope_freqs.weight": (np.ones(HEAD_DIM // 2, dtype=np.float32), Q.F32)}
+    for arch in ("llama", "gemma"):
+        path = write_gguf(tmp_path / f"{arch}.gguf", tensors, arch=arch, raw=factors)
+        shape = shape_from_checkpoint(path)
+        dims = (shape.num_layers, shape.num_kv_heads, shape.head_dim)
+        assert dims == (LAYERS, KV_HEADS, HEAD_DIM)
+        assert shape.num_params == sum(t.size for t in tensors.values()) + HEAD_DIM // 2
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,22 @@ def test_unsupported_rope_type(tmp_path: Path) -> None:
         ModelConfig.from_pretrained(write(tmp_path, raw))
 
 
+def test_a_model_the_engine_does_not_run_is_read_as_given_unchecked() -> None:
+    """``check_support=False`` (the capacity planner's reading): the same keys, nothing refused."""
+    raw = LLAMA | {
+        "architectures": ["GemmaForCausalLM"],
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+        "torch_dtype": "float8_e4m3fn",
+    }
+    with pytest.raises(ValueError, match="GemmaForCausalLM"):
+        ModelConfig.from_dict(raw)
+    config = ModelConfig.from_dict(raw, check_support=False)
+    assert config.architecture == "GemmaForCausalLM"
+    assert config.rope_scaling == {"rope_type": "yarn", "factor": 4.0}
+    assert config.torch_dtype == "float8_e4m3fn"
+    assert (config.num_hidden_layers, config.num_key_value_heads, config.head_dim) == (16, 8, 64)
+
+
 def test_qwen2_has_bias_and_ignores_disabled_sliding_window(tmp_path: Path) -> None:
     raw = LLAMA | {
         "architectures": ["Qwen2ForCausalLM"],
