@@ -7,12 +7,17 @@ of timeouts.
 
 A model's replicas are live (`gateway.upstream.replica_set`): ``dns://`` upstreams are
 resolved again and again, every replica is checked, and one that fails is ejected for a
-while; `UpstreamPool.start` (the app's start-up) begins that. `UpstreamPool.open` picks
-among the available replicas round-robin and moves on to the next one when an engine
-fails *before its first token*: a connection error, a 5xx, or a stream that breaks before
-its first event with content. Once a token has been relayed the request stays where it is.
-When every replica fails, a 500 answer (an engine failed this request) is returned for the
-caller to report as a 502; only when none answered is it a 503.
+while; `UpstreamPool.start` (the app's start-up) begins that.
+
+`UpstreamPool.open` tries the available replicas in the order `replica_order` gives for the
+request (the app's `gateway.upstream.replica_router.ReplicaRouter`: the model's
+``replica_policy``, ``prefix``, ``least_loaded`` or ``round_robin``, decided by
+`policies.replica_choice`; with no `replica_order`, `UpstreamPool.replicas`' rotation), and
+moves on to the next one when an engine fails *before its first token*: a connection error,
+a 5xx, or a stream that breaks before its first event with content. Once a token has been
+relayed the request stays where it is. When every replica fails, a 500 answer (an engine
+failed this request) is returned for the caller to report as a 502; only when none answered
+is it a 503. A stream's events are read by `gateway.upstream.sse_reader`.
 
 The request path hands a prebuilt ``httpx.Request`` (URL parsed once per replica and path,
 the client's timeouts as its extension) straight to the replica's transport: an engine call
@@ -37,10 +42,12 @@ import orjson
 
 from gateway.errors import upstream_unavailable
 from gateway.observability.metrics import GatewayMetrics
+from gateway.replica_settings import DNS_SCHEME, DnsUpstream, ReplicaWatch
 from gateway.settings import ModelSettings
 from gateway.upstream.aiohttp_transport import READ_BODY, AiohttpTransport
-from gateway.upstream.dns_discovery import DNS_SCHEME, DnsUpstream, Resolver, system_resolver
-from gateway.upstream.replica_set import ReplicaSet, ReplicaWatch, Upstream
+from gateway.upstream.dns_discovery import Resolver, system_resolver
+from gateway.upstream.replica_set import ReplicaSet, Upstream
+from gateway.upstream.sse_reader import read_body, sse_batches
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +157,7 @@ class UpstreamPool:
         self._stop_extensions = {"timeout": STOP_TIMEOUT.as_dict(), READ_BODY: True}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._turns = {name: itertools.count() for name in models}
-        self.replica_order: ReplicaOrder | None = None  # None: round-robin (`replicas`)
+        self.replica_order: ReplicaOrder | None = None  # None: `replicas`' rotation as it is
 
     async def start(self) -> None:
         """Resolve the ``dns://`` upstreams and check every replica, then keep doing so."""
@@ -158,7 +165,7 @@ class UpstreamPool:
 
     def replicas(self, model: str) -> list[str]:
         """The model's available replicas (`ReplicaSet.available`), rotated by one on every
-        call (round-robin start)."""
+        call: the order `replica_order` starts from (its ``round_robin`` policy keeps it)."""
         bases = self.replica_set.available(model)
         if not bases:
             return []  # a dns:// name that has resolved to nothing yet
@@ -176,7 +183,8 @@ class UpstreamPool:
         on_replica_error: Callable[[str, str], None] | None = None,
         prompt_token_ids: Sequence[int] | None = None,
     ) -> UpstreamCall:
-        """The first replica that answers; raises a 503 `ApiError` if none does.
+        """The first replica that answers, tried in `replica_order`'s order; raises a 503
+        `ApiError` if none does.
 
         A 4xx answer is returned (the engine's own error for this request, which the caller
         rewrites as the gateway's). A 500 is tried on the next replica; if no replica does
@@ -187,15 +195,13 @@ class UpstreamPool:
         request_headers = {**headers, "content-type": "application/json"}
         num_failed = 0
         failed_answer: UpstreamCall | None = None
-        # --- replica-order hook (issue #16): the order and in-flight accounting ---
         replicas = self.replicas(model)
-        hook = self.replica_order
+        hook = self.replica_order  # the order, and what is in flight where
         if hook is not None:
             replicas = await hook.order(model, replicas, body, prompt_token_ids)
         for base in replicas:
             if hook is not None:
                 hook.sent(base)  # in flight until this attempt ends, or its call closes
-            # --- end of hook
             request = httpx.Request(
                 "POST",
                 self._url(base, path),
@@ -213,7 +219,7 @@ class UpstreamPool:
                 call = UpstreamCall(response, base, num_failed_replicas=num_failed)
                 if is_stream and response.status_code < 400:
                     call.events = await _read_ahead(sse_batches(response))
-                    if hook is not None:  # replica-order hook: closing the call ends it
+                    if hook is not None:  # a stream is in flight until its call closes
                         call.on_close, hook = functools.partial(hook.finished, base), None
                 else:
                     call.body = await read_body(response)
@@ -230,7 +236,7 @@ class UpstreamPool:
                 if response is not None:
                     await response.aclose()
             finally:
-                if hook is not None:  # replica-order hook
+                if hook is not None:
                     hook.finished(base)
         if failed_answer is not None:
             failed_answer.num_failed_replicas = num_failed
@@ -308,61 +314,6 @@ def _aiohttp_transport(uds: str | None) -> httpx.AsyncBaseTransport:
         return aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
 
     return AiohttpTransport(connector)
-
-
-async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
-    """The ``data`` payload of each server-sent event, in order (``[DONE]`` included), one
-    non-empty list per read that completed any: events that arrive together stay together.
-
-    Events are cut from the raw bytes (any of the three SSE line endings), which costs a few
-    ``find`` calls per event instead of a text decoder and a line splitter per line."""
-    pending = b""
-    async for chunk in _raw_chunks(response):
-        pending += chunk
-        if b"\r" in pending:
-            pending = _to_lf(pending)
-        start, batch = 0, []
-        while (end := pending.find(b"\n\n", start)) >= 0:
-            data = _event_data(pending[start:end])
-            if data is not None:
-                batch.append(data)
-            start = end + 2
-        pending = pending[start:]
-        if batch:
-            yield batch
-    data = _event_data(_to_lf(pending, is_final=True))
-    if data is not None:
-        yield [data]
-
-
-async def read_body(response: httpx.Response) -> bytes:
-    """The whole body, decoded, as ``response.aread()`` gives it."""
-    return b"".join([chunk async for chunk in _raw_chunks(response)])
-
-
-def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body as the transport delivers it, skipping httpx's decoder and re-chunking when
-    there is no encoding to undo (they cost more than the rest of reading a short answer)."""
-    stream = response.stream
-    if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
-        return response.aiter_bytes()
-    return aiter(stream)
-
-
-def _to_lf(text: bytes, *, is_final: bool = False) -> bytes:
-    """CRLF and CR line endings as LF; a CR last in a chunk may be half of a CRLF: kept."""
-    text = text.replace(b"\r\n", b"\n")
-    if is_final or not text.endswith(b"\r"):
-        return text.replace(b"\r", b"\n")
-    return text[:-1].replace(b"\r", b"\n") + b"\r"
-
-
-def _event_data(block: bytes) -> str | None:
-    """The joined ``data`` lines of one event block; ``None`` if it has none."""
-    if block.startswith(b"data: ") and b"\n" not in block:  # the usual one-line event
-        return block[6:].decode()
-    lines = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line[:5] == b"data:"]
-    return b"\n".join(lines).decode() if lines else None
 
 
 async def _read_ahead(batches: AsyncIterator[list[str]]) -> AsyncIterator[list[str]]:

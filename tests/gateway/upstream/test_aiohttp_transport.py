@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from gateway.upstream.aiohttp_transport import READ_BODY, AiohttpTransport
-from gateway.upstream.pool import read_body
+from gateway.upstream.sse_reader import read_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[Handler], Awaitable[str]]
