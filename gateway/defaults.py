@@ -1,8 +1,9 @@
 """Where a gateway starts when neither its config, ``TOLLWAY_*`` nor a flag says otherwise.
 
-One place for each, light to import: the settings object reads them, and so do the
-command line's defaults and ``--help`` texts, which must not pull in the settings' Redis
-and database modules just to print a number.
+One place for each, light to import (this module imports nothing of the gateway): the
+settings object reads them, and so do the lower modules' own defaults (the Redis client,
+the replica watch) and the command line's defaults and ``--help`` texts, which must not
+pull in the settings' Redis and database modules just to print a number.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_DATA_DIR = Path("tollway-data")
+DEFAULT_DATABASE_FILENAME = "tollway.db"  # in the data directory, when no database_url
 # How long `tollway serve` waits for every engine it starts to answer /health: loading a
 # checkpoint and, the first time, compiling the CPU kernels.
 DEFAULT_ENGINE_TIMEOUT_S = 600.0
@@ -19,3 +21,18 @@ DEFAULT_ENGINE_TIMEOUT_S = 600.0
 # balancers stop sending to it, then how long streams in flight get to finish.
 DEFAULT_DRAIN_DELAY_S = 0.0
 DEFAULT_DRAIN_GRACE_S = 30.0
+# A healthy Redis answers in well under a millisecond: only a stalled one takes this long.
+DEFAULT_REDIS_CONNECT_TIMEOUT_S = 0.5
+DEFAULT_REDIS_TIMEOUT_S = 0.5
+# Engine replicas: how often a dns:// upstream is resolved again and each replica's /ready
+# read; how many failures in a row eject one, for how long at first and at most.
+DEFAULT_DNS_REFRESH_S = 5.0
+DEFAULT_HEALTH_CHECK_INTERVAL_S = 5.0
+DEFAULT_EJECTION_FAILURES = 3
+DEFAULT_EJECTION_BACKOFF_S = 1.0
+DEFAULT_EJECTION_BACKOFF_MAX_S = 30.0
+
+
+def default_database_url(data_dir: Path) -> str:
+    """The embedded default: a SQLite file in the data directory."""
+    return f"sqlite:///{(data_dir / DEFAULT_DATABASE_FILENAME).resolve()}"

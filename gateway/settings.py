@@ -94,23 +94,21 @@ import yaml
 
 from gateway.defaults import (
     DEFAULT_DATA_DIR,
+    DEFAULT_DNS_REFRESH_S,
     DEFAULT_DRAIN_DELAY_S,
     DEFAULT_DRAIN_GRACE_S,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-)
-from gateway.rollouts import RolloutTable, check_rollouts, parse_rollouts, version_names
-from gateway.storage.database import default_database_url
-from gateway.storage.redis_client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
-from gateway.upstream.dns_discovery import DEFAULT_DNS_REFRESH_S, DNS_SCHEME, DnsUpstream
-from gateway.upstream.health_checks import DEFAULT_HEALTH_CHECK_INTERVAL_S
-from gateway.upstream.replica_health import (
     DEFAULT_EJECTION_BACKOFF_MAX_S,
     DEFAULT_EJECTION_BACKOFF_S,
-    DEFAULT_FAILURES_TO_EJECT,
-    EjectionRule,
+    DEFAULT_EJECTION_FAILURES,
+    DEFAULT_HEALTH_CHECK_INTERVAL_S,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_REDIS_CONNECT_TIMEOUT_S,
+    DEFAULT_REDIS_TIMEOUT_S,
+    default_database_url,
 )
-from gateway.upstream.replica_set import ReplicaWatch
+from gateway.replica_settings import DNS_SCHEME, DnsUpstream, EjectionRule, ReplicaWatch
+from gateway.rollouts import RolloutTable, check_rollouts, parse_rollouts, version_names
 from policies.model_routing import ModelPair, RoutingPolicy
 from policies.replica_choice import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES, ReplicaPolicy
 
@@ -243,15 +241,15 @@ class GatewaySettings:
     # (see `gateway.auth.epochs`); this bounds how long a change made around it may go unseen.
     auth_cache_ttl_s: float = 10.0
     auth_stale_ttl_s: float = 600.0
-    redis_connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    redis_timeout_s: float = DEFAULT_TIMEOUT_S
+    redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
+    redis_timeout_s: float = DEFAULT_REDIS_TIMEOUT_S
     redis_failure_mode: str = "closed"
     max_body_bytes: int = 1 << 20
     otel_endpoint: str | None = None
     log_prompts: bool = False
     dns_refresh_s: float = DEFAULT_DNS_REFRESH_S
     health_check_interval_s: float = DEFAULT_HEALTH_CHECK_INTERVAL_S
-    ejection_failures: int = DEFAULT_FAILURES_TO_EJECT
+    ejection_failures: int = DEFAULT_EJECTION_FAILURES
     ejection_backoff_s: float = DEFAULT_EJECTION_BACKOFF_S
     ejection_backoff_max_s: float = DEFAULT_EJECTION_BACKOFF_MAX_S
     drain_delay_s: float = DEFAULT_DRAIN_DELAY_S

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.defaults import DEFAULT_DATA_DIR
+from gateway.defaults import DEFAULT_DATA_DIR, default_database_url
 
 DATABASE_URL_HELP = "sqlite:///… or postgresql+psycopg://…; default: SQLite in --data-dir."
 
@@ -33,7 +33,6 @@ def migrate(
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from gateway.storage import migrate as migrations
-    from gateway.storage.database import default_database_url
 
     url = database_url or default_database_url(data_dir)
     try:

@@ -6,47 +6,20 @@ is one replica, ``http://<ip>:<port>`` (``http://[<ipv6>]:<port>``).
 
 The resolver is asyncio's (``loop.getaddrinfo``, the system's resolver on a thread); tests
 pass their own. A failed resolution, or one that finds nothing, keeps the last good set:
-a DNS hiccup must not empty a pool that was serving.
+a DNS hiccup must not empty a pool that was serving. The name itself, parsed, is a
+`gateway.replica_settings.DnsUpstream`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
-DNS_SCHEME = "dns://"
-DEFAULT_DNS_REFRESH_S = 5.0
+from gateway.replica_settings import DnsUpstream
 
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 """``(host, port)`` -> the IP addresses ``host`` resolves to now; raises ``OSError``."""
-
-
-@dataclass(frozen=True)
-class DnsUpstream:
-    url: str  # as configured: dns://host:port
-    host: str
-    port: int
-
-    @staticmethod
-    def parse(url: str) -> DnsUpstream:
-        """``dns://host:port`` -> its parts; ``ValueError`` naming what is wrong."""
-        rest = url.removeprefix(DNS_SCHEME)
-        host, sep, port = rest.rpartition(":")
-        host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                f"upstream {url!r} must be dns://host:port (e.g. dns://engine-small:8100)"
-            )
-        return DnsUpstream(url, host, int(port))
-
-    def replica_base(self, address: str) -> str:
-        """The base URL of the replica at ``address``."""
-        if ipaddress.ip_address(address).version == 6:
-            return f"http://[{address}]:{self.port}"
-        return f"http://{address}:{self.port}"
 
 
 async def system_resolver(host: str, port: int) -> Sequence[str]:

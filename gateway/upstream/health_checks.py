@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import httpx
 
-DEFAULT_HEALTH_CHECK_INTERVAL_S = 5.0
 HEALTH_CHECK_TIMEOUT_S = 2.0
 
 

@@ -22,35 +22,7 @@ a try that may work beats a certain 503.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-DEFAULT_FAILURES_TO_EJECT = 3
-DEFAULT_EJECTION_BACKOFF_S = 1.0
-DEFAULT_EJECTION_BACKOFF_MAX_S = 30.0
-
-
-@dataclass(frozen=True)
-class EjectionRule:
-    failures_to_eject: int = DEFAULT_FAILURES_TO_EJECT
-    backoff_s: float = DEFAULT_EJECTION_BACKOFF_S
-    backoff_max_s: float = DEFAULT_EJECTION_BACKOFF_MAX_S
-
-    def __post_init__(self) -> None:
-        if isinstance(self.failures_to_eject, bool) or self.failures_to_eject < 1:
-            raise ValueError(
-                f"ejection_failures must be an integer >= 1, got {self.failures_to_eject!r}"
-            )
-        if not self.backoff_s > 0:
-            raise ValueError(f"ejection_backoff_s must be > 0, got {self.backoff_s}")
-        if not self.backoff_max_s >= self.backoff_s:
-            raise ValueError(
-                f"ejection_backoff_max_s ({self.backoff_max_s}) must be at least "
-                f"ejection_backoff_s ({self.backoff_s})"
-            )
-
-    def backoff(self, num_ejections: int) -> float:
-        """How long the ``num_ejections``-th ejection in a row (1, 2, ...) lasts."""
-        return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(num_ejections - 1, 64))
+from gateway.replica_settings import EjectionRule
 
 
 class ReplicaHealth:

@@ -25,49 +25,26 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import httpx
 
 from gateway.observability.metrics import GatewayMetrics
-from gateway.upstream.dns_discovery import (
-    DEFAULT_DNS_REFRESH_S,
-    DnsUpstream,
-    Resolver,
-    resolve_bases,
-    system_resolver,
-)
-from gateway.upstream.health_checks import DEFAULT_HEALTH_CHECK_INTERVAL_S, is_replica_ready
-from gateway.upstream.replica_health import EjectionRule, ReplicaHealth
+from gateway.replica_settings import DnsUpstream, ReplicaWatch
+from gateway.upstream.dns_discovery import Resolver, resolve_bases, system_resolver
+from gateway.upstream.health_checks import is_replica_ready
+from gateway.upstream.replica_health import ReplicaHealth
 
 logger = logging.getLogger(__name__)
 
 Upstream = str | DnsUpstream  # a fixed base URL, or a name to resolve
-
-
-@dataclass(frozen=True)
-class ReplicaWatch:
-    """How replicas are found and checked (the gateway settings' top-level keys)."""
-
-    dns_refresh_s: float = DEFAULT_DNS_REFRESH_S
-    health_check_interval_s: float = DEFAULT_HEALTH_CHECK_INTERVAL_S  # 0: no active checks
-    ejection: EjectionRule = field(default_factory=EjectionRule)
-
-    def __post_init__(self) -> None:
-        if not self.dns_refresh_s > 0:
-            raise ValueError(f"dns_refresh_s must be > 0, got {self.dns_refresh_s}")
-        if not self.health_check_interval_s >= 0:
-            raise ValueError(
-                f"health_check_interval_s must be >= 0 (0: no active health checks), "
-                f"got {self.health_check_interval_s}"
-            )
+_DEFAULT_WATCH = ReplicaWatch()
 
 
 class ReplicaSet:
     def __init__(
         self,
         upstreams: Mapping[str, Sequence[Upstream]],
-        watch: ReplicaWatch = ReplicaWatch(),
+        watch: ReplicaWatch = _DEFAULT_WATCH,
         *,
         resolver: Resolver = system_resolver,
         metrics: GatewayMetrics | None = None,

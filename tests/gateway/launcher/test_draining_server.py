@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gateway.storage.database import Database, default_database_url
+from gateway.defaults import default_database_url
+from gateway.storage.database import Database
 from gateway.storage.usage_store import list_usage
 from tests.support.polling import wait_until
 from tests.support.stand_in_engine import MODEL

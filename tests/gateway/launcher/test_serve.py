@@ -18,6 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from gateway.defaults import default_database_url
 from gateway.launcher import bundled_model
 from gateway.launcher.bundled_model import find_bundled_gguf
 from gateway.launcher.cli import app
@@ -39,7 +40,7 @@ from gateway.launcher.serve_config import (
     with_address,
 )
 from gateway.storage import api_keys, migrate, tenants
-from gateway.storage.database import Database, default_database_url
+from gateway.storage.database import Database
 from policies.quota import TenantQuota
 from tests.support.gguf_files import CONTEXT, hf_tensors, write_gguf
 from tests.support.polling import wait_until

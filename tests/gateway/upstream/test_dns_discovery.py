@@ -1,4 +1,4 @@
-"""``dns://host:port`` upstreams: parsing, and the replicas an answer stands for."""
+"""``dns://host:port`` upstreams: the replicas an answer stands for."""
 
 from __future__ import annotations
 
@@ -6,23 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.upstream.dns_discovery import DnsUpstream, resolve_bases, system_resolver
-
-
-def test_parse() -> None:
-    assert DnsUpstream.parse("dns://engine-small:8100") == DnsUpstream(
-        "dns://engine-small:8100", "engine-small", 8100
-    )
-    assert DnsUpstream.parse("dns://[::1]:80").host == "::1"
-
-
-@pytest.mark.parametrize(
-    "url",
-    ["dns://engine", "dns://engine:", "dns://:8100", "dns://e:0", "dns://e:1/v1", "dns://e:x"],
-)
-def test_parse_refuses_what_is_not_host_and_port(url: str) -> None:
-    with pytest.raises(ValueError, match="must be dns://host:port"):
-        DnsUpstream.parse(url)
+from gateway.replica_settings import DnsUpstream
+from gateway.upstream.dns_discovery import resolve_bases, system_resolver
 
 
 async def test_each_address_is_one_replica_sorted_once() -> None:
