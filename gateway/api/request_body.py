@@ -6,15 +6,16 @@ The sampling fields are checked against the table the engine server checks too
 (``openai_protocol.field_rules``): ranges, integer widths, counts and lengths, so a
 value the engine could not run is a 400 here. ``null`` is "not given" for every optional
 field and is not forwarded. Fields outside the table are passed to the engine untouched.
+The result is a `gateway.completion_body.CompletionBody`, the type admission reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from gateway.completion_body import CompletionBody, Messages
 from gateway.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
 from openai_protocol.field_rules import (
     RULES,
@@ -26,49 +27,6 @@ from openai_protocol.field_rules import (
 from openai_protocol.json_body import parse_json_object
 
 __all__ = ["CompletionBody", "Endpoint", "parse_body", "read_json", "requested_model"]
-
-Messages = list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class CompletionBody:
-    """One validated request. ``raw`` is the client's JSON object (less its nulls),
-    forwarded nearly as is."""
-
-    endpoint: Endpoint
-    raw: dict[str, Any]
-    model: str
-    messages: Messages | None  # chat
-    prompt: str | list[int] | None  # completions
-    max_tokens: int | None
-    is_stream: bool
-    include_usage: bool
-
-    @property
-    def prompt_text(self) -> str:
-        """The user-visible text, for routing heuristics (never logged)."""
-        if self.messages is not None:
-            return "\n".join(_content_text(m.get("content")) for m in self.messages)
-        return self.prompt if isinstance(self.prompt, str) else ""
-
-    @property
-    def user(self) -> str | None:
-        """OpenAI's end-user id, if the request names one (its rollout versions stick to it)."""
-        user = self.raw.get("user")
-        return user if isinstance(user, str) and user else None
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.messages) if self.messages is not None else 1
-
-    @property
-    def prompt_chars(self) -> int:
-        """What counting the prompt's tokens costs, in characters (0 for token ids): for a
-        chat every string of every message (roles, names, parts of any type: the counters
-        render and tokenize them all) plus a little for each message and value."""
-        if self.messages is not None:
-            return _size_in_chars(self.messages)
-        return len(self.prompt) if isinstance(self.prompt, str) else 0
 
 
 async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
@@ -174,30 +132,3 @@ def _prompt(value: Any) -> str | list[int]:
     ):
         return [int(t) for t in value]
     raise _type_error("prompt", "a string or an array of token ids")
-
-
-_VALUE_CHARS = 8  # what a template or a JSON rendering adds around each value
-
-
-def _size_in_chars(value: Any) -> int:
-    """The characters of every string in ``value`` and its keys, plus ``_VALUE_CHARS`` each
-    value (nesting is bounded by the body's depth cap)."""
-    if isinstance(value, str):
-        return len(value) + _VALUE_CHARS
-    if isinstance(value, dict):
-        return _VALUE_CHARS + sum(len(str(k)) + _size_in_chars(v) for k, v in value.items())
-    if isinstance(value, list):
-        return _VALUE_CHARS + sum(_size_in_chars(v) for v in value)
-    return _VALUE_CHARS
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text", ""))
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""

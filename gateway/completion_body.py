@@ -1,0 +1,82 @@
+"""`CompletionBody`: one validated completion request, as admission and the request path read it.
+
+`gateway.api.request_body` reads and validates the client's JSON into one; admission counts
+its prompt and asks the policies about it; the request path forwards its ``raw`` object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from openai_protocol.field_rules import Endpoint
+
+Messages = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    """One validated request. ``raw`` is the client's JSON object (less its nulls),
+    forwarded nearly as is."""
+
+    endpoint: Endpoint
+    raw: dict[str, Any]
+    model: str
+    messages: Messages | None  # chat
+    prompt: str | list[int] | None  # completions
+    max_tokens: int | None
+    is_stream: bool
+    include_usage: bool
+
+    @property
+    def prompt_text(self) -> str:
+        """The user-visible text, for routing heuristics (never logged)."""
+        if self.messages is not None:
+            return "\n".join(_content_text(m.get("content")) for m in self.messages)
+        return self.prompt if isinstance(self.prompt, str) else ""
+
+    @property
+    def user(self) -> str | None:
+        """OpenAI's end-user id, if the request names one (its rollout versions stick to it)."""
+        user = self.raw.get("user")
+        return user if isinstance(user, str) and user else None
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.messages) if self.messages is not None else 1
+
+    @property
+    def prompt_chars(self) -> int:
+        """What counting the prompt's tokens costs, in characters (0 for token ids): for a
+        chat every string of every message (roles, names, parts of any type: the counters
+        render and tokenize them all) plus a little for each message and value."""
+        if self.messages is not None:
+            return _size_in_chars(self.messages)
+        return len(self.prompt) if isinstance(self.prompt, str) else 0
+
+
+_VALUE_CHARS = 8  # what a template or a JSON rendering adds around each value
+
+
+def _size_in_chars(value: Any) -> int:
+    """The characters of every string in ``value`` and its keys, plus ``_VALUE_CHARS`` each
+    value (nesting is bounded by the body's depth cap)."""
+    if isinstance(value, str):
+        return len(value) + _VALUE_CHARS
+    if isinstance(value, dict):
+        return _VALUE_CHARS + sum(len(str(k)) + _size_in_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return _VALUE_CHARS + sum(_size_in_chars(v) for v in value)
+    return _VALUE_CHARS
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
