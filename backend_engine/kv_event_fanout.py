@@ -7,10 +7,11 @@ line recorded after the snapshot, none before::
 
     snapshot (seq 7)  ->  stored 8, evicted 9, ...     (no gap, no repeat)
 
-Each subscription buffers at most ``buffer_lines`` lines. A listener that falls that far
-behind is closed (``is_overflowed``): it has missed nothing yet, but holding more for it
-would let one slow reader grow the engine's memory without bound; it reconnects and gets a
-fresh snapshot.
+`publish` encodes each line once (`engine_protocol.kv_events.encode`) and hands the same
+bytes to every subscription. Each subscription buffers at most ``buffer_lines`` lines. A
+listener that falls that far behind is closed (``is_overflowed``): it has missed nothing yet,
+but holding more for it would let one slow reader grow the engine's memory without bound; it
+reconnects and gets a fresh snapshot.
 """
 
 from __future__ import annotations
@@ -20,22 +21,23 @@ import contextlib
 from collections import deque
 from collections.abc import Iterable
 
-from backend_engine.core.kv_event_log import KVCacheEvent, KVEventLog, WireEvent
+from backend_engine.core.kv_event_log import KVCacheEvent, KVEventLog
+from engine_protocol.kv_events import SnapshotLine, encode
 
 DEFAULT_BUFFER_LINES = 4096
 
 
 class KVEventSubscription:
-    """One listener's queue of lines; read only from the event loop's thread."""
+    """One listener's queue of encoded lines; read only from the event loop's thread."""
 
     def __init__(self, buffer_lines: int) -> None:
         self.buffer_lines = buffer_lines
-        self._lines: deque[WireEvent] = deque()
+        self._lines: deque[bytes] = deque()
         self._has_lines = asyncio.Event()
         self.is_closed = False
         self.is_overflowed = False
 
-    def offer(self, lines: list[WireEvent]) -> None:
+    def offer(self, lines: list[bytes]) -> None:
         if self.is_closed:
             return
         if len(self._lines) + len(lines) > self.buffer_lines:
@@ -54,10 +56,10 @@ class KVEventSubscription:
         """Return once lines are waiting, the subscription is closed, or ``timeout_s`` passed."""
         if self._lines or self.is_closed:
             return
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):  # not yet the builtin on Python 3.10
             await asyncio.wait_for(self._has_lines.wait(), timeout_s)
 
-    def take(self) -> list[WireEvent]:
+    def take(self) -> list[bytes]:
         """Every line waiting, oldest first (none once closed)."""
         lines = list(self._lines)
         self._lines.clear()
@@ -78,7 +80,7 @@ class KVEventFanout:
     def num_subscriptions(self) -> int:
         return len(self._subscriptions)
 
-    def subscribe(self) -> tuple[WireEvent, KVEventSubscription]:
+    def subscribe(self) -> tuple[SnapshotLine, KVEventSubscription]:
         """The snapshot line and a subscription to every line after it."""
         subscription = KVEventSubscription(self.buffer_lines)
         if self.is_closed:
@@ -93,10 +95,11 @@ class KVEventFanout:
 
     def publish(self, events: Iterable[KVCacheEvent]) -> None:
         lines = self.log.record(events)
-        if not lines:
+        if not lines or not self._subscriptions:
             return
+        encoded = [encode(line) for line in lines]
         for subscription in list(self._subscriptions):
-            subscription.offer(lines)
+            subscription.offer(encoded)
             if subscription.is_closed:
                 self._subscriptions.discard(subscription)
 

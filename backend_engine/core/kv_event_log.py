@@ -8,32 +8,23 @@ Two layers, no tensors, no I/O:
   cached free block is handed out again or uncached (`BlockEvicted`), the cache reset
   (`CacheCleared`). A touched (revived) or freed block changes nothing a lookup sees, so
   it reports nothing;
-- `KVEventLog` turns batches of them into the lines of ``GET /kv_events`` (the wire format
-  below) and keeps what a snapshot needs: the last sequence number and the set of hashes
-  the cache holds, always equal to the pool's after the same events.
-
-The wire format (one JSON object per line; hashes are lowercase hex)::
-
-    {"type": "snapshot", "engine_id": "...", "seq": 7, "block_size": 16,
-     "extra_key": "...", "blocks": ["...", ...]}        # everything up to and with seq 7
-    {"type": "stored", "seq": 8, "blocks": ["...", ...]}
-    {"type": "evicted", "seq": 9, "blocks": ["...", ...]}
-    {"type": "cleared", "seq": 10}
-
-Consecutive pool events of one kind in a batch become one line; ``seq`` grows by exactly 1 a
-line, per log (one log per engine process, named by ``engine_id``). A hash is
-``block_pool.hash_block(parent, token_ids, extra_key)``: a client computes a prompt's chain
-with that same function, seeded with the snapshot's ``extra_key``.
+- `KVEventLog` turns batches of them into the typed lines of ``GET /kv_events``
+  (`engine_protocol.kv_events`, which documents the wire format) and keeps what a snapshot
+  needs: the last sequence number and the set of hashes the cache holds, always equal to the
+  pool's after the same events. Consecutive pool events of one kind in a batch become one
+  line; ``seq`` grows by exactly 1 a line, per log (one log per engine process, named by
+  ``engine_id``).
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-WireEvent = dict[str, Any]  # one line of the stream, before JSON encoding
+from engine_protocol.block_hash import BlockHash
+from engine_protocol.kv_events import ChangeLine, ClearedLine, EvictedLine, SnapshotLine, StoredLine
 
 
 @dataclass(frozen=True)
@@ -73,37 +64,34 @@ class KVEventLog:
         self.block_size = block_size
         self.extra_key = extra_key
         self.seq = 0  # of the last line recorded
-        self.hashes: set[bytes] = set()
+        self.hashes: set[BlockHash] = set()
 
-    def snapshot(self) -> WireEvent:
+    def snapshot(self) -> SnapshotLine:
         """The snapshot line: every hash findable as of ``seq``."""
-        return {
-            "type": "snapshot",
-            "engine_id": self.engine_id,
-            "seq": self.seq,
-            "block_size": self.block_size,
-            "extra_key": self.extra_key.hex(),
-            "blocks": sorted(block_hash.hex() for block_hash in self.hashes),
-        }
+        return SnapshotLine(
+            engine_id=self.engine_id,
+            seq=self.seq,
+            block_size=self.block_size,
+            extra_key=self.extra_key,
+            blocks=tuple(sorted(self.hashes)),  # bytes sort as their hex does
+        )
 
-    def record(self, events: Iterable[KVCacheEvent]) -> list[WireEvent]:
+    def record(self, events: Iterable[KVCacheEvent]) -> list[ChangeLine]:
         """Apply a batch of pool events; the lines they become, numbered from ``seq + 1``."""
-        lines: list[WireEvent] = []
-        for event in events:
-            if isinstance(event, CacheCleared):
-                self.hashes.clear()
-                self.seq += 1
-                lines.append({"type": "cleared", "seq": self.seq})
+        lines: list[ChangeLine] = []
+        for kind, run in itertools.groupby(events, key=type):
+            if kind is CacheCleared:
+                for _ in run:
+                    self.hashes.clear()
+                    self.seq += 1
+                    lines.append(ClearedLine(self.seq))
                 continue
-            if isinstance(event, BlockStored):
-                kind = "stored"
-                self.hashes.add(event.block_hash)
+            hashes = tuple(e.block_hash for e in run if not isinstance(e, CacheCleared))
+            self.seq += 1
+            if kind is BlockStored:
+                self.hashes.update(hashes)
+                lines.append(StoredLine(self.seq, hashes))
             else:
-                kind = "evicted"
-                self.hashes.discard(event.block_hash)
-            if lines and lines[-1]["type"] == kind:
-                lines[-1]["blocks"].append(event.block_hash.hex())
-            else:
-                self.seq += 1
-                lines.append({"type": kind, "seq": self.seq, "blocks": [event.block_hash.hex()]})
+                self.hashes.difference_update(hashes)
+                lines.append(EvictedLine(self.seq, hashes))
         return lines

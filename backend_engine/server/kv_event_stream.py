@@ -1,6 +1,6 @@
 """``GET /kv_events``: the engine's prefix-cache events and load, as newline-delimited JSON.
 
-The stream (the event lines' format is `backend_engine.core.kv_event_log`'s)::
+The stream (its lines and their format: `engine_protocol.kv_events`)::
 
     {"type": "snapshot", "engine_id": ..., "seq": 7, "block_size": 16, "extra_key": ...,
      "blocks": [...]}
@@ -24,23 +24,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from backend_engine.async_engine import AsyncEngine
-from backend_engine.core.kv_event_log import WireEvent
 from backend_engine.kv_event_fanout import KVEventSubscription
 from backend_engine.outputs import EngineStats
 from backend_engine.server.context import ServerContext
+from engine_protocol.kv_events import MEDIA_TYPE, PING, LoadLine, SnapshotLine, encode
 from openai_protocol.sse import EventStreamResponse
 
-MEDIA_TYPE = "application/x-ndjson"
 LOAD_INTERVAL_S = 0.05  # at most 20 load lines a second per stream
 PING_AFTER_S = 5.0
-PING: WireEvent = {"type": "ping"}
+PING_BYTES = encode(PING)
 
 
 class NDJSONStreamResponse(EventStreamResponse):
@@ -59,40 +56,35 @@ async def kv_events(request: Request) -> Response:
     return NDJSONStreamResponse(_lines(engine, snapshot, subscription), on_close=on_close)
 
 
-def load_line(stats: EngineStats) -> WireEvent:
-    return {
-        "type": "load",
-        "num_waiting": stats.num_waiting,
-        "num_running": stats.num_running,
-        "kv_blocks_used": stats.num_kv_blocks_used,
-        "kv_blocks_total": stats.num_kv_blocks_total,
-        "num_requests_total": stats.num_requests,
-    }
+def load_line(stats: EngineStats) -> LoadLine:
+    return LoadLine(
+        num_waiting=stats.num_waiting,
+        num_running=stats.num_running,
+        kv_blocks_used=stats.num_kv_blocks_used,
+        kv_blocks_total=stats.num_kv_blocks_total,
+        num_requests_total=stats.num_requests,
+    )
 
 
 async def _lines(
-    engine: AsyncEngine, snapshot: WireEvent, subscription: KVEventSubscription
+    engine: AsyncEngine, snapshot: SnapshotLine, subscription: KVEventSubscription
 ) -> AsyncIterator[str]:
     load = load_line(engine.stats())
-    yield _encode([snapshot, load])
+    yield (encode(snapshot) + encode(load)).decode()
     load_sent_at = last_line_at = time.monotonic()
     while True:
         # Wakes at least every LOAD_INTERVAL_S, to look at the load.
         await subscription.wait(LOAD_INTERVAL_S)
-        lines = subscription.take()
+        lines = subscription.take()  # encoded once, by the fanout, for every subscriber
         if subscription.is_closed:
             return
         now = time.monotonic()
         current = load_line(engine.stats())
         if current != load and now - load_sent_at >= LOAD_INTERVAL_S:
-            lines.append(current)
+            lines.append(encode(current))
             load, load_sent_at = current, now
         if not lines and now - last_line_at >= PING_AFTER_S:
-            lines.append(PING)
+            lines.append(PING_BYTES)
         if lines:
-            yield _encode(lines)
+            yield b"".join(lines).decode()  # EventStreamResponse sends text
             last_line_at = now
-
-
-def _encode(lines: list[dict[str, Any]]) -> str:
-    return "".join(orjson.dumps(line).decode() + "\n" for line in lines)

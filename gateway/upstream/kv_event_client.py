@@ -1,12 +1,14 @@
 """One task per engine replica that follows its ``GET /kv_events`` stream into the index.
 
-`KvEventSubscriber.run` connects, applies each line to the replica's `ReplicaCache`, and on
-any end of the stream (a refused or failed connection, an answer other than 200, the stream
-closing, no line for ``read_timeout_s`` although the engine pings every 5 s, a line that puts
-it out of sync) forgets the replica's state, which is unknown until the next snapshot, and
+`KvEventSubscriber.run` connects, decodes each line once (`engine_protocol.kv_events.decode`)
+and applies it to the replica's `ReplicaCache`, and on any end of the stream (a refused or
+failed connection, an answer other than 200, the stream closing, no line for
+``read_timeout_s`` although the engine pings every 5 s, a malformed line or one that puts it
+out of sync) forgets the replica's state, which is unknown until the next snapshot, and
 connects again after a backoff: ``backoff_initial_s``, doubled after each failure up to
 ``backoff_max_s``, back to the start once a snapshot arrives. A foreign server that has no
-such route (404) is asked again every ``backoff_max_s``, and routed by load meanwhile.
+such route (404) is asked again every ``backoff_max_s``, and routed by load meanwhile. A line
+of a type this gateway does not know (a newer engine's) is skipped, as the format says.
 
 `KvEventSubscriptions` keeps one subscriber task per replica, for a replica set that may
 change (`sync`).
@@ -21,14 +23,13 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import httpx
-import orjson
 
+from engine_protocol.kv_events import MEDIA_TYPE, KvEventLineError, UnknownLineType, decode
 from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, StreamOutOfSync
 
 logger = logging.getLogger(__name__)
 
 KV_EVENTS_PATH = "/kv_events"
-KV_EVENTS_MEDIA_TYPE = "application/x-ndjson"
 # One event line at most (a snapshot of a large engine's cache is a few MB); a server that
 # sends more without a newline is not an engine's stream, and is not buffered further.
 MAX_EVENT_LINE_BYTES = 64 * 1024 * 1024
@@ -77,7 +78,9 @@ class KvEventSubscriber:
                 was_known = self._cache.is_known
                 if was_known:
                     delay = self._timing.backoff_initial_s
-                expected = isinstance(exc, httpx.HTTPError | StreamOutOfSync | _StreamEnded)
+                expected = isinstance(
+                    exc, httpx.HTTPError | StreamOutOfSync | KvEventLineError | _StreamEnded
+                )
                 # Said once per outage: a server without the stream is asked every 10 s.
                 is_news = was_known or self.num_connections == 1 or not expected
                 logger.log(
@@ -102,18 +105,19 @@ class KvEventSubscriber:
             if response.status_code != 200:
                 raise _StreamEnded(f"status {response.status_code}")
             media_type = response.headers.get("content-type", "").split(";")[0].strip()
-            if media_type != KV_EVENTS_MEDIA_TYPE:
+            if media_type != MEDIA_TYPE:
                 raise _StreamEnded(f"content-type {media_type or 'none'}, not an event stream")
-            async for line in event_lines(response.aiter_bytes()):
-                if not line.strip():
+            async for data in event_lines(response.aiter_bytes()):
+                if not data or data.isspace():
                     continue
                 try:
-                    event = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    raise StreamOutOfSync(f"not JSON: {line[:80]!r}") from None
-                if not isinstance(event, dict):
-                    raise StreamOutOfSync(f"not an object: {line[:80]!r}")
-                self._cache.apply(event)
+                    line = decode(data)  # KvEventLineError: the stream cannot be followed
+                except UnknownLineType as exc:
+                    logger.debug(
+                        "kv_events %s: skipped a line of type %r", self._url, exc.line_type
+                    )
+                    continue
+                self._cache.apply(line)
         raise _StreamEnded("the stream closed")
 
 

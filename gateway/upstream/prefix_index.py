@@ -1,6 +1,8 @@
 """What each engine replica's prefix cache holds, rebuilt from its ``GET /kv_events`` stream.
 
-A `ReplicaCache` applies the stream's lines (docs/architecture.md, "Replica choice"):
+A `ReplicaCache` applies the stream's lines, decoded once by the client
+(`engine_protocol.kv_events`, which documents the format; docs/architecture.md, "Replica
+choice"):
 
     snapshot  every block hash the cache holds, the engine's id, seq, block size, extra key
     stored    hashes that became findable          seq + 1
@@ -9,10 +11,10 @@ A `ReplicaCache` applies the stream's lines (docs/architecture.md, "Replica choi
     load      waiting/running requests, KV blocks  (no seq)
     ping      nothing
 
-A change whose ``seq`` is not the next one (a gap: lines were lost), a change before the
-snapshot, or a malformed line raises `StreamOutOfSync`: the replica's state is then unknown
-until a new connection brings a new snapshot (`gateway.upstream.kv_event_client`). A snapshot
-replaces everything, whichever engine process (``engine_id``) it comes from.
+A change whose ``seq`` is not the next one (a gap: lines were lost) or a change before the
+snapshot raises `StreamOutOfSync`: the replica's state is then unknown until a new
+connection brings a new snapshot (`gateway.upstream.kv_event_client`). A snapshot replaces
+everything, whichever engine process (``engine_id``) it comes from.
 
 `block_chain` hashes a prompt's token ids with the engine's own `hash_block` (imported, never
 copied) into the chain its prefix cache keys blocks by, so `ReplicaCache.cached_blocks` can
@@ -23,32 +25,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from engine_protocol.block_hash import BlockHash, hash_block
+from engine_protocol.kv_events import (
+    ChangeLine,
+    ClearedLine,
+    KvEventLine,
+    LoadLine,
+    PingLine,
+    SnapshotLine,
+    StoredLine,
+)
 
 
 class StreamOutOfSync(Exception):
     """The stream lost lines or broke its contract: resubscribe for a fresh snapshot."""
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """The engine's last ``load`` line."""
-
-    num_waiting: int
-    num_running: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    num_requests_total: int | None = None  # queued since the engine started (newer engines)
-
-    @property
-    def kv_usage(self) -> float:
-        if self.kv_blocks_total <= 0:
-            return 0.0
-        return min(1.0, max(0.0, self.kv_blocks_used / self.kv_blocks_total))
 
 
 # How far back a replica's recent traffic reaches: a decayed count, e^-1 per this many s.
@@ -94,7 +86,7 @@ class ReplicaCache:
         self.seq = 0
         self.block_size = 0
         self.extra_key = b""
-        self.load: EngineLoad | None = None
+        self.load: LoadLine | None = None  # the last load line
         self.num_unreported = 0
         self.is_known = False
 
@@ -107,60 +99,35 @@ class ReplicaCache:
     def note_sent(self) -> None:
         self.num_unreported += 1
 
-    def apply(self, event: Mapping[str, Any]) -> None:
+    def apply(self, line: KvEventLine) -> None:
         """Apply one line of the stream; `StreamOutOfSync` if it cannot be applied."""
-        try:
-            kind = event["type"]
-            if kind == "snapshot":
-                self._snapshot(event)
-            elif kind == "load":
-                total = event.get("num_requests_total")
-                self.load = EngineLoad(
-                    num_waiting=_count(event["num_waiting"]),
-                    num_running=_count(event["num_running"]),
-                    kv_blocks_used=_count(event["kv_blocks_used"]),
-                    kv_blocks_total=_count(event["kv_blocks_total"]),
-                    num_requests_total=None if total is None else _count(total),
-                )
-                self.num_unreported = 0
-                if self.load.num_requests_total is not None:
-                    self.recent.count_up_to(self.load.num_requests_total, self._clock())
-            elif kind == "ping":
-                return
-            elif kind in ("stored", "evicted", "cleared"):
-                self._change(kind, event)
-            else:
-                raise StreamOutOfSync(f"unknown event type {kind!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StreamOutOfSync(f"malformed event: {exc!r}") from None
+        if isinstance(line, LoadLine):
+            self.load = line
+            self.num_unreported = 0
+            if line.num_requests_total is not None:
+                self.recent.count_up_to(line.num_requests_total, self._clock())
+        elif isinstance(line, SnapshotLine):
+            self.blocks = set(line.blocks)
+            self.engine_id = line.engine_id
+            self.seq = line.seq
+            self.block_size = line.block_size
+            self.extra_key = line.extra_key
+            self.is_known = True
+        elif not isinstance(line, PingLine):
+            self._change(line)
 
-    def _snapshot(self, event: Mapping[str, Any]) -> None:
-        engine_id = event["engine_id"]
-        if not isinstance(engine_id, str):
-            raise TypeError("engine_id must be a string")
-        block_size = _count(event["block_size"])
-        if block_size < 1:
-            raise ValueError("block_size must be at least 1")
-        self.blocks = {bytes.fromhex(h) for h in event["blocks"]}
-        self.engine_id = engine_id
-        self.seq = _count(event["seq"])
-        self.block_size = block_size
-        self.extra_key = bytes.fromhex(event["extra_key"])
-        self.is_known = True
-
-    def _change(self, kind: str, event: Mapping[str, Any]) -> None:
+    def _change(self, line: ChangeLine) -> None:
         if not self.is_known:
-            raise StreamOutOfSync(f"{kind} event before the snapshot")
-        seq = _count(event["seq"])
-        if seq != self.seq + 1:
-            raise StreamOutOfSync(f"seq {seq} after {self.seq}: events were lost")
-        if kind == "stored":
-            self.blocks.update(bytes.fromhex(h) for h in event["blocks"])
-        elif kind == "evicted":
-            self.blocks.difference_update(bytes.fromhex(h) for h in event["blocks"])
-        else:
+            raise StreamOutOfSync(f"a {type(line).__name__} before the snapshot")
+        if line.seq != self.seq + 1:
+            raise StreamOutOfSync(f"seq {line.seq} after {self.seq}: events were lost")
+        if isinstance(line, StoredLine):
+            self.blocks.update(line.blocks)
+        elif isinstance(line, ClearedLine):
             self.blocks.clear()
-        self.seq = seq
+        else:
+            self.blocks.difference_update(line.blocks)
+        self.seq = line.seq
 
     def cached_blocks(self, chain: Sequence[BlockHash]) -> int:
         """How many leading blocks of ``chain`` the replica holds (its prefix-cache hit
@@ -224,9 +191,3 @@ def cached_prefixes(
         for i in holding:
             num_cached[i] += 1
     return num_cached, parent
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a non-negative integer, got {value!r}")
-    return value

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import orjson
+
 from backend_engine.core.block_pool import BlockPool
 from backend_engine.core.kv_cache_manager import KVCacheManager
 from backend_engine.core.kv_event_log import (
@@ -17,6 +19,7 @@ from backend_engine.core.kv_event_log import (
 from backend_engine.core.request import Request
 from backend_engine.sampling_params import SamplingParams
 from engine_protocol.block_hash import hash_block
+from engine_protocol.kv_events import ClearedLine, EvictedLine, SnapshotLine, StoredLine, encode
 
 KEY = b"model"
 H0 = hash_block(None, [1, 2], KEY)
@@ -102,32 +105,34 @@ def test_a_pool_without_an_event_list_reports_nowhere() -> None:
 def test_the_log_numbers_lines_and_groups_runs_of_one_kind() -> None:
     log = KVEventLog(block_size=16, extra_key=KEY, engine_id="e1")
     lines = log.record([BlockStored(0, H0), BlockStored(1, H1), BlockEvicted(1, H1)])
-    assert lines == [
-        {"type": "stored", "seq": 1, "blocks": [H0.hex(), H1.hex()]},
-        {"type": "evicted", "seq": 2, "blocks": [H1.hex()]},
-    ]
+    assert lines == [StoredLine(1, (H0, H1)), EvictedLine(2, (H1,))]
     assert log.record([]) == []
-    lines = log.record([CacheCleared(), CacheCleared(), BlockStored(2, H2)])
-    assert lines == [
-        {"type": "cleared", "seq": 3},
-        {"type": "cleared", "seq": 4},
-        {"type": "stored", "seq": 5, "blocks": [H2.hex()]},
-    ]
-    assert log.snapshot() == {
+    lines = log.record([CacheCleared(), CacheCleared(), BlockStored(2, H2), BlockStored(0, H0)])
+    assert lines == [ClearedLine(3), ClearedLine(4), StoredLine(5, (H2, H0))]
+    assert log.snapshot() == SnapshotLine("e1", 5, 16, KEY, tuple(sorted([H0, H2])))
+
+
+def test_the_snapshot_is_the_old_wire_line() -> None:
+    """Sorted as the hex strings were (engines and gateways of either age read each other)."""
+    log = KVEventLog(block_size=16, extra_key=KEY, engine_id="e1")
+    hashes = [hash_block(None, [i], KEY) for i in range(50)]
+    log.record([BlockStored(i, h) for i, h in enumerate(hashes)])
+    old_line = {
         "type": "snapshot",
         "engine_id": "e1",
-        "seq": 5,
+        "seq": 1,
         "block_size": 16,
         "extra_key": KEY.hex(),
-        "blocks": [H2.hex()],
+        "blocks": sorted(h.hex() for h in hashes),
     }
+    assert encode(log.snapshot()) == orjson.dumps(old_line) + b"\n"
 
 
 def test_each_log_has_its_own_engine_id() -> None:
     first, second = KVEventLog(16, KEY), KVEventLog(16, KEY)
     assert first.engine_id != second.engine_id
     assert len(first.engine_id) == 32 and int(first.engine_id, 16) >= 0
-    assert first.snapshot()["seq"] == 0 and first.snapshot()["blocks"] == []
+    assert first.snapshot().seq == 0 and first.snapshot().blocks == ()
 
 
 def test_the_log_follows_the_cache_through_real_requests() -> None:

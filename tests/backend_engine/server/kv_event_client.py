@@ -1,14 +1,26 @@
-"""A test's listener of ``GET /kv_events``: reads the JSON lines into a queue as they come and
-replays the event lines onto the snapshot's hashes, checking the sequence as it goes."""
+"""A test's listener of ``GET /kv_events``: reads the lines into a queue as they come, decoded
+with `engine_protocol.kv_events.decode` (the bytes as they came stay in ``raw_lines``), and
+replays the change lines onto the snapshot's hashes, checking the sequence as it goes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
 import httpx
+
+from engine_protocol.block_hash import BlockHash
+from engine_protocol.kv_events import (
+    ClearedLine,
+    EvictedLine,
+    KvEventLine,
+    LoadLine,
+    PingLine,
+    SnapshotLine,
+    StoredLine,
+    decode,
+)
 
 LINE_TIMEOUT_S = 30.0
 
@@ -16,11 +28,12 @@ LINE_TIMEOUT_S = 30.0
 class KVEventListener:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
-        self._lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()  # None: ended
+        self._lines: asyncio.Queue[KvEventLine | None] = asyncio.Queue()  # None: ended
         self._task: asyncio.Task[None] | None = None
         self.response: httpx.Response | None = None
-        self.snapshot: dict[str, Any] = {}
-        self.hashes: set[str] = set()
+        self.raw_lines: list[str] = []
+        self.snapshot: SnapshotLine | None = None
+        self.hashes: set[BlockHash] = set()
         self.seq = 0
         self.has_ended = False
 
@@ -30,10 +43,10 @@ class KVEventListener:
         self._task = asyncio.get_running_loop().create_task(self._read(self.response))
         if self.response.status_code == 200:
             snapshot = await self.next_line()
-            assert snapshot["type"] == "snapshot", snapshot
+            assert isinstance(snapshot, SnapshotLine), snapshot
             self.snapshot = snapshot
-            self.hashes = set(snapshot["blocks"])
-            self.seq = snapshot["seq"]
+            self.hashes = set(snapshot.blocks)
+            self.seq = snapshot.seq
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -48,12 +61,13 @@ class KVEventListener:
         try:
             async for line in response.aiter_lines():
                 if line:
-                    await self._lines.put(json.loads(line))
+                    self.raw_lines.append(line)
+                    await self._lines.put(decode(line))
         except httpx.HTTPError:
             pass
         await self._lines.put(None)
 
-    async def next_line(self, timeout_s: float = LINE_TIMEOUT_S) -> dict[str, Any]:
+    async def next_line(self, timeout_s: float = LINE_TIMEOUT_S) -> KvEventLine:
         """The next line, whatever its type; fails if the stream ends first."""
         line = await asyncio.wait_for(self._lines.get(), timeout_s)
         if line is None:
@@ -61,7 +75,14 @@ class KVEventListener:
             raise AssertionError("the stream ended")
         return line
 
-    async def wait_for_end(self, timeout_s: float = LINE_TIMEOUT_S) -> list[dict[str, Any]]:
+    async def next_change(self, timeout_s: float = LINE_TIMEOUT_S) -> KvEventLine:
+        """The next line that is neither load nor ping."""
+        line = await self.next_line(timeout_s)
+        while isinstance(line, LoadLine | PingLine):
+            line = await self.next_line(timeout_s)
+        return line
+
+    async def wait_for_end(self, timeout_s: float = LINE_TIMEOUT_S) -> list[KvEventLine]:
         """Every line left until the server ends the stream."""
         lines = []
         while True:
@@ -71,18 +92,18 @@ class KVEventListener:
                 return lines
             lines.append(line)
 
-    def apply(self, line: dict[str, Any]) -> None:
-        """Replay an event line onto the hashes (load and ping lines change nothing)."""
-        if line["type"] in ("load", "ping"):
+    def apply(self, line: KvEventLine) -> None:
+        """Replay a change line onto the hashes (load and ping lines change nothing)."""
+        if isinstance(line, LoadLine | PingLine):
             return
-        assert line["seq"] == self.seq + 1, f"a gap or a repeat: {self.seq} then {line}"
-        self.seq = line["seq"]
-        if line["type"] == "stored":
-            self.hashes.update(line["blocks"])
-        elif line["type"] == "evicted":
-            self.hashes.difference_update(line["blocks"])
+        assert isinstance(line, StoredLine | EvictedLine | ClearedLine), line
+        assert line.seq == self.seq + 1, f"a gap or a repeat: {self.seq} then {line}"
+        self.seq = line.seq
+        if isinstance(line, StoredLine):
+            self.hashes.update(line.blocks)
+        elif isinstance(line, EvictedLine):
+            self.hashes.difference_update(line.blocks)
         else:
-            assert line["type"] == "cleared", line
             self.hashes.clear()
 
     async def follow_until(self, predicate: Any, timeout_s: float = LINE_TIMEOUT_S) -> None:

@@ -4,6 +4,7 @@ without torch) served by uvicorn, its prefix cache filled and evicted by real re
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 from collections.abc import Callable, Iterator
@@ -21,7 +22,15 @@ from backend_engine.kv_event_fanout import DEFAULT_BUFFER_LINES
 from backend_engine.server import kv_event_stream
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.engine_host import EngineHost
-from engine_protocol.block_hash import hash_block
+from engine_protocol.block_hash import BlockHash, hash_block
+from engine_protocol.kv_events import (
+    MEDIA_TYPE,
+    PING,
+    EvictedLine,
+    LoadLine,
+    SnapshotLine,
+    StoredLine,
+)
 from tests.backend_engine.server.kv_event_client import KVEventListener
 from tests.support.polling import eventually
 from tests.support.stand_in_runner import DemoEngineModel
@@ -41,9 +50,9 @@ class LiveEngine:
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.base_url, timeout=60.0)
 
-    def cached_hashes(self) -> set[str]:
+    def cached_hashes(self) -> set[BlockHash]:
         """What a lookup finds now (read while the engine is idle)."""
-        return {block_hash.hex() for block_hash in self.engine.engine.kv_cache.pool.cached_hashes}
+        return set(self.engine.engine.kv_cache.pool.cached_hashes)
 
     def is_idle(self) -> bool:
         stats = self.engine.stats()
@@ -96,50 +105,58 @@ async def _complete(client: httpx.AsyncClient, prompt: list[int], max_tokens: in
     return response.json()
 
 
-def _chain(prompt: list[int], extra_key: bytes) -> list[str]:
+def _chain(prompt: list[int], extra_key: bytes) -> tuple[BlockHash, ...]:
     """A client's hashes of the prompt's full blocks: the engine's own function."""
-    hashes: list[bytes] = []
+    hashes: list[BlockHash] = []
     for start in range(0, len(prompt) - BLOCK_SIZE + 1, BLOCK_SIZE):
         parent = hashes[-1] if hashes else None
         hashes.append(hash_block(parent, prompt[start : start + BLOCK_SIZE], extra_key))
-    return [block_hash.hex() for block_hash in hashes]
+    return tuple(hashes)
 
 
 async def test_the_stream_opens_with_a_snapshot_then_the_load(live: LiveEngine) -> None:
     async with live.client() as client, KVEventListener(client) as listener:
         assert listener.response is not None
-        assert listener.response.headers["content-type"] == "application/x-ndjson"
+        assert listener.response.headers["content-type"] == MEDIA_TYPE
         snapshot = listener.snapshot
-        assert snapshot["block_size"] == BLOCK_SIZE
-        assert snapshot["extra_key"] == live.engine.engine.kv_cache.extra_key.hex()
-        assert snapshot["engine_id"] == live.engine.kv_events.log.engine_id
-        assert set(snapshot["blocks"]) == live.cached_hashes()
+        assert isinstance(snapshot, SnapshotLine)
+        assert snapshot.block_size == BLOCK_SIZE
+        assert snapshot.extra_key == live.engine.engine.kv_cache.extra_key
+        assert snapshot.engine_id == live.engine.kv_events.log.engine_id
+        assert set(snapshot.blocks) == live.cached_hashes()
         load = await listener.next_line()
-        assert load == {
-            "type": "load",
-            "num_waiting": 0,
-            "num_running": 0,
-            "kv_blocks_used": 0,
-            "kv_blocks_total": NUM_KV_BLOCKS,
-            "num_requests_total": 0,
-        }
+        assert load == LoadLine(0, 0, 0, NUM_KV_BLOCKS, num_requests_total=0)
+        # the bytes as engines have always written them
+        assert [json.loads(line) for line in listener.raw_lines] == [
+            {
+                "type": "snapshot",
+                "engine_id": snapshot.engine_id,
+                "seq": snapshot.seq,
+                "block_size": BLOCK_SIZE,
+                "extra_key": snapshot.extra_key.hex(),
+                "blocks": sorted(h.hex() for h in snapshot.blocks),
+            },
+            {
+                "type": "load",
+                "num_waiting": 0,
+                "num_running": 0,
+                "kv_blocks_used": 0,
+                "kv_blocks_total": NUM_KV_BLOCKS,
+                "num_requests_total": 0,
+            },
+        ]
 
 
 async def test_a_client_computes_the_hashes_the_engine_stored(live: LiveEngine) -> None:
     vocab_size = live.engine.tokenizer.vocab_size
     prompt = _prompt(1, 2 * BLOCK_SIZE, vocab_size)  # two full blocks, nothing else computed
     async with live.client() as client, KVEventListener(client) as listener:
-        extra_key = bytes.fromhex(listener.snapshot["extra_key"])
+        assert listener.snapshot is not None
+        extra_key = listener.snapshot.extra_key
         await _complete(client, prompt)
-        line = await listener.next_line()
-        while line["type"] == "load":
-            line = await listener.next_line()
-        assert line == {
-            "type": "stored",
-            "seq": listener.seq + 1,
-            "blocks": _chain(prompt, extra_key),
-        }
-        assert _chain(prompt, b"another model") != line["blocks"]
+        line = await listener.next_change()
+        assert line == StoredLine(listener.seq + 1, _chain(prompt, extra_key))
+        assert _chain(prompt, b"another model") != line.blocks
 
 
 async def test_replayed_events_are_the_engines_cache_after_real_requests(
@@ -148,28 +165,29 @@ async def test_replayed_events_are_the_engines_cache_after_real_requests(
     vocab_size = live.engine.tokenizer.vocab_size
     shared = _prompt(2, 3 * BLOCK_SIZE, vocab_size)
     async with live.client() as client, KVEventListener(client) as listener:
-        seen: set[str] = set()
+        seen: set[type] = set()
         for index in range(8):  # 8 prompts of 5 blocks each in a 24-block cache: evictions
             prompt = shared + _prompt(100 + index, BLOCK_SIZE + 5, vocab_size)
             results = await asyncio.gather(_complete(client, prompt, 4), _complete(client, shared))
             assert results[0]["usage"]["completion_tokens"] == 4
             await eventually(live.is_idle, what="the engine is idle")
             expected = live.cached_hashes()
-            types: list[str] = []
+            types: list[type] = []
 
-            def caught_up(listener: KVEventListener, expected: set[str] = expected) -> bool:
+            def caught_up(listener: KVEventListener, expected: set[BlockHash] = expected) -> bool:
                 return listener.hashes == expected
 
             while not caught_up(listener):
                 line = await listener.next_line()
-                types.append(line["type"])
+                types.append(type(line))
                 listener.apply(line)
             seen.update(types)
-        assert {"stored", "evicted"} <= seen
+        assert {StoredLine, EvictedLine} <= seen
         assert live.engine.engine.kv_cache.pool.num_evictions > 0
 
         async with KVEventListener(client) as again:  # a reconnect: a fresh, equal snapshot
-            assert again.snapshot["engine_id"] == listener.snapshot["engine_id"]
+            assert again.snapshot is not None and listener.snapshot is not None
+            assert again.snapshot.engine_id == listener.snapshot.engine_id
             assert again.seq == listener.seq
             assert again.hashes == listener.hashes == live.cached_hashes()
 
@@ -204,7 +222,9 @@ async def test_a_subscriber_too_far_behind_is_disconnected(live: LiveEngine) -> 
         assert loop is not None
         loop.call_soon_threadsafe(live.engine.kv_events.publish, burst)
         lines = await listener.wait_for_end()
-        assert all(line["type"] in ("load", "ping") for line in lines)  # none of the burst
+        assert all(
+            isinstance(line, LoadLine) or line == PING for line in lines
+        )  # none of the burst
         async with KVEventListener(client) as again:
             assert again.seq == before + len(burst)
             assert again.hashes == live.cached_hashes()
@@ -214,23 +234,25 @@ async def test_an_idle_stream_is_pinged(live: LiveEngine, monkeypatch: pytest.Mo
     monkeypatch.setattr(kv_event_stream, "PING_AFTER_S", 0.2)
     async with live.client() as client, KVEventListener(client) as listener:
         await listener.next_line()  # the load after the snapshot
-        assert await listener.next_line(timeout_s=10) == {"type": "ping"}
+        assert await listener.next_line(timeout_s=10) == PING
+        assert listener.raw_lines[-1] == '{"type":"ping"}'
 
 
 async def test_the_load_follows_the_engine(live: LiveEngine) -> None:
     vocab_size = live.engine.tokenizer.vocab_size
     async with live.client() as client, KVEventListener(client) as listener:
-        before = (await listener.next_line())["num_requests_total"]
+        first = await listener.next_line()
+        assert isinstance(first, LoadLine) and first.num_requests_total is not None
         task = asyncio.ensure_future(_complete(client, _prompt(300, 40, vocab_size), 120))
         running = None
         while running is None:
             line = await listener.next_line()
-            if line["type"] == "load" and line["num_running"] == 1:
+            if isinstance(line, LoadLine) and line.num_running == 1:
                 running = line
-        assert 0 < running["kv_blocks_used"] <= NUM_KV_BLOCKS
-        assert running["num_requests_total"] == before + 1
+        assert 0 < running.kv_blocks_used <= NUM_KV_BLOCKS
+        assert running.num_requests_total == first.num_requests_total + 1
         await task
         line = await listener.next_line()
-        while not (line["type"] == "load" and line["num_running"] == 0):
+        while not (isinstance(line, LoadLine) and line.num_running == 0):
             line = await listener.next_line()
-        assert line["kv_blocks_used"] == 0
+        assert line.kv_blocks_used == 0

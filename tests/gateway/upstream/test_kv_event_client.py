@@ -88,6 +88,23 @@ async def test_a_seq_gap_resyncs_from_a_new_snapshot(engine: StandInKvEvents) ->
         assert cache.seq == 3 and cache.cached_blocks(CHAIN) == 4  # CHAIN[2] came with the snapshot
 
 
+async def test_a_malformed_line_resyncs_and_an_unknown_type_is_skipped(
+    engine: StandInKvEvents,
+) -> None:
+    """A newer engine's line of a new type is skipped, the stream followed on; a line that
+    is not one (bad hex here) ends it, and a new connection brings a new snapshot."""
+    async with following(engine) as (index, _, [base]):
+        cache = index.replica(base)
+        await eventually(lambda: cache.is_known)
+        engine.send_raw(b'{"type": "newer_engines_stats", "num_widgets": 3}\n')
+        engine.store(CHAIN[:2])  # seq 1, after the unknown line
+        await eventually(lambda: cache.cached_blocks(CHAIN) == 2, what="the line after it")
+        assert engine.num_connections == 1
+        engine.send_raw(b'{"type": "stored", "seq": 2, "blocks": ["not hex"]}\n')
+        await eventually(lambda: engine.num_connections == 2 and cache.is_known, what="a resync")
+        assert cache.seq == 1 and cache.cached_blocks(CHAIN) == 2
+
+
 async def test_an_engine_restart_is_a_new_engine(engine: StandInKvEvents) -> None:
     engine.store(CHAIN)
     async with following(engine) as (index, _, [base]):

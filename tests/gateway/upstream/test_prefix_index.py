@@ -1,18 +1,26 @@
-"""`ReplicaCache` follows a replica's kv_events stream; `block_chain` is the engine's chain."""
+"""`ReplicaCache` follows a replica's kv_events lines (decoded: `engine_protocol.kv_events`);
+`block_chain` is the engine's chain."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 
 from backend_engine.core.kv_cache_manager import KVCacheManager
 from backend_engine.core.request import Request
 from backend_engine.sampling_params import SamplingParams
+from engine_protocol.kv_events import (
+    PING,
+    ClearedLine,
+    EvictedLine,
+    KvEventLine,
+    LoadLine,
+    SnapshotLine,
+    StoredLine,
+)
 from gateway.upstream.prefix_index import (
     RECENT_REQUESTS_WINDOW_S,
-    EngineLoad,
     PrefixIndex,
     ReplicaCache,
     StreamOutOfSync,
@@ -25,22 +33,8 @@ TOKENS = list(range(100, 142))  # 42 tokens: 10 full blocks of 4, and 2 left ove
 CHAIN = block_chain(TOKENS, 4, KEY)
 
 
-def snapshot(blocks: list[bytes], seq: int = 0, engine_id: str = "e1") -> dict[str, Any]:
-    return {
-        "type": "snapshot",
-        "engine_id": engine_id,
-        "seq": seq,
-        "block_size": 4,
-        "extra_key": KEY.hex(),
-        "blocks": [b.hex() for b in blocks],
-    }
-
-
-def change(kind: str, seq: int, blocks: list[bytes] | None = None) -> dict[str, Any]:
-    event: dict[str, Any] = {"type": kind, "seq": seq}
-    if blocks is not None:
-        event["blocks"] = [b.hex() for b in blocks]
-    return event
+def snapshot(blocks: list[bytes], seq: int = 0, engine_id: str = "e1") -> SnapshotLine:
+    return SnapshotLine(engine_id, seq, 4, KEY, tuple(blocks))
 
 
 def test_block_chain_is_the_engines_own() -> None:
@@ -62,14 +56,14 @@ def test_the_stream_builds_the_replicas_block_set() -> None:
     assert (cache.is_known, cache.engine_id, cache.seq, cache.block_size) == (True, "e1", 7, 4)
     assert cache.extra_key == KEY
     assert cache.cached_blocks(CHAIN) == 3
-    cache.apply(change("stored", 8, CHAIN[3:6]))
+    cache.apply(StoredLine(8, tuple(CHAIN[3:6])))
     assert cache.cached_blocks(CHAIN) == 6
-    cache.apply({"type": "ping"})
-    cache.apply(change("evicted", 9, [CHAIN[4]]))
+    cache.apply(PING)
+    cache.apply(EvictedLine(9, (CHAIN[4],)))
     assert cache.cached_blocks(CHAIN) == 4  # a hit stops at the first missing block
-    cache.apply(change("stored", 10, [CHAIN[4]]))
+    cache.apply(StoredLine(10, (CHAIN[4],)))
     assert cache.cached_blocks(CHAIN) == 6
-    cache.apply(change("cleared", 11))
+    cache.apply(ClearedLine(11))
     assert cache.cached_blocks(CHAIN) == 0
     assert cache.seq == 11
 
@@ -79,27 +73,24 @@ def test_a_new_snapshot_replaces_everything() -> None:
     cache.apply(snapshot(CHAIN, seq=50))
     cache.apply(snapshot(CHAIN[:1], seq=0, engine_id="e2"))  # the engine restarted
     assert (cache.engine_id, cache.seq, cache.cached_blocks(CHAIN)) == ("e2", 0, 1)
-    cache.apply(change("stored", 1, CHAIN[1:2]))
+    cache.apply(StoredLine(1, (CHAIN[1],)))
     assert cache.cached_blocks(CHAIN) == 2
 
 
 @pytest.mark.parametrize(
     ("events", "message"),
     [
-        ([snapshot([], seq=3), change("stored", 5, CHAIN[:1])], "seq 5 after 3"),
-        ([snapshot([], seq=3), change("cleared", 3)], "seq 3 after 3"),
-        ([change("stored", 1, CHAIN[:1])], "before the snapshot"),
-        ([{"type": "mystery"}], "unknown event type"),
-        ([{"blocks": []}], "malformed"),
-        ([snapshot([], seq=0), {"type": "stored", "seq": 1, "blocks": ["zz"]}], "malformed"),
-        ([{**snapshot([]), "block_size": 0}], "malformed"),
-        ([{**snapshot([]), "seq": -1}], "malformed"),
-        ([{"type": "load", "num_waiting": "1"}], "malformed"),
+        ([snapshot([], seq=3), StoredLine(5, (CHAIN[0],))], "seq 5 after 3"),
+        ([snapshot([], seq=3), ClearedLine(3)], "seq 3 after 3"),
+        ([snapshot([], seq=3), EvictedLine(2, (CHAIN[0],))], "seq 2 after 3"),
+        ([StoredLine(1, (CHAIN[0],))], "before the snapshot"),
+        ([LoadLine(0, 0, 0, 8), ClearedLine(1)], "before the snapshot"),
     ],
 )
 def test_lines_that_cannot_be_applied_put_the_stream_out_of_sync(
-    events: list[dict[str, Any]], message: str
+    events: list[KvEventLine], message: str
 ) -> None:
+    """(Malformed lines never get here: decoding refuses them, tests/engine_protocol.)"""
     cache = ReplicaCache()
     *before, last = events
     for event in before:
@@ -113,16 +104,8 @@ def test_load_lines_replace_the_unreported_count() -> None:
     cache.note_sent()
     cache.note_sent()
     assert cache.num_unreported == 2
-    cache.apply(
-        {
-            "type": "load",
-            "num_waiting": 1,
-            "num_running": 3,
-            "kv_blocks_used": 5,
-            "kv_blocks_total": 20,
-        }
-    )
-    assert cache.load == EngineLoad(1, 3, 5, 20)
+    cache.apply(LoadLine(1, 3, 5, 20))
+    assert cache.load == LoadLine(1, 3, 5, 20)
     assert cache.load.kv_usage == 0.25
     assert cache.num_unreported == 0
 
@@ -130,15 +113,7 @@ def test_load_lines_replace_the_unreported_count() -> None:
 def test_forgetting_makes_the_state_unknown() -> None:
     cache = ReplicaCache()
     cache.apply(snapshot(CHAIN))
-    cache.apply(
-        {
-            "type": "load",
-            "num_waiting": 0,
-            "num_running": 1,
-            "kv_blocks_used": 1,
-            "kv_blocks_total": 8,
-        }
-    )
+    cache.apply(LoadLine(0, 1, 1, 8))
     cache.forget()
     assert (cache.is_known, cache.load, cache.cached_blocks(CHAIN)) == (False, None, 0)
 
@@ -174,10 +149,8 @@ def test_recent_requests_count_the_engines_counter_and_decay() -> None:
     cache = ReplicaCache(clock=lambda: now[0])
     cache.apply(snapshot([]))
 
-    def load(total: int | None) -> dict[str, Any]:
-        line = {"type": "load", "num_waiting": 0, "num_running": 1, "kv_blocks_used": 0}
-        line["kv_blocks_total"] = 8
-        return line if total is None else {**line, "num_requests_total": total}
+    def load(total: int | None) -> LoadLine:
+        return LoadLine(0, 1, 0, 8, num_requests_total=total)
 
     cache.apply(load(500))  # the first reading: requests before it are not recent
     assert cache.recent.at(now[0]) == 0.0
