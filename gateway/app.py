@@ -7,11 +7,12 @@ writer's thread and waits (up to ``USAGE_REPLAY_WAIT_S``) until the records it r
 from its spill file, left by a gateway that crashed, are in the database: budgets are
 rebuilt from the database on first use, so serving earlier would forget those records and
 let tenants overspend by them. It then starts following each engine replica's prefix-cache
-event stream (`gateway.upstream.replica_router`, for replica choice; the tasks connect in
-the background, a request never waits for them; a replica that leaves is no longer
-followed). On shutdown it stops those, closes the upstream pool (its discovery and
-health checks, then its client), Redis, the usage writer (flushing what it can; the rest
-stays in its spill file) and the tracer provider, in that order.
+event stream (`gateway.upstream.replica_router`, for replica choice, and for the load the
+small/large routing reads, `gateway.upstream.pool_load`; the tasks connect in the
+background, a request never waits for them; a replica that leaves is no longer followed).
+On shutdown it stops those, closes the upstream pool (its discovery and health checks, then
+its client), Redis, the usage writer (flushing what it can; the rest stays in its spill
+file) and the tracer provider, in that order.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from starlette.routing import BaseRoute, Route
 from gateway.admission.admission_store import AdmissionStore
 from gateway.admission.admitter import Admitter
 from gateway.admission.memory_admission_store import MemoryAdmissionStore
-from gateway.admission.pool_load_reader import PoolLoadReader
 from gateway.admission.redis_admission_store import RedisAdmissionStore
 from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
 from gateway.api.admin_api import admin_routes
@@ -61,6 +61,7 @@ from gateway.storage.redis_client import LeanRedis
 from gateway.storage.usage_writer import UsageWriter
 from gateway.upstream.dns_discovery import Resolver, system_resolver
 from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.pool_load import PoolLoadView, routed_large_models
 from gateway.upstream.replica_router import ReplicaRouter
 from policies.decision import Rejection
 
@@ -115,8 +116,9 @@ def build_gateway(
         settings.models, watch=settings.replica_watch, resolver=resolver, metrics=metrics
     )
     counters = token_counters(settings.models)
-    replica_router = ReplicaRouter(settings.models, counters, upstreams.client)
+    replica_router = ReplicaRouter(settings.models, upstreams.client)
     upstreams.replica_order = replica_router
+    pool_load = PoolLoadView(upstreams.replica_set, replica_router, routed_large_models(settings))
     readiness = Readiness()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
@@ -135,7 +137,7 @@ def build_gateway(
             ledger,
             keys,
             epochs,
-            PoolLoadReader(upstreams),
+            pool_load,
             database,
             metrics=metrics,
             retries=retries,
@@ -161,6 +163,7 @@ def build_gateway(
         replica_router.start(
             {name: upstreams.replica_set.members(name) for name in settings.models}
         )
+        pool_load.start()
         try:
             yield
         finally:

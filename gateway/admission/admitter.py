@@ -50,7 +50,6 @@ from gateway.admission.admission_store import (
     BudgetAsk,
     Counted,
 )
-from gateway.admission.pool_load_reader import PoolLoadReader
 from gateway.admission.token_counter import (
     INLINE_TOKENIZE_CHARS,
     ExactCounter,
@@ -69,6 +68,7 @@ from gateway.rollouts import LiveRollouts, RolloutTable, resolve_version
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.usage_store import sum_tokens
+from gateway.upstream.pool_load import PoolLoadView
 from policies import (
     Rejection,
     RequestFeatures,
@@ -147,7 +147,7 @@ class Admitter:
         ledger: BudgetLedger,
         keys: KeyCache,
         epochs: AuthEpochs,
-        pool_load: PoolLoadReader,
+        pool_load: PoolLoadView,
         database: Database,
         clock: Callable[[], float] = time.time,
         metrics: GatewayMetrics | None = None,

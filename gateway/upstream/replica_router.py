@@ -3,17 +3,22 @@
 For each request `ReplicaRouter.order` gathers the facts `policies.replica_choice` needs and
 returns its order:
 
-- the prompt's token ids, as the engine's server will see them (the model's exact token
-  counter: `CheckpointTokenCounter` or `TokenizerCounter`, whose ids equal the engine
-  tokenizer's), hashed into the engine's block chain with each replica's own block size and
-  extra key (`prefix_index.block_chain`), and each replica's cached prefix of it;
+- the prompt's token ids, as the engine's server will see them: the admitter's, which it
+  made once, with the model's exact token counter, as it counted the prompt
+  (`Admission.prompt_token_ids`); the router never tokenizes. They are hashed into the
+  engine's block chain with each replica's own block size and extra key
+  (`prefix_index.block_chain`), and each replica's cached prefix of it is counted;
 - each replica's load from its event stream (`kv_event_client`), plus the requests this
   gateway sent it since (`sent`), or, for a replica whose state is unknown, the requests this
   gateway has open to it (`sent` .. `finished`).
 
-A model whose prompts cannot be turned into the engine's ids (no checkpoint: counted with
-an OpenAI encoding; or a body that is neither a prompt nor messages) is ordered by
-``least_loaded`` instead of ``prefix``: never by hashes that cannot match.
+A request without those ids (a model with no checkpoint, counted with an OpenAI encoding
+whose ids are not the engine's) is ordered by ``least_loaded`` instead of ``prefix``: never
+by hashes that cannot match.
+
+Every model's replicas but a ``round_robin`` model's are followed from start-up; a
+``round_robin`` model's are followed once something asks for their load (`follow`, from
+`gateway.upstream.pool_load`).
 """
 
 from __future__ import annotations
@@ -22,20 +27,13 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import httpx
-import jinja2
 
 from engine_protocol.block_hash import BlockHash
-from gateway.admission.token_counter import (
-    INLINE_TOKENIZE_CHARS,
-    CheckpointTokenCounter,
-    TokenCounter,
-    TokenizerCounter,
-)
 from gateway.settings import ModelSettings
 from gateway.upstream.kv_event_client import KvEventSubscriptions, SubscriberTiming
 from gateway.upstream.prefix_index import PrefixIndex, ReplicaCache, cached_prefixes
@@ -49,17 +47,10 @@ logger = logging.getLogger(__name__)
 INLINE_HASH_TOKENS = 4096
 
 
-class PromptEncoder(Protocol):
-    def encode_prompt(self, prompt: str) -> list[int]: ...
-
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
-
-
 class ReplicaRouter:
     def __init__(
         self,
         models: Mapping[str, ModelSettings],
-        counters: Mapping[str, TokenCounter],
         client: httpx.AsyncClient,
         *,
         epsilon: float = DEFAULT_EPSILON,
@@ -67,9 +58,6 @@ class ReplicaRouter:
     ) -> None:
         self._policies: dict[str, ReplicaPolicy] = {
             m.name: m.replica_policy for m in models.values()
-        }
-        self._encoders: dict[str, PromptEncoder | None] = {
-            name: _exact_encoder(counters.get(name)) for name in models
         }
         self._epsilon = epsilon
         self.index = PrefixIndex()
@@ -111,8 +99,9 @@ class ReplicaRouter:
         body: Mapping[str, Any],
         prompt_token_ids: Sequence[int] | None = None,
     ) -> list[str]:
-        """The order to try ``replicas`` (the pool's, for ``model``) in for ``body``, whose
-        engine ids are ``prompt_token_ids`` where the admitter tokenized it already."""
+        """The order to try ``replicas`` (the pool's, for ``model``) in for a request whose
+        prompt the engine makes ``prompt_token_ids`` of (None where the admitter has no exact
+        ids: ordered by load). ``body`` is the pool's hook's; the order does not read it."""
         policy = self._policies[model]
         if policy != "round_robin":
             self.follow(replicas)
@@ -122,9 +111,8 @@ class ReplicaRouter:
         replicas = sorted(replicas)  # ties rotate by this router's turn, not the pool's too
         caches = [self.index.replica(name) for name in replicas]
         token_ids = None
-        encoder = self._encoders[model]
-        if policy == "prefix" and encoder is not None and any(c.is_known for c in caches):
-            token_ids = prompt_token_ids or await encode_body(encoder, body)
+        if policy == "prefix" and any(c.is_known for c in caches):
+            token_ids = prompt_token_ids
         if token_ids is None:
             policy = "least_loaded"
         if token_ids is not None and len(token_ids) > INLINE_HASH_TOKENS:
@@ -199,35 +187,3 @@ def _cached_prefixes(
         if affinity_key is None:
             affinity_key, prompt_blocks = first, len(token_ids) // key[0]
     return num_cached, affinity_key, prompt_blocks
-
-
-def _exact_encoder(counter: TokenCounter | None) -> PromptEncoder | None:
-    """The counter itself where its ids are the engine tokenizer's; None otherwise."""
-    if isinstance(counter, CheckpointTokenCounter | TokenizerCounter):
-        return counter
-    return None
-
-
-async def encode_body(encoder: PromptEncoder, body: Mapping[str, Any]) -> list[int] | None:
-    """The ids the engine's server makes of ``body`` (`backend_engine/server/routes.py`), or
-    None for a body it would refuse or that is not a prompt or a chat."""
-    messages, prompt = body.get("messages"), body.get("prompt")
-    try:
-        if isinstance(messages, list):
-            size = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
-            return await _run(size, encoder.encode_chat, messages)
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return await _run(len(prompt), encoder.encode_prompt, prompt)
-        if isinstance(prompt, list) and all(type(t) is int for t in prompt):
-            return list(prompt)
-    except (ValueError, TypeError, AttributeError, jinja2.TemplateError):
-        return None  # the engine answers this request with its own error
-    return None
-
-
-async def _run(size: int, encode: Callable[[Any], list[int]], argument: Any) -> list[int]:
-    if size < INLINE_TOKENIZE_CHARS:
-        return list(encode(argument))
-    return list(await anyio.to_thread.run_sync(encode, argument))

@@ -14,13 +14,17 @@ import httpx
 import pytest
 import uvicorn
 
-from gateway.admission.token_counter import from_checkpoint
+from gateway.admission.token_counter import (
+    CheckpointTokenCounter,
+    TokenizerCounter,
+    from_checkpoint,
+)
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.upstream import replica_router
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import block_chain
-from gateway.upstream.replica_router import ReplicaRouter, encode_body
+from gateway.upstream.replica_router import ReplicaRouter
 from gateway.upstream.replica_set import ReplicaWatch
 from model_files.tokenizer import Tokenizer
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
@@ -99,6 +103,27 @@ def served_by(
     return name
 
 
+def count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every tokenization of a text from now on, by whichever exact counter makes it."""
+    calls: list[str] = []
+    methods = [
+        (CheckpointTokenCounter, "encode_text"),  # under its encode_* and tokenize_*
+        (TokenizerCounter, "encode_prompt"),  # under its tokenize_prompt
+        (TokenizerCounter, "encode_chat"),
+    ]
+    for owner, name in methods:
+        monkeypatch.setattr(owner, name, _counted(getattr(owner, name), calls))
+    return calls
+
+
+def _counted(method: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+    def counted(*args: Any) -> Any:
+        calls.append(method.__name__)
+        return method(*args)
+
+    return counted
+
+
 def wait_for_state(router: ReplicaRouter, num_replicas: int) -> None:
     wait_until(
         lambda: sum(router.index.replica(b).is_known for b in router.index) == num_replicas,
@@ -119,11 +144,7 @@ def test_requests_go_to_the_replica_holding_their_prefix(
     and never encodes the body itself. It hashes on the event loop, or (0: every prompt is
     long) on a worker thread, alike."""
     monkeypatch.setattr(replica_router, "INLINE_HASH_TOKENS", inline_hash_tokens)
-
-    async def no_second_tokenization(*_: Any) -> list[int]:
-        raise AssertionError("the router tokenized the prompt again")
-
-    monkeypatch.setattr(replica_router, "encode_body", no_second_tokenization)
+    encodings = count_encodings(monkeypatch)
     checkpoint = demo_model_files()
     tokenizer = Tokenizer.from_pretrained(checkpoint)
     messages = [{"role": "system", "content": PROMPTS["b"]}, {"role": "user", "content": "hi"}]
@@ -134,6 +155,7 @@ def test_requests_go_to_the_replica_holding_their_prefix(
     _, key = tenant_key(sqlite_db_url)
     with serving(settings) as (base, router):
         wait_for_state(router, 2)
+        encodings.clear()  # the counter's own check at start-up
         order = [served_by(engines, base, key, {"prompt": PROMPTS[n]}) for n in "abba"]
         assert order == ["a", "b", "b", "a"]
         assert served_by(engines, base, key, {"messages": messages, "stream": True}) == "b"
@@ -147,6 +169,7 @@ def test_requests_go_to_the_replica_holding_their_prefix(
         assert served_by(engines, base, key, {"prompt": PROMPTS["b"]}) == "a"
         assert served_by(engines, base, key, {"prompt": tokenizer.encode(PROMPTS["a"])}) == "a"
         assert router._in_flight == {}  # every request ended, streamed or not
+    assert len(encodings) == 6  # the 7 requests but the one of token ids: once each
 
 
 def test_round_robin_ignores_the_prefix(
@@ -187,27 +210,6 @@ def test_without_exact_token_ids_the_model_is_routed_by_load(
         assert served_by(engines, base, key, {"prompt": PROMPTS["b"]}) == "a"
 
 
-async def test_encode_body_gives_what_the_engines_server_makes_of_the_body(
-    demo_model_files: Callable[..., Path],
-) -> None:
-    checkpoint = demo_model_files()
-    tokenizer = Tokenizer.from_pretrained(checkpoint)
-    encoder = from_checkpoint(checkpoint)
-    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    cases: list[tuple[dict[str, Any], list[int] | None]] = [
-        ({"prompt": "hello"}, tokenizer.encode("hello")),
-        ({"prompt": ["hello", "ignored"]}, tokenizer.encode("hello")),  # the engine takes the first
-        ({"prompt": [5, 6, 7]}, [5, 6, 7]),
-        ({"messages": messages}, tokenizer.encode_chat([{"role": "user", "content": "hi"}])),
-        ({"prompt": "x" * 20_000}, tokenizer.encode("x" * 20_000)),  # on a worker thread
-        ({"messages": [{"role": "user", "content": "a"}, "not a message"]}, None),
-        ({"prompt": [1, "two"]}, None),
-        ({"input": "neither"}, None),
-    ]
-    for body, expected in cases:
-        assert await encode_body(encoder, body) == expected, body
-
-
 async def test_every_gateway_decides_alike(
     engines: dict[str, tuple[StandInKvEvents, TappedEngine]],
     demo_model_files: Callable[..., Path],
@@ -219,9 +221,9 @@ async def test_every_gateway_decides_alike(
     engines["b"][0].store(block_chain(tokenizer.encode(PROMPTS["b"]), BLOCK_SIZE, KEY))
     upstreams = tuple(events.upstream for events, _ in engines.values())
     models = {MODEL: ModelSettings(MODEL, upstreams, 4096, checkpoint)}
-    counters = {MODEL: from_checkpoint(checkpoint)}
+    counter = from_checkpoint(checkpoint)
     pools = [UpstreamPool(models), UpstreamPool(models)]
-    routers = [ReplicaRouter(models, counters, pool.client) for pool in pools]
+    routers = [ReplicaRouter(models, pool.client) for pool in pools]
     try:
         bases = pools[0].replicas(MODEL)
         for router in routers:
@@ -230,15 +232,17 @@ async def test_every_gateway_decides_alike(
             lambda: all(r.index.replica(b).is_known for r in routers for b in bases),
             what="both routers' snapshots",
         )
-        await routers[1].order(MODEL, bases, {"prompt": "x"})  # the second one's turn moves on
+        await routers[1].order(MODEL, bases, {}, [1])  # the second one's turn moves on
         cold = "A prompt that no replica has seen, sent by two different gateways at once."
         for prompt in (PROMPTS["b"], cold, PROMPTS["a"]):
+            ids = counter.encode_prompt(prompt)
             firsts = {
-                (await router.order(MODEL, names, {"prompt": prompt}))[0]
+                (await router.order(MODEL, names, {"prompt": prompt}, ids))[0]
                 for router, names in zip(routers, (bases, bases[::-1]), strict=True)
             }
             assert len(firsts) == 1, prompt
-        assert (await routers[0].order(MODEL, bases, {"prompt": PROMPTS["b"]}))[0] == bases[1]
+        ids = counter.encode_prompt(PROMPTS["b"])
+        assert (await routers[0].order(MODEL, bases, {}, ids))[0] == bases[1]
     finally:
         for router, pool in zip(routers, pools, strict=True):
             await router.aclose()
@@ -257,7 +261,7 @@ async def test_a_replica_that_leaves_is_no_longer_followed() -> None:
     models = {MODEL: ModelSettings(name=MODEL, upstreams=(url,), context_window=4096)}
     watch = ReplicaWatch(dns_refresh_s=3600, health_check_interval_s=0)
     pool = UpstreamPool(models, watch=watch, resolver=resolver)
-    router = ReplicaRouter(models, {}, pool.client)
+    router = ReplicaRouter(models, pool.client)
     pool.replica_order = router
     try:
         await pool.start()
