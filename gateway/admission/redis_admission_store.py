@@ -1,4 +1,4 @@
-"""The admission step in Redis: one Lua script, one round trip (see ``atomic_step``).
+"""The admission step in Redis: one Lua script, one round trip (see ``admission_store``).
 
 The script is the ledger's and the rate-limit store's own Lua functions run back to back
 after the auth-epoch check, so balances, windows and epochs keep one definition each. Every
@@ -36,7 +36,7 @@ from gateway.ratelimit.rate_limit_store import (
     check_hit_args,
     check_window,
 )
-from gateway.ratelimit.redis_store import HIT_FUNCTION, rate_limit_keys, window_state
+from gateway.ratelimit.redis_window import HIT_FUNCTION, rate_limit_keys, window_state
 from gateway.storage.redis_client import RedisCommands
 
 _MAX_CACHED_KEYS = 10_000

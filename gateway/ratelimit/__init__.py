@@ -1,5 +1,6 @@
 """Requests and tokens per minute: sliding-window counters per tenant.
 
-``rate_limit_store`` is the interface; ``memory_store`` serves one gateway, ``redis_store`` many.
+``rate_limit_store`` holds what a hit reports (``WindowState``); ``memory_store`` counts in
+process (one gateway), ``redis_window`` in Redis (many), its Lua run by the admission script.
 The decision itself is the pure policy ``policies.rate_limit``.
 """

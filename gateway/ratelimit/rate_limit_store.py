@@ -1,4 +1,4 @@
-"""Sliding-window request and token counters per tenant: the store a rate-limit policy reads.
+"""Sliding-window request and token counters per tenant: what a rate-limit policy reads.
 
 A window holds the *admitted* hits of one tenant with ``now - window_s < ts`` (a hit stops
 counting exactly ``window_s`` after it was recorded). ``hit`` is one atomic check-and-record:
@@ -7,8 +7,9 @@ counting exactly ``window_s`` after it was recorded). ``hit`` is one atomic chec
        and (tpm_limit is None or num_tokens + tokens <= tpm_limit)
 
 and only if it fits is the hit recorded. A refused hit changes nothing, so a client that
-retries in a loop cannot lock itself out. Implementations: ``memory_store`` (one
-gateway) and ``redis_store`` (counts shared by all replicas).
+retries in a loop cannot lock itself out. Implementations: ``memory_store`` (one gateway)
+and ``redis_window``'s Lua ``hit``, which the admission script runs (counts shared by all
+replicas).
 
 The store only counts; turning a ``WindowState`` into a decision, ``Retry-After`` and the
 ``x-ratelimit-*`` headers is the policy's job (``policies/rate_limit.py``), e.g.::
@@ -18,13 +19,13 @@ The store only counts; turning a ``WindowState`` into a decision, ``Retry-After`
     x-ratelimit-reset-*        = newest_at + window_s - now  (back to full capacity)
 
 The contract is the policy's (its docstring); ``tests/policies/rate_limit_cases.py`` runs one
-table of cases against it and both stores.
+table of cases against it, the in-process store and the admission step (in process and in
+Redis).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 DEFAULT_WINDOW_S = 60.0
 
@@ -53,21 +54,6 @@ class WindowState:
     newest_at: float | None
     requests_fit_at: float | None
     tokens_fit_at: float | None
-
-
-class RateLimitStore(Protocol):
-    """Per-tenant sliding-window counters; ``None`` for a limit means "no limit"."""
-
-    async def hit(
-        self,
-        tenant_id: str,
-        tokens: int,
-        rpm_limit: int | None,
-        tpm_limit: int | None,
-        now: float,
-    ) -> WindowState:
-        """Record one request of ``tokens`` tokens at ``now`` if it fits both limits."""
-        ...
 
 
 def check_hit_args(tokens: int, rpm_limit: int | None, tpm_limit: int | None) -> None:

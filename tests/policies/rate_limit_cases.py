@@ -2,19 +2,22 @@
 implementation of the rule.
 
 The rule is written in three places: the contract and decision in ``policies/rate_limit.py``,
-the in-process store (``gateway/ratelimit/memory_store.py``) and the Lua of the Redis store
-(``gateway/ratelimit/redis_store.py``). Each `RateLimitCase` is a sequence of hits of one
+the in-process store (``gateway/ratelimit/memory_store.py``) and the Lua ``hit`` of the Redis
+window (``gateway/ratelimit/redis_window.py``), which the admission script runs. Each
+`RateLimitCase` is a sequence of hits of one
 tenant, at times relative to ``T0``, and what each must see and decide. A case runs against
 the targets in its ``targets`` (all of them unless it says otherwise):
 
 - ``policy`` (``tests/policies/test_rate_limit.py``): `ReferenceWindow`, the store contract of
   ``policies/rate_limit.py`` written as plainly as it reads (``within_limit`` for the checks,
   and the fit times found by trying each instant a hit expires), then ``check_rate_limit``;
-- ``memory`` and ``redis`` (``tests/gateway/ratelimit/test_rate_limit_store.py``): the store's
+- ``memory`` (``tests/gateway/ratelimit/test_memory_store.py``): the in-process store's
   ``hit``, then ``check_rate_limit``;
 - ``admission`` (``tests/gateway/admission/test_admission_store.py``): the same through the
-  admission step, the gateway's own path, in process and in Redis (whose script is not the
-  store's ``hit`` script). It does not consult the window of a request with no limit.
+  admission step, the gateway's own path, in process and in Redis (the rule's Redis arm: the
+  Lua ``hit`` in the admission script, through redis-py and the gateway's own client). It
+  does not consult the window of a request with no limit: such a hit must be admitted with
+  nothing counted.
 
 `check_hit` asserts what the table says of one hit, for any of them. The stores have no
 refunds (a hit is never given back, e.g. when the request fails upstream), so there is no
@@ -37,8 +40,8 @@ WINDOW_S = 60.0
 TENANT = "acme"
 NOW: Literal["now"] = "now"  # `Hit.passes_at` of a hit that passes at once
 
-Target = Literal["policy", "memory", "redis", "admission"]
-ALL: frozenset[Target] = frozenset({"policy", "memory", "redis", "admission"})
+Target = Literal["policy", "memory", "admission"]
+ALL: frozenset[Target] = frozenset({"policy", "memory", "admission"})
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,6 @@ RATE_LIMIT_CASES: tuple[RateLimitCase, ...] = (
         rpm=None,
         tpm=None,
         hits=tuple(Hit(i, 1000, True, i + 1, 1000 * (i + 1), (0, i)) for i in range(5)),
-        targets=ALL - {"admission"},
     ),
     RateLimitCase(
         "hits arriving out of order (replica clocks) count by their own times",

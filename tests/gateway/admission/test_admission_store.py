@@ -8,6 +8,7 @@ one process, so one of each; Redis: a new client per replica, as separate gatewa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.ratelimit.rate_limit_store import WindowState
 from gateway.storage.redis_client import LeanRedis
 from policies.budget_admission import fits_budget
 from tests.policies import budget_cases, rate_limit_cases
@@ -168,6 +170,45 @@ async def test_a_budget_refusal_says_the_balance_and_keeps_the_hit(replica: Repl
     assert exact.window is not None and exact.window.num_tokens == 81
 
 
+async def test_tenants_have_separate_windows(replica: Replica) -> None:
+    now = time.time()
+    assert isinstance(await replica.store.admit(ask(10, rpm=1, tpm=10, now=now)), Counted)
+    other = AdmissionAsk("other", INITIAL_EPOCH, 10, 1, 10, now, None)
+    result = await replica.store.admit(other)
+    assert isinstance(result, Counted) and result.window is not None
+    assert result.window.is_admitted and result.window.num_tokens == 10
+
+
+async def test_concurrent_hits_on_two_replicas_stay_within_the_rate_limits(
+    new_replica: Callable[[], Replica],
+) -> None:
+    replicas = [new_replica(), new_replica()]
+    turns = itertools.count()
+    now = time.time()
+
+    async def hit(
+        tenant_id: str,
+        tokens: int,
+        *,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        at: float = now,
+    ) -> WindowState:
+        request = AdmissionAsk(tenant_id, INITIAL_EPOCH, tokens, rpm, tpm, at, None)
+        result = await replicas[next(turns) % 2].store.admit(request)
+        assert isinstance(result, Counted) and result.window is not None
+        return result.window
+
+    by_requests = await asyncio.gather(*(hit("r", 7, rpm=50) for _ in range(200)))
+    by_tokens = await asyncio.gather(*(hit("t", 10, tpm=1000) for _ in range(200)))
+    assert sum(w.is_admitted for w in by_requests) == 50
+    assert sum(w.is_admitted for w in by_tokens) == 100
+    final_r = await hit("r", 7, rpm=50, at=now + 1)
+    final_t = await hit("t", 1, tpm=1000, at=now + 1)
+    assert (final_r.is_admitted, final_r.num_requests, final_r.num_tokens) == (False, 50, 350)
+    assert (final_t.is_admitted, final_t.num_requests, final_t.num_tokens) == (False, 100, 1000)
+
+
 async def test_bad_arguments_are_refused(replica: Replica) -> None:
     with pytest.raises(ValueError):
         await replica.store.admit(ask(0, limit=100))
@@ -246,11 +287,14 @@ async def new_table_replica(
 
 
 def _kinds_for(targets: frozenset[str]) -> list[str]:
-    """The replica kinds a case runs on: the admission step, where the case's store runs."""
+    """The replica kinds a budget case runs on: the admission step, where its ledger runs."""
     if "admission" not in targets:
         return []
     kinds = ["memory"] if "memory" in targets else []
     return kinds + (["redis", "lean-redis"] if "redis" in targets else [])
+
+
+KINDS = ["memory", "redis", "lean-redis"]
 
 
 @pytest.mark.parametrize(
@@ -291,8 +335,8 @@ async def test_budget_cases_through_the_admission_step(
     ("new_table_replica", "case"),
     [
         pytest.param(kind, case, id=f"{kind}-{rate_limit_cases.case_id(case)}")
-        for case in rate_limit_cases.RATE_LIMIT_CASES
-        for kind in _kinds_for(case.targets)
+        for case in rate_limit_cases.cases_for("admission")
+        for kind in KINDS
     ],
     indirect=["new_table_replica"],
 )
@@ -305,6 +349,9 @@ async def test_rate_limit_cases_through_the_admission_step(
         now = T0 + hit.at
         ask = AdmissionAsk(rate_limit_cases.TENANT, INITIAL_EPOCH, hit.tokens, rpm, tpm, now, None)
         result = await replica.store.admit(ask)
+        if rpm is None and tpm is None:  # no window is consulted: admitted, nothing counted
+            assert hit.is_admitted and result == Counted(window=None)
+            continue
         assert isinstance(result, Counted) and result.window is not None
         assert result.reservation is None and result.balance is None
         rate_limit_cases.check_hit(case, hit, result.window)

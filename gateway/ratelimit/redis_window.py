@@ -1,8 +1,11 @@
-"""Redis sliding-window counters shared by all gateway replicas (see ``rate_limit_store``).
+"""One tenant's sliding window in Redis: its keys, the Lua ``hit`` that checks and records a
+request in it, and ``hit``'s reply read back as a `WindowState` (see ``rate_limit_store``).
 
-One Lua script checks and records atomically. Per tenant (hash tag: one cluster slot)::
+``hit`` runs inside the admission script (`gateway.admission.redis_admission_store`), after
+the auth-epoch check and before the budget reservation, so every gateway replica counts in
+the same window. Per tenant (hash tag: one cluster slot)::
 
-    tollway:ratelimit:{acme}:hits    ZSET    "<uuid>:<tokens>" -> ts (ms)
+    tollway:ratelimit:{acme}:hits    ZSET    "<id>:<tokens>" -> ts (ms)
     tollway:ratelimit:{acme}:tokens  STRING  sum of the tokens in the ZSET
 
 Times come from the caller's ``now`` (rounded to milliseconds), not Redis ``TIME``: the
@@ -13,24 +16,16 @@ Both keys expire one window after the newest hit, so idle tenants cost nothing.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 from urllib.parse import quote
 
-from redis.asyncio import Redis
-
-from gateway.ratelimit.rate_limit_store import (
-    DEFAULT_WINDOW_S,
-    WindowState,
-    check_hit_args,
-    check_window,
-)
+from gateway.ratelimit.rate_limit_store import WindowState
 
 # hit(hits_key, tokens_key, now_ms, window_ms, tokens, rpm_limit, tpm_limit (-1: none), member)
 # returns {admitted, num_requests, num_tokens, oldest, newest, requests_fit, tokens_fit}
-# (times in ms; false -> nil for "none"). Also used by the admission script.
-# The checks are policies.rate_limit.within_limit's; tests/policies/rate_limit_cases.py
-# runs one table of cases against it, the in-process store and the policy.
+# (times in ms; false -> nil for "none"). The checks are policies.rate_limit.within_limit's;
+# tests/policies/rate_limit_cases.py runs one table of cases against it (through the
+# admission script), the in-process store and the policy.
 HIT_FUNCTION = """
 local function hit(hits, tokens_key, now, window, tokens, rpm, tpm, member)
   local cutoff = now - window
@@ -85,46 +80,6 @@ local function hit(hits, tokens_key, now, window, tokens, rpm, tpm, member)
   return {admitted, count, total, oldest, newest, requests_fit, tokens_fit}
 end
 """
-# KEYS: hits, tokens. ARGV: now_ms, window_ms, tokens, rpm_limit, tpm_limit (-1: none), member.
-_HIT = (
-    HIT_FUNCTION
-    + """
-return hit(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
-           tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6])
-"""
-)
-
-
-class RedisRateLimitStore:
-    """``RateLimitStore`` in Redis; the caller owns (and closes) the client."""
-
-    def __init__(self, client: Redis, window_s: float = DEFAULT_WINDOW_S) -> None:
-        check_window(window_s)
-        self._window_s = window_s
-        self._window_ms = max(1, round(window_s * 1000))
-        self._hit = client.register_script(_HIT)
-
-    async def hit(
-        self,
-        tenant_id: str,
-        tokens: int,
-        rpm_limit: int | None,
-        tpm_limit: int | None,
-        now: float,
-    ) -> WindowState:
-        check_hit_args(tokens, rpm_limit, tpm_limit)
-        args: list[int | str] = [
-            round(now * 1000),
-            self._window_ms,
-            tokens,
-            -1 if rpm_limit is None else rpm_limit,
-            -1 if tpm_limit is None else tpm_limit,
-            f"{uuid.uuid4().hex}:{tokens}",
-        ]
-        reply = await self._hit(list(rate_limit_keys(tenant_id)), args)
-        return window_state(reply, self._window_s)
-
-
 def rate_limit_keys(tenant_id: str) -> tuple[str, str]:
     """``(hits, tokens)``: the keys of one tenant's window."""
     prefix = f"tollway:ratelimit:{{{quote(tenant_id, safe='')}}}"
