@@ -40,7 +40,7 @@ from gateway.api.completions import chat_completions, completions
 from gateway.api.handler_context import GatewayContext
 from gateway.api.openapi import openapi_route
 from gateway.api.readiness import Readiness, readiness_route
-from gateway.api.request_id import RequestIdMiddleware
+from gateway.api.request_id import IssuedIdServerErrorMiddleware
 from gateway.api.tenant_api import tenant_routes
 from gateway.auth.bearer_keys import authenticate_request, bearer_matches
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
@@ -195,7 +195,7 @@ def build_gateway(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(RequestIdMiddleware)],
+        middleware=[Middleware(IssuedIdServerErrorMiddleware)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -28,7 +28,7 @@ from backend_engine.server.context import ServerContext
 from backend_engine.server.engine_host import EngineHost
 from backend_engine.server.errors import EXCEPTION_HANDLERS
 from backend_engine.server.metrics import ServerMetrics
-from backend_engine.server.request_id import RequestIdMiddleware
+from backend_engine.server.request_id import ClientRequestIdMiddleware
 from backend_engine.server.request_reader import DEFAULT_MAX_BODY_BYTES
 from backend_engine.server.routes import ROUTES
 from model_files.checkpoint import Checkpoint
@@ -71,7 +71,7 @@ def build_app(
 
     app = Starlette(
         routes=ROUTES,
-        middleware=[Middleware(RequestIdMiddleware)],
+        middleware=[Middleware(ClientRequestIdMiddleware)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -1,4 +1,5 @@
-"""ASGI middleware giving every HTTP request an id, echoed in the ``x-request-id`` header."""
+"""ASGI middleware giving every HTTP request an id, echoed in the ``x-request-id`` header: the
+client's own (the gateway sends its request id) when it is sane, else a new one."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def _acceptable(value: str) -> bool:
     return 0 < len(value) <= _MAX_CHARS and value.isprintable() and value.isascii()
 
 
-class RequestIdMiddleware:
+class ClientRequestIdMiddleware:
     """Keeps the client's ``x-request-id`` (when sane) or makes one; stores it in
     ``scope["state"]["request_id"]`` (``request.state.request_id``) and sets it on the
     response, errors included."""

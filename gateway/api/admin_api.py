@@ -63,8 +63,7 @@ from gateway.errors import ApiError, change_not_announced, invalid_request
 from gateway.ledger.budget_ledger import BudgetLedger
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database
-from gateway.storage.models import ApiKey as ApiKeyRow
-from gateway.storage.models import utc_now
+from gateway.storage.models import ApiKeyRow, utc_now
 from policies.decision import Rejection
 from policies.quota import TenantQuota
 

@@ -24,7 +24,11 @@ def new_request_id() -> str:
     return "req_" + secrets.token_hex(16)  # 128 random bits, as uuid4().hex without the object
 
 
-class RequestIdMiddleware:
+class IssuedIdServerErrorMiddleware:
+    """Gives every request an id of the gateway's own (a client's ``x-request-id`` is not
+    used), sets it on the response, and answers an exception that escapes before the
+    response started with OpenAI's 500, the id included."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 

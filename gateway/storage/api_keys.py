@@ -21,7 +21,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.storage.models import ApiKey, Tenant, utc_now
+from gateway.storage.models import ApiKeyRow, Tenant, utc_now
 from gateway.storage.tenants import TenantInfo
 
 KEY_PREFIX = "tw-"
@@ -58,7 +58,7 @@ class ApiKeyInfo:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
     @classmethod
-    def from_row(cls, row: ApiKey) -> ApiKeyInfo:
+    def from_row(cls, row: ApiKeyRow) -> ApiKeyInfo:
         return cls(
             id=row.id,
             tenant_id=row.tenant_id,
@@ -99,7 +99,7 @@ def create_key(
     if tenant is None or tenant.deleted_at is not None:
         raise LookupError(f"no tenant {tenant_id!r}")
     key = generate_key()
-    row = ApiKey(
+    row = ApiKeyRow(
         id="key_" + secrets.token_hex(12),
         tenant_id=tenant_id,
         prefix=key[:DISPLAY_PREFIX_LENGTH],
@@ -118,14 +118,16 @@ def create_key(
 def list_keys(session: Session, tenant_id: str) -> list[ApiKeyInfo]:
     """All keys of a tenant, revoked and expired ones included, oldest first."""
     query = (
-        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at, ApiKey.id)
+        select(ApiKeyRow)
+        .where(ApiKeyRow.tenant_id == tenant_id)
+        .order_by(ApiKeyRow.created_at, ApiKeyRow.id)
     )
     return [ApiKeyInfo.from_row(row) for row in session.scalars(query)]
 
 
 def revoke_key(session: Session, key_id: str, *, now: datetime | None = None) -> bool:
     """Revoke a key; it fails its next lookup. ``False`` if unknown or already revoked."""
-    row = session.get(ApiKey, key_id)
+    row = session.get(ApiKeyRow, key_id)
     if row is None or row.revoked_at is not None:
         return False
     row.revoked_at = now or utc_now()
@@ -150,9 +152,9 @@ def authenticate_hash(
     """``authenticate`` for a key already hashed (with ``hash_key``)."""
     now = now or utc_now()
     found = session.execute(
-        select(ApiKey, Tenant)
-        .join(Tenant, Tenant.id == ApiKey.tenant_id)
-        .where(ApiKey.key_hash == presented_hash)
+        select(ApiKeyRow, Tenant)
+        .join(Tenant, Tenant.id == ApiKeyRow.tenant_id)
+        .where(ApiKeyRow.key_hash == presented_hash)
     ).first()
     if found is None:
         return None

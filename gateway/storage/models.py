@@ -108,7 +108,7 @@ class Tenant(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
-class ApiKey(Base):
+class ApiKeyRow(Base):
     """An API key, stored only as the SHA-256 of the full key (see ``api_keys``)."""
 
     __tablename__ = "api_keys"

@@ -13,7 +13,7 @@ from gateway.storage.api_keys import (
     revoke_key,
     verify_key,
 )
-from gateway.storage.models import ApiKey
+from gateway.storage.models import ApiKeyRow
 from gateway.storage.tenants import create_tenant, delete_tenant
 
 T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
@@ -35,7 +35,7 @@ def test_a_key_is_returned_once_and_stored_only_as_a_hash(tenant_db):
     assert created.info.prefix == key[:12] and created.info.id.startswith("key_")
     assert key not in repr(created)
     with tenant_db.session() as session:
-        row = session.scalars(select(ApiKey)).one()
+        row = session.scalars(select(ApiKeyRow)).one()
         assert row.key_hash == hashlib.sha256(key.encode()).hexdigest()
         assert all(key not in str(value) for value in vars(row).values())
 
