@@ -179,12 +179,15 @@ async def one_request(
     """The status the client saw (0: it left before one came)."""
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     if kind == "leave_before_answer":
+
+        async def answer() -> int:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                return response.status
+
         try:
-            async with asyncio.timeout(0.001):
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    return response.status
-        except TimeoutError:
+            return await asyncio.wait_for(answer(), 0.001)
+        except asyncio.TimeoutError:  # not TimeoutError before Python 3.11
             return 0
     async with session.post(url, data=body, headers=headers) as response:
         if kind == "leave_stream" and response.status == 200:
@@ -212,7 +215,7 @@ async def drive(
                 path, key, body = request_for(kind, rng, keys, args.max_tokens)
                 try:
                     status = await one_request(session, stack.gateway_url + path, kind, key, body)
-                except (aiohttp.ClientError, TimeoutError):
+                except (aiohttp.ClientError, asyncio.TimeoutError):
                     status = -2  # the connection failed
                 tally.num_done += 1
                 tally.by_kind[kind, status] += 1

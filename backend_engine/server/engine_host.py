@@ -148,11 +148,11 @@ class EngineHost:
         )
         try:
             await asyncio.wait_for(self._idle.wait(), self.drain_grace_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not TimeoutError before Python 3.11
             logger.warning("drain grace over: aborting %d requests", self.num_in_flight)
             if self._engine is not None:
                 await self._engine.shutdown()  # they end with engine_draining
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), ABORT_WAIT_S)
         self._finish()
 

@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from gateway.api.iso_datetime import parse_iso_datetime
 from gateway.auth.bearer_keys import authenticate_request
 from gateway.errors import ApiError, invalid_request
 from gateway.ledger.budget_ledger import Balance, BudgetLedger
@@ -133,7 +134,7 @@ def parse_time(params: Mapping[str, str], name: str) -> datetime | None:
     if value is None:
         return None
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = parse_iso_datetime(value)
         if parsed.tzinfo is None:
             return parsed.replace(tzinfo=timezone.utc)
         return parsed.astimezone(timezone.utc)

@@ -125,11 +125,11 @@ class LeanRedis:
     async def _open(self) -> _Pipe:
         connection = self._connection_class(**self._options)
         try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                await connection.connect()
+            await asyncio.wait_for(connection.connect(), self._connect_timeout_s)
         except BaseException as error:
             await connection.disconnect(nowait=True)
-            if isinstance(error, TimeoutError):  # asyncio's, or redis-py's socket timeout
+            # asyncio's is a TimeoutError of its own before Python 3.11
+            if isinstance(error, TimeoutError | asyncio.TimeoutError):
                 raise RedisTimeoutError(
                     f"connecting to Redis took longer than {self._connect_timeout_s} s"
                 ) from None

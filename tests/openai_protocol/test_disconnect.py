@@ -54,7 +54,9 @@ async def test_returns_the_result_when_the_work_ends_first() -> None:
     assert asyncio.all_tasks() == {this_task}  # no watcher is left to read the disconnect
     connection.leave.set()  # the disconnect after the response: nothing left to cancel
     await asyncio.sleep(0)  # a cancellation of this task would land here
-    assert connection.num_receives == 2 and this_task.cancelling() == 0
+    assert connection.num_receives == 2
+    if hasattr(this_task, "cancelling"):  # Python 3.11+
+        assert this_task.cancelling() == 0
 
 
 async def test_returns_none_and_cancels_the_work_when_the_client_leaves() -> None:

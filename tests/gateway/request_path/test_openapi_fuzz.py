@@ -19,7 +19,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from schemathesis.checks import positive_data_acceptance
+from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 from schemathesis.core.failures import FailureGroup
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.python.asgi import shutdown_lifespans
@@ -140,6 +140,10 @@ def fuzz(operation: APIOperation, key: str) -> str | None:
     )
     def check(case: schemathesis.Case) -> None:
         excluded = [positive_data_acceptance] if rules_beyond_the_schema(case) else []
+        if any(value == [] for value in (case.query or {}).values()):
+            # An empty list sends no parameter at all: the request may be valid after all
+            # (schemathesis 4.30, the last for Python 3.10, counts it as invalid)
+            excluded.append(negative_data_rejection)
         response = case.call_and_validate(
             headers={"Authorization": f"Bearer {key}"}, excluded_checks=excluded
         )
