@@ -30,9 +30,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.accounting.settlement import Accountant
 from gateway.admission.admission_store import AdmissionStore
 from gateway.admission.admitter import Admitter
+from gateway.admission.counting_step import CountingStep
 from gateway.admission.memory_admission_store import MemoryAdmissionStore
+from gateway.admission.planning_step import PlanningStep
 from gateway.admission.redis_admission_store import RedisAdmissionStore
 from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
 from gateway.api.admin_api import admin_routes
@@ -46,11 +49,11 @@ from gateway.auth.bearer_keys import authenticate_request, bearer_matches
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
 from gateway.errors import EXCEPTION_HANDLERS, ApiError
+from gateway.ledger.balance_rebuild import BalanceRebuild
 from gateway.ledger.budget_ledger import BudgetLedger
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.ledger.settle_retries import LedgerRetries
-from gateway.ledger.settlement import Accountant
 from gateway.observability.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.observability.tracing import build_tracer_provider, tracer_from
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
@@ -131,17 +134,17 @@ def build_gateway(
         upstreams=upstreams,
         keys=keys,
         admitter=Admitter(
-            settings,
-            counters,
-            store,
-            ledger,
+            PlanningStep(settings, counters, rollouts, pool_load),
+            CountingStep(
+                store,
+                epochs,
+                BalanceRebuild(ledger, database),
+                reservation_ttl_s=settings.reservation_ttl_s,
+                is_fail_open=settings.redis_failure_mode == "open",
+                metrics=metrics,
+                retries=retries,
+            ),
             keys,
-            epochs,
-            pool_load,
-            database,
-            metrics=metrics,
-            retries=retries,
-            rollouts=rollouts,
         ),
         rollouts=rollouts,
         accountant=accountant,

@@ -1,6 +1,7 @@
-"""The admission step: everything a request counts against, checked and recorded at once.
+"""The admission store: everything a request counts against, checked and recorded at once.
 
-One call per request (one Redis script, or one uninterrupted run on the event loop)::
+One call per request, the counting step's (``counting_step``): one Redis script, or one
+uninterrupted run on the event loop::
 
     auth epoch changed?  ──yes──► AuthChanged(epoch)   nothing counted; re-read the key, retry
          │ no
@@ -15,8 +16,8 @@ One call per request (one Redis script, or one uninterrupted run on the event lo
 
 The store only counts; the policies turn a ``Counted`` into a decision, headers and messages.
 As before, a request the budget refuses keeps its rate-limit hit. Implementations:
-``memory_atomic_step`` (one gateway) and ``redis_atomic_step`` (any number of replicas).
-Settling and releasing a reservation stay with the ``BudgetLedger``.
+``memory_admission_store`` (one gateway) and ``redis_admission_store`` (any number of
+replicas). Settling and releasing a reservation stay with the ``BudgetLedger``.
 
 A Redis store whose reply comes too late raises ``AdmissionTimedOut``: the script may still
 run on the server, so the reservation it would have made is handed over to be released.

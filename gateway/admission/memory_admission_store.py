@@ -1,4 +1,4 @@
-"""The admission step in process, for a single gateway (see ``atomic_step``).
+"""The admission step in process, for a single gateway (see ``admission_store``).
 
 The ledger and rate-limit store it wraps never suspend inside their calls, so ``admit`` runs
 from start to end without yielding to the event loop: atomic, as the Redis script is.

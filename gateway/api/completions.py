@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.accounting.settlement import RequestInfo
 from gateway.admission.admitter import Admission, Refusal
 from gateway.api.handler_context import GatewayContext
 from gateway.api.request_body import (
@@ -54,7 +55,6 @@ from gateway.errors import (
     invalid_api_key,
     to_rejection,
 )
-from gateway.ledger.settlement import RequestInfo
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
+from gateway.accounting.settlement import Accountant
 from gateway.admission.admitter import Admitter
 from gateway.auth.key_cache import KeyCache
-from gateway.ledger.settlement import Accountant
 from gateway.observability.metrics import GatewayMetrics
 from gateway.rollouts import LiveRollouts
 from gateway.settings import GatewaySettings

@@ -2,7 +2,9 @@
 whose tap shows what was forwarded. A request reserves its prompt as the gateway counts it
 (without a checkpoint: OpenAI's rules for chat, ``cl100k_base``) plus its ``max_tokens``, and
 is then charged what the engine reports (the stand-in: one prompt token per word,
-``NUM_CHUNKS`` completion tokens)."""
+``NUM_CHUNKS`` completion tokens). Then, without a server, how the admitter decides afresh
+when the caller's tenant changed while it decided (``test_planning_step.py`` and
+``test_counting_step.py`` check its two steps)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,24 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.admission.admitter import Admitter
+from gateway.admission.counting_step import CountingStep
+from gateway.admission.memory_admission_store import MemoryAdmissionStore
+from gateway.admission.outcomes import Admission, Refusal
+from gateway.admission.planning_step import PlanningStep
 from gateway.admission.token_counter import for_openai_model
+from gateway.auth.bearer_keys import Caller
+from gateway.auth.epochs import INITIAL_EPOCH, MemoryAuthEpochs
+from gateway.auth.key_cache import CachedKey
+from gateway.completion_body import CompletionBody
+from gateway.errors import ApiError
+from gateway.ledger.balance_rebuild import BalanceRebuild
+from gateway.ledger.memory_ledger import MemoryBudgetLedger
+from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.rollouts import LiveRollouts
+from gateway.settings import GatewaySettings
+from gateway.storage.database import Database
+from policies.quota import TenantQuota
 from tests.support.polling import wait_until
 from tests.support.stand_in_engine import MODEL
 from tests.support.stand_in_stack import (
@@ -166,3 +185,83 @@ def test_requests_over_the_rate_limit_are_refused_before_the_engine(
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert 0 < int(refused.headers["retry-after"]) <= 60
     assert len(engine.requests) == 2
+
+
+# -- deciding afresh when the tenant changed (no server) -----------------------------------
+
+
+class NoLoad:
+    async def load(self, model: str) -> None:
+        return None
+
+
+class ReloadedKeys:
+    """`KeyCache.reload` as the database answers it: the key under the tenant's new quota."""
+
+    def __init__(self, quota: TenantQuota) -> None:
+        self.quota = quota
+        self.reloads: list[str] = []
+
+    async def reload(self, entry: CachedKey, epoch: str) -> CachedKey:
+        self.reloads.append(epoch)
+        caller = Caller(entry.caller.key_id, entry.caller.tenant_id, self.quota, None)
+        return CachedKey(caller, entry.key_hash, epoch, None, 0.0, 0.0)
+
+
+def admitter(db: Database, epochs: MemoryAuthEpochs, keys: ReloadedKeys) -> Admitter:
+    settings = GatewaySettings.from_dict(
+        {"models": {MODEL: {"upstreams": ["http://127.0.0.1:1"], "context_window": 4096}}}
+    )
+    ledger = MemoryBudgetLedger()
+    planning = PlanningStep(
+        settings, {MODEL: for_openai_model(MODEL)}, LiveRollouts(settings.rollouts), NoLoad()
+    )
+    store = MemoryAdmissionStore(ledger, MemoryRateLimitStore(), epochs)
+    rebuild = BalanceRebuild(ledger, db)
+    counting = CountingStep(store, epochs, rebuild, reservation_ttl_s=60, is_fail_open=False)
+    return Admitter(planning, counting, keys)  # type: ignore[arg-type]
+
+
+def cached_key(quota: TenantQuota) -> CachedKey:
+    return CachedKey(Caller("key-1", "acme", quota, None), "hash", INITIAL_EPOCH, None, 0.0, 0.0)
+
+
+BODY = CompletionBody("chat", {}, MODEL, MESSAGES, None, 40, False, False)
+
+
+async def test_a_refusal_under_a_quota_changed_meanwhile_is_decided_again(
+    db: Database,
+) -> None:
+    epochs = MemoryAuthEpochs()
+    keys = ReloadedKeys(TenantQuota(max_output_tokens=100))
+    await epochs.bump("acme")  # the cap was raised after the key was cached
+    admission = await admitter(db, epochs, keys).admit(
+        cached_key(TenantQuota(max_output_tokens=10)), BODY, None
+    )
+    assert isinstance(admission, Admission) and admission.max_tokens == 40
+    assert keys.reloads == [epochs.current_now("acme")]
+
+
+async def test_a_refusal_under_the_current_quota_stands(db: Database) -> None:
+    keys = ReloadedKeys(TenantQuota())
+    refusal = await admitter(db, MemoryAuthEpochs(), keys).admit(
+        cached_key(TenantQuota(max_output_tokens=10)), BODY, None
+    )
+    assert isinstance(refusal, Refusal) and refusal.rejection.status == 400
+    assert keys.reloads == []
+
+
+async def test_a_tenant_that_keeps_changing_is_a_503(db: Database) -> None:
+    epochs = MemoryAuthEpochs()
+
+    class EverChanging(ReloadedKeys):
+        async def reload(self, entry: CachedKey, epoch: str) -> CachedKey:
+            await epochs.bump("acme")
+            return CachedKey(entry.caller, entry.key_hash, epoch, None, 0.0, 0.0)
+
+    await epochs.bump("acme")
+    with pytest.raises(ApiError) as caught:
+        await admitter(db, epochs, EverChanging(TenantQuota())).admit(
+            cached_key(TenantQuota()), BODY, None
+        )
+    assert caught.value.rejection.status == 503

@@ -3,9 +3,9 @@
 Random prompts (unicode, whitespace runs, text that looks like special tokens, token-id lists)
 and conversations go to a real engine server (tiny demo weights, or the stand-in runner where
 the engine is not installed: the count is the engine's tokenizer's either way) for one token
-each; the
-``usage.prompt_tokens`` it answers must equal what admission counts for the same body
-(`gateway.admission.admitter.count_prompt_tokens`, the number its budget reservation is made of).
+each; the ``usage.prompt_tokens`` it answers must equal what admission counts for the same
+body (`gateway.admission.prompt_tokens.count_prompt_tokens`, the number its budget reservation
+is made of).
 Tokenizers: the Llama and Qwen2 demos (a post-processor BOS, a template that writes its own
 BOS; Mistral's demo tokenizer is Llama's), and two variants: no post-processor with a ChatML
 template (Qwen-like), and a post-processor adding BOS and EOS.
@@ -28,7 +28,7 @@ from starlette.testclient import TestClient
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app
-from gateway.admission.admitter import count_prompt_tokens
+from gateway.admission.prompt_tokens import count_prompt_tokens
 from gateway.admission.token_counter import CheckpointTokenCounter, from_checkpoint
 from gateway.api.request_body import parse_body
 from tests.support.stand_in_runner import DemoEngineModel

@@ -1,5 +1,5 @@
 """Settlement end to end, without torch: a real gateway in front of the stand-in engine, on
-the in-process ledger and on Redis. Each case of `gateway.ledger.settlement`'s table: the
+the in-process ledger and on Redis. Each case of `gateway.accounting.settlement`'s table: the
 request's one usage record says what was settled, and the budget shows exactly that as used
 and nothing left reserved.
 

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 
 from opentelemetry.trace import Span, Status, StatusCode
 
-from gateway.admission.admitter import Admission, Refusal
+from gateway.admission.outcomes import Admission, Refusal
 from gateway.auth.bearer_keys import Caller
 from gateway.ledger.budget_ledger import BudgetLedger
 from gateway.ledger.settle_retries import LedgerRetries

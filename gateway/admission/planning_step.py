@@ -1,0 +1,173 @@
+"""Admission's first step: what a request would run as, decided by the pure policies.
+
+Order (the first refusal wins)::
+
+    model access (404/403) -> routing of aliases -> rollout version -> priority
+      -> prompt length (400) -> output cap (400)
+
+An alias (``auto``) is routed to a public model first; a rollout then picks the version
+(`gateway.rollouts`) whose model entry serves it: its tokenizer counts the prompt, its context
+window bounds it. ``served_model`` stays the public name (what the client is answered with).
+The policies decide from the caller's cached quota; the only work beyond them is counting the
+prompt (`PromptCounts`) and, for an alias, reading the large pool's load. Nothing is counted
+against the tenant here: that is the `gateway.admission.counting_step`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.admission.outcomes import Admission, Refusal
+from gateway.admission.prompt_tokens import PromptCounts
+from gateway.admission.token_counter import TokenCounter
+from gateway.auth.bearer_keys import Caller
+from gateway.completion_body import CompletionBody
+from gateway.ledger.budget_ledger import Reservation
+from gateway.rollouts import LiveRollouts, RolloutTable, resolve_version
+from gateway.settings import GatewaySettings
+from policies import (
+    Rejection,
+    RequestFeatures,
+    RoutingDecision,
+    check_model_access,
+    check_prompt_length,
+    detect_code_or_math,
+    reservation_tokens,
+    resolve_max_tokens,
+    resolve_priority,
+    route,
+)
+from policies.model_routing import PoolLoad
+from policies.quota import PriorityClass, TenantQuota
+
+
+class PoolLoadSource(Protocol):
+    """A model pool's load now, for routing an alias (``None``: unknown); the app's is
+    `gateway.upstream.pool_load.PoolLoadView`."""
+
+    async def load(self, model: str) -> PoolLoad | None: ...
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """What the policies decided before anything is counted."""
+
+    served_model: str
+    version: str
+    route: RoutingDecision | None
+    prompt_tokens: int
+    max_tokens: int
+    priority: PriorityClass
+    prompt_token_ids: Sequence[int] | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        """What the budget reserves for it: the prompt and the most it may generate."""
+        return reservation_tokens(self.prompt_tokens, self.max_tokens)
+
+    def admit(
+        self, reservation: Reservation | None, headers: Mapping[str, str] | None = None
+    ) -> Admission:
+        return Admission(
+            self.served_model,
+            self.version,
+            self.route,
+            self.prompt_tokens,
+            self.max_tokens,
+            self.priority,
+            reservation,
+            headers or {},
+            self.prompt_token_ids,
+        )
+
+    def refuse(self, rejection: Rejection) -> Refusal:
+        return Refusal(rejection, self.served_model, self.route, self.prompt_tokens, self.version)
+
+
+class PlanningStep:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        counters: Mapping[str, TokenCounter],
+        rollouts: LiveRollouts,
+        pool_load: PoolLoadSource,
+    ) -> None:
+        self._settings = settings
+        self._counters = counters
+        self._rollouts = rollouts
+        self._pool_load = pool_load
+
+    async def plan(
+        self, caller: Caller, body: CompletionBody, priority_header: str | None
+    ) -> AdmissionPlan | Refusal:
+        """Raises a 400 `ApiError` for messages a model's chat template cannot render."""
+        quota = caller.quota
+        rejection = check_model_access(body.model, quota, self._settings.known_models)
+        if rejection is not None:
+            return Refusal(rejection)
+        table: RolloutTable = self._rollouts.table  # one table for the whole request
+
+        def version_of(model: str) -> str:
+            return resolve_version(table, model, caller.tenant_id, body.user)
+
+        served, decision = body.model, None
+        version = version_of(served)
+        routing = self._settings.routing
+        pair = routing.aliases.get(body.model) if routing is not None else None
+        candidates = [pair.small, pair.large] if pair is not None else [served]
+        # No candidate admits a longer prompt: one longer by its length alone is not tokenized.
+        limit = max(self._longest_prompt(version_of(m), quota) for m in candidates)
+        counts = PromptCounts(self._counters, self._settings.models, body, limit)
+        prompt_tokens = await counts.count(version) if version in self._counters else 0
+        if routing is not None and pair is not None:
+            small = version_of(pair.small)
+            prompt_tokens = await counts.count(small)
+            has_code, has_math = detect_code_or_math(body.prompt_text)  # bounded, linear
+            features = RequestFeatures(
+                prompt_tokens=prompt_tokens,
+                max_tokens=body.max_tokens or quota.default_max_output_tokens or 0,
+                num_turns=body.num_turns,
+                has_code=has_code,
+                has_math=has_math,
+                tenant_tier=quota.tier,
+                hint=_hint(body.raw.get("tollway_hint")),
+            )
+            load = await self._pool_load.load(version_of(pair.large))
+            decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
+            served = decision.model
+            version = version_of(served)
+            if version != small:
+                prompt_tokens = await counts.count(version)
+
+        def refuse(rejection: Rejection) -> Refusal:
+            return Refusal(rejection, served, decision, prompt_tokens, version)
+
+        priority = resolve_priority(priority_header, caller.key_priority, quota)
+        if isinstance(priority, Rejection):
+            return refuse(priority)
+        context_window = self._settings.models[version].context_window
+        rejection = check_prompt_length(
+            prompt_tokens, quota, context_window, is_lower_bound=prompt_tokens > limit
+        )
+        if rejection is not None:
+            return refuse(rejection)
+        max_tokens = resolve_max_tokens(
+            body.max_tokens, quota, prompt_tokens=prompt_tokens, context_window=context_window
+        )
+        if isinstance(max_tokens, Rejection):
+            return refuse(max_tokens)
+        ids = counts.ids(version) if version in self._counters else None
+        return AdmissionPlan(served, version, decision, prompt_tokens, max_tokens, priority, ids)
+
+    def _longest_prompt(self, model: str, quota: TenantQuota) -> int:
+        """The most prompt tokens ``check_prompt_length`` admits on ``model``."""
+        longest = self._settings.models[model].context_window - 1
+        if quota.max_prompt_tokens is not None:
+            longest = min(longest, quota.max_prompt_tokens)
+        return longest
+
+
+def _hint(value: Any) -> Any:
+    return value if value in ("small", "large") else None

@@ -1,0 +1,109 @@
+"""The planning step without a server: the policies in order, on counted prompts, with the
+rollout table and the pool load given; nothing is counted against the tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.admission.outcomes import Refusal
+from gateway.admission.planning_step import AdmissionPlan, PlanningStep
+from gateway.admission.token_counter import TokenCounter, for_openai_model
+from gateway.auth.bearer_keys import Caller
+from gateway.completion_body import CompletionBody
+from gateway.rollouts import LiveRollouts
+from gateway.settings import GatewaySettings
+from policies.model_routing import PoolLoad
+from policies.quota import TenantQuota
+
+MESSAGES = [{"role": "user", "content": "three word prompt"}]
+COUNTER = for_openai_model("small")
+PROMPT_TOKENS = COUNTER.count_chat(MESSAGES)
+
+
+class RecordedLoad:
+    """A `PoolLoadSource` that answers one load and records what it was asked."""
+
+    def __init__(self, load: PoolLoad | None = None) -> None:
+        self.value = load
+        self.asked: list[str] = []
+
+    async def load(self, model: str) -> PoolLoad | None:
+        self.asked.append(model)
+        return self.value
+
+
+def settings() -> GatewaySettings:
+    model = {"upstreams": ["http://127.0.0.1:1"], "context_window": 64}
+    return GatewaySettings.from_dict(
+        {
+            "models": {"small": model, "large-v1": model},
+            "rollouts": {"large": {"large-v1": 1}},
+            "routing": {"aliases": {"auto": {"small": "small", "large": "large"}}},
+        }
+    )
+
+
+def planner(load: RecordedLoad | None = None) -> PlanningStep:
+    config = settings()
+    counters: dict[str, TokenCounter] = {name: COUNTER for name in config.models}
+    return PlanningStep(config, counters, LiveRollouts(config.rollouts), load or RecordedLoad())
+
+
+def caller(**quota: Any) -> Caller:
+    return Caller("key-1", "acme", TenantQuota(**quota), None)
+
+
+def chat(model: str, max_tokens: int | None = 8, **raw: Any) -> CompletionBody:
+    fields = {"model": model, "messages": MESSAGES, **raw}
+    return CompletionBody("chat", fields, model, MESSAGES, None, max_tokens, False, False)
+
+
+async def test_a_model_is_planned_with_its_counted_prompt() -> None:
+    plan = await planner().plan(caller(), chat("small"), None)
+    assert plan == AdmissionPlan("small", "small", None, PROMPT_TOKENS, 8, "interactive")
+    assert plan.tokens == PROMPT_TOKENS + 8
+    assert plan.prompt_token_ids is None  # an estimate has no engine ids
+
+
+async def test_a_rollout_is_served_under_its_name_by_a_version() -> None:
+    plan = await planner().plan(caller(), chat("large"), None)
+    assert isinstance(plan, AdmissionPlan)
+    assert (plan.served_model, plan.version) == ("large", "large-v1")
+
+
+async def test_an_alias_is_routed_reading_the_large_versions_load() -> None:
+    load = RecordedLoad(PoolLoad(num_waiting=0, kv_usage=0.0))
+    plan = await planner(load).plan(caller(), chat("auto", tollway_hint="large"), None)
+    assert isinstance(plan, AdmissionPlan) and plan.route is not None
+    assert (plan.served_model, plan.version, plan.route.size) == ("large", "large-v1", "large")
+    assert load.asked == ["large-v1"]
+
+
+async def test_an_unknown_model_is_refused_before_anything_is_decided() -> None:
+    refusal = await planner().plan(caller(), chat("nope"), None)
+    assert isinstance(refusal, Refusal) and refusal.rejection.status == 404
+    assert (refusal.served_model, refusal.version, refusal.prompt_tokens) == (None, None, 0)
+
+
+@pytest.mark.parametrize(
+    ("quota", "max_tokens", "status", "code"),
+    [
+        ({"max_prompt_tokens": 2}, 8, 400, "context_length_exceeded"),
+        ({"max_output_tokens": 4}, 8, 400, "invalid_value"),
+    ],
+)
+async def test_a_refusal_keeps_what_was_decided_before_it(
+    quota: dict[str, Any], max_tokens: int, status: int, code: str
+) -> None:
+    refusal = await planner().plan(caller(**quota), chat("large", max_tokens), None)
+    assert isinstance(refusal, Refusal)
+    assert (refusal.rejection.status, refusal.rejection.code) == (status, code)
+    assert (refusal.served_model, refusal.version) == ("large", "large-v1")
+    assert refusal.prompt_tokens > 0
+
+
+async def test_an_unknown_priority_is_refused() -> None:
+    refusal = await planner().plan(caller(), chat("small"), "urgent-please")
+    assert isinstance(refusal, Refusal) and refusal.rejection.status == 400
