@@ -16,13 +16,6 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-DEFAULT_DATABASE_FILENAME = "tollway.db"
-
-
-def default_database_url(data_dir: Path) -> str:
-    """The embedded default: a SQLite file in the data directory."""
-    return f"sqlite:///{(data_dir / DEFAULT_DATABASE_FILENAME).resolve()}"
-
 
 def ensure_sqlite_directory(url: str) -> None:
     """Create the directory of a SQLite database file (SQLite creates only the file)."""

@@ -50,10 +50,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.defaults import DEFAULT_REDIS_CONNECT_TIMEOUT_S, DEFAULT_REDIS_TIMEOUT_S
+
 Arg = bytes | str | int | float
 
-DEFAULT_CONNECT_TIMEOUT_S = 0.5
-DEFAULT_TIMEOUT_S = 0.5
 _LOOK_AGAIN = 3  # loop iterations a late call is given to show its reply already came
 
 
@@ -74,8 +74,8 @@ class LeanRedis:
         self,
         url: str,
         *,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_REDIS_TIMEOUT_S,
     ) -> None:
         if not connect_timeout_s > 0 or not timeout_s > 0:
             raise ValueError(

@@ -30,7 +30,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.storage.database import Database, default_database_url
+from gateway.defaults import default_database_url
+from gateway.storage.database import Database
 from gateway.storage.usage_store import UsageEntry, list_usage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

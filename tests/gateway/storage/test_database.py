@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import StatementError
 
-from gateway.storage.database import Database, default_database_url
+from gateway.storage.database import Database
 from gateway.storage.tenants import create_tenant, get_tenant
 
 
@@ -15,10 +15,6 @@ def test_sqlite_connections_use_wal_and_foreign_keys(tmp_path):
         assert session.execute(text("PRAGMA foreign_keys")).scalar() == 1
     assert (tmp_path / "nested" / "x.db").exists()
     db.dispose()
-
-
-def test_default_url_is_sqlite_in_the_data_dir(tmp_path):
-    assert default_database_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'tollway.db'}"
 
 
 def test_an_unsupported_url_is_refused():
