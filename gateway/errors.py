@@ -159,6 +159,19 @@ def from_engine_answer(status: int, body: bytes, model: str) -> Rejection:
     return Rejection.of(vocabulary.UPSTREAM_ERROR, ENGINE_FAILED_MESSAGE)
 
 
+def unreadable_engine_answer() -> ApiError:
+    """A non-streamed answer whose body is not a JSON object: the engine failed, a 502."""
+    return ApiError(Rejection.of(vocabulary.UPSTREAM_ERROR, "Bad engine answer."))
+
+
+# What a client sees when an engine's stream breaks or carries an error event (its own
+# words, e.g. an engine's ``engine_error``, stay inside): the gateway's 502 as an event.
+MID_STREAM_ERROR = Rejection.of(
+    vocabulary.UPSTREAM_ERROR,
+    "The engine failed while generating this response; the tokens sent so far are charged.",
+)
+
+
 def _engine_error_fields(body: bytes) -> dict[str, str]:
     """The string fields of an OpenAI-format error body; nothing for anything else."""
     try:

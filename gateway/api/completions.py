@@ -2,16 +2,18 @@
 
 authenticate (key cache) ─401─► (no record: no tenant to charge)
      │
-read + parse body ─400/413─┐
-admission (policies) ─4xx──┼─► Accountant.reject   (one "rejected" record; a key revoked
-engine's 400/413 ──────────┤                        meanwhile is a 401 without one; the
-     │ Admission           │                        engine's: its code, reservation released)
-UpstreamPool.open ─503─────┼─► Accountant.finish   (released; one "upstream_error" record)
-engine's other errors ─502─┤
-     │                     │
-relay (stream or JSON) ────┴─► Accountant.record   (one record, durable in the spill file)
-                                                   before the answer's last bytes ([DONE], or
-                                                   the JSON), then Accountant.settle after it
+read + parse body ─400/413─┬─► Accountant.reject  (one "rejected" record; a key revoked
+admission (policies) ─4xx──┘                       meanwhile is a 401 without one)
+     │ Admission
+_forward: UpstreamPool.open, then one function per kind of answer:
+     ├─ none (no engine answered) ─503
+     ├─ _engine_error ─4xx (the engine's refusal) / 502 (its failure)
+     ├─ _json_answer (a body that is not JSON: 502)
+     ├─ _streamed_answer
+     └─ _after_departure (the client left before a JSON answer) ─499
+   each ending through the request's `RequestEnd` (`gateway.api.request_end` says what each
+   records and when): one usage record, durable before the answer's last bytes, then the
+   upstream call closed and the reservation settled after them.
 
 The engine is asked for the served version's ``upstream_model`` id; the answer's ``model``
 (JSON or every chunk) is the public name the request was served under (after routing aliases:
@@ -26,8 +28,9 @@ token relayed; a non-streamed request up to where the engine stopped (asked to b
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Coroutine
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -35,7 +38,6 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from gateway.accounting.settlement import RequestInfo
 from gateway.admission.admitter import Admission, Refusal
@@ -47,6 +49,7 @@ from gateway.api.request_body import (
     read_json,
     requested_model,
 )
+from gateway.api.request_end import AnswerThenSettle, RequestEnd
 from gateway.auth.bearer_keys import bearer_token
 from gateway.errors import (
     ApiError,
@@ -54,14 +57,13 @@ from gateway.errors import (
     from_engine_answer,
     invalid_api_key,
     to_rejection,
+    unreadable_engine_answer,
 )
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
-from openai_protocol.disconnect import run_to_end, until_client_leaves
-from openai_protocol.errors import UPSTREAM_ERROR
+from openai_protocol.disconnect import until_client_leaves
 from openai_protocol.sse import EventStreamResponse
-from policies.decision import Rejection
 
 ROUTE_HEADER = "x-tollway-route"
 VERSION_HEADER = "x-tollway-model-version"
@@ -146,19 +148,123 @@ async def _forward(
     admission: Admission,
     path: str,
 ) -> Response:
-    model, version = admission.served_model, admission.version
-    metrics = ctx.metrics
-    meter = UsageMeter(
-        on_first_token=metrics.child(metrics.time_to_first_token, model, version).observe,
-        on_next_token=metrics.child(metrics.inter_token_latency, model, version).observe,
-        started_at=time.monotonic(),
+    """Send the admitted request to an engine and answer with what comes back, by kind: the
+    engine's error (`_engine_error`), a stream (`_streamed_answer`) or a JSON answer
+    (`_json_answer`); or nothing, the client having left first (`_after_departure`). Each
+    ends the request through its `RequestEnd`."""
+    end = RequestEnd(ctx.accountant, info, admission, _usage_meter(ctx, admission))
+    opening = _open_upstream(ctx, info, body, admission, path)
+    # Non-streamed, the call goes on if the client leaves (see _after_departure).
+    answering = None if body.is_stream else asyncio.ensure_future(opening)
+    try:
+        call = await (
+            opening
+            if answering is None
+            else until_client_leaves(request.receive, asyncio.shield(answering))
+        )
+    except BaseException:
+        if answering is not None:
+            answering.cancel()
+        await end.finish(UsageStatus.UPSTREAM_ERROR, was_answered=False)
+        raise
+    if call is None:  # the client left before a non-streamed answer was ready
+        return await _after_departure(ctx, end, answering)
+    model = admission.served_model
+    headers = _answer_headers(admission)
+    if call.status_code >= 400:
+        return await _engine_error(end, call, model, headers)
+    if body.is_stream:
+        return _streamed_answer(end, call, body.include_usage, model, headers)
+    return await _json_answer(end, call, model, headers)
+
+
+async def _engine_error(
+    end: RequestEnd, call: UpstreamCall, model: str, headers: dict[str, str]
+) -> Response:
+    """The gateway's own error for the engine's (`from_engine_answer`). A 5xx (the engine
+    failed, or cannot serve) is recorded as an upstream error; a 4xx (the engine refused the
+    request) as a refusal at the door, with its code. Nothing is charged either way."""
+    rejection = from_engine_answer(call.status_code, call.body, model)
+    if rejection.status >= 500:
+        end.record(UsageStatus.UPSTREAM_ERROR, was_answered=False)
+    else:
+        end.reject(rejection)
+    await end.finish()
+    return error_response(rejection, headers)
+
+
+def _streamed_answer(
+    end: RequestEnd,
+    call: UpstreamCall,
+    include_usage: bool,
+    model: str,
+    headers: dict[str, str],
+) -> Response:
+    """The engine's events relayed as they come (`relay_events` measures them): recorded
+    before ``[DONE]`` is sent, or at the close if the stream stopped earlier (client gone,
+    engine failed); the upstream call closed and the reservation settled when the response
+    ends, however it ends."""
+    events = relay_events(
+        call, end.meter, include_usage=include_usage, before_end=end.record, model_name=model
     )
+    return EventStreamResponse(
+        events, on_close=functools.partial(end.finish, closing=call), headers=headers
+    )
+
+
+async def _json_answer(
+    end: RequestEnd, call: UpstreamCall, model: str, headers: dict[str, str]
+) -> Response:
+    """The engine's JSON as it came (renamed if need be): recorded before it is sent,
+    settled after."""
+    answer = _json_object(call.body)
+    if answer is None:
+        await end.finish(UsageStatus.UPSTREAM_ERROR, was_answered=False)
+        raise unreadable_engine_answer()
+    measure_body(answer, end.meter)
+    end.record(UsageStatus.COMPLETED)
+    return AnswerThenSettle(_with_model(call.body, answer, model), headers, end.finish)
+
+
+async def _after_departure(
+    ctx: GatewayContext, end: RequestEnd, answering: asyncio.Future[UpstreamCall] | None
+) -> Response:
+    """Charge a non-streamed request whose client has left for what the engine generated:
+    the engine is asked to stop the request and then answers at once, with its usage. If
+    it cannot (an engine without the stop endpoint, a failure) or does not answer within
+    ``STOP_GRACE_S``, the upstream call is cancelled (the engine aborts) and the prompt
+    alone is charged. Recorded as cancelled either way."""
+    stopped = None
+    if answering is not None:
+        try:
+            if await ctx.upstreams.stop(end.admission.version, end.info.request_id):
+                stopped = await asyncio.wait_for(answering, STOP_GRACE_S)  # cancels on timeout
+        except Exception:  # the call's own failure, or the wait's timeout
+            pass
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+    answer = _json_object(stopped.body) if stopped and stopped.status_code < 400 else None
+    if answer is not None:
+        measure_body(answer, end.meter)
+    await end.finish()
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def _open_upstream(
+    ctx: GatewayContext,
+    info: RequestInfo,
+    body: CompletionBody,
+    admission: Admission,
+    path: str,
+) -> Coroutine[Any, Any, UpstreamCall]:
+    """The engine call for the served version (`UpstreamPool.open`), not started yet."""
+    metrics, model, version = ctx.metrics, admission.served_model, admission.version
     headers = {
         "x-tenant-id": info.caller.tenant_id,
         "x-priority": admission.priority,
         "x-request-id": info.request_id,
     }
-    opening = ctx.upstreams.open(
+    return ctx.upstreams.open(
         version,
         path,
         upstream_body(body, admission, ctx.settings.models[version].upstream_id),
@@ -169,118 +275,23 @@ async def _forward(
         ).inc(),
         prompt_token_ids=admission.prompt_token_ids,
     )
-    # Non-streamed, the call goes on if the client leaves (see _finish_after_departure).
-    answering = None if body.is_stream else asyncio.ensure_future(opening)
-    try:
-        answered = await (
-            opening
-            if answering is None
-            else until_client_leaves(request.receive, asyncio.shield(answering))
-        )
-    except BaseException:
-        if answering is not None:
-            answering.cancel()
-        meter.finish(UsageStatus.UPSTREAM_ERROR)
-        await ctx.accountant.finish(info, admission, meter, was_answered=False)
-        raise
-    if answered is None:  # the client left before a non-streamed answer was ready
-        return await _finish_after_departure(ctx, info, admission, meter, answering)
-    call = answered
-    response_headers = dict(admission.headers)
-    response_headers[VERSION_HEADER] = version
-    if admission.route is not None:
-        response_headers[ROUTE_HEADER] = f"{model}; reason={admission.route.reason}"
-    if call.status_code >= 400:  # an engine's error: the client gets the gateway's own
-        rejection = from_engine_answer(call.status_code, call.body, model)
-        if rejection.status >= 500:  # the engine failed (or cannot serve): its error, recorded
-            meter.finish(UsageStatus.UPSTREAM_ERROR)
-            await ctx.accountant.finish(info, admission, meter, was_answered=False)
-            return error_response(rejection, response_headers)
-        # The engine refused the request: recorded as a refusal at the door, with its code.
-        refusal = Refusal(rejection, model, admission.route, admission.prompt_tokens, version)
-        ctx.accountant.reject(info, refusal)
-        await ctx.accountant.settle(admission, 0)  # releases the reservation
-        return error_response(rejection, response_headers)
-    if not body.is_stream:
-        answer = _json_object(call.body)
-        if answer is None:
-            meter.finish(UsageStatus.UPSTREAM_ERROR)
-            await ctx.accountant.finish(info, admission, meter, was_answered=False)
-            raise ApiError(Rejection.of(UPSTREAM_ERROR, "Bad engine answer."))
-        measure_body(answer, meter)
-        meter.finish(UsageStatus.COMPLETED)
-        # The engine's JSON as it came (renamed if need be): recorded before it is sent,
-        # settled after.
-        num_tokens = ctx.accountant.record(info, admission, meter, was_answered=True)
-        return AnswerThenSettle(
-            _with_model(call.body, answer, model),
-            response_headers,
-            lambda: ctx.accountant.settle(admission, num_tokens),
-        )
 
-    recorded: list[int] = []  # the settled tokens, once recorded
 
-    def record() -> None:  # before [DONE]; or at the close, if the stream stopped earlier
-        if not recorded:
-            recorded.append(ctx.accountant.record(info, admission, meter, was_answered=True))
-
-    async def on_close() -> None:
-        await call.aclose()
-        record()
-        await ctx.accountant.settle(admission, recorded[0])
-
-    events = relay_events(
-        call, meter, include_usage=body.include_usage, before_end=record, model_name=model
+def _usage_meter(ctx: GatewayContext, admission: Admission) -> UsageMeter:
+    metrics, model, version = ctx.metrics, admission.served_model, admission.version
+    return UsageMeter(
+        on_first_token=metrics.child(metrics.time_to_first_token, model, version).observe,
+        on_next_token=metrics.child(metrics.inter_token_latency, model, version).observe,
+        started_at=time.monotonic(),
     )
-    return EventStreamResponse(events, on_close=on_close, headers=response_headers)
 
 
-async def _finish_after_departure(
-    ctx: GatewayContext,
-    info: RequestInfo,
-    admission: Admission,
-    meter: UsageMeter,
-    answering: asyncio.Future[UpstreamCall] | None,
-) -> Response:
-    """Charge a non-streamed request whose client has left for what the engine generated:
-    the engine is asked to stop the request and then answers at once, with its usage. If
-    it cannot (an engine without the stop endpoint, a failure) or does not answer within
-    ``STOP_GRACE_S``, the upstream call is cancelled (the engine aborts) and the prompt
-    alone is charged. Recorded as cancelled either way."""
-    stopped = None
-    if answering is not None:
-        try:
-            if await ctx.upstreams.stop(admission.version, info.request_id):
-                stopped = await asyncio.wait_for(answering, STOP_GRACE_S)  # cancels on timeout
-        except Exception:  # the call's own failure, or the wait's timeout
-            pass
-        answering.cancel()
-        await asyncio.gather(answering, return_exceptions=True)
-    answer = _json_object(stopped.body) if stopped and stopped.status_code < 400 else None
-    if answer is not None:
-        measure_body(answer, meter)
-    await ctx.accountant.finish(info, admission, meter, was_answered=True)
-    return Response(status_code=CLIENT_CLOSED_REQUEST)
-
-
-class AnswerThenSettle(Response):
-    """A JSON answer whose reservation is settled after it is sent, however sending ends:
-    Starlette's background task would be skipped if ``send`` raised (the client gone), and
-    the reservation would then lapse unsettled."""
-
-    def __init__(
-        self, body: bytes, headers: dict[str, str], settle: Callable[[], Awaitable[None]]
-    ) -> None:
-        super().__init__(body, headers=headers, media_type="application/json")
-        self._settle = settle
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except BaseException:
-            await run_to_end(self._settle())
-            raise
-        await self._settle()
+def _answer_headers(admission: Admission) -> dict[str, str]:
+    headers = dict(admission.headers)
+    headers[VERSION_HEADER] = admission.version
+    if admission.route is not None:
+        headers[ROUTE_HEADER] = f"{admission.served_model}; reason={admission.route.reason}"
+    return headers
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -25,19 +25,12 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway.errors import MID_STREAM_ERROR
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
-from openai_protocol.errors import UPSTREAM_ERROR
 from openai_protocol.sse import DONE, event
-from policies.decision import Rejection
 
 _NULL_USAGE_LAST = ',"usage":null}'  # how our engine ends every chunk but the last
-# What a client sees when the engine's stream breaks or carries an error event (its own
-# words, e.g. an engine's ``engine_error``, stay inside): the gateway's 502 as an event.
-MID_STREAM_ERROR = Rejection.of(
-    UPSTREAM_ERROR,
-    "The engine failed while generating this response; the tokens sent so far are charged.",
-)
 
 
 @dataclass
@@ -106,10 +99,10 @@ async def relay_events(
     model_name: str | None = None,
 ) -> AsyncIterator[str]:
     """The client's SSE stream, one string per batch of upstream events (events that arrived
-        together are written together: one send, not one per event). Ends with ``[DONE]``; a
-        broken upstream ends it with an error event first. ``before_end`` runs once the meter is
-        finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
-        reaches it). ``model_name``: the ``model`` every chunk carries to the client (None: the
+    together are written together: one send, not one per event). Ends with ``[DONE]``; a
+    broken upstream ends it with an error event first. ``before_end`` runs once the meter is
+    finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
+    reaches it). ``model_name``: the ``model`` every chunk carries to the client (None: the
     engine's). The caller closes ``call`` when the response ends, however it ends."""
     if call.events is None:
         raise ValueError("relay_events needs a streaming upstream call")

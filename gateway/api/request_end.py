@@ -1,0 +1,123 @@
+"""How a forwarded request ends, written once for every kind of answer.
+
+    answer kind                 record (one per request)          then, once
+    engine's error, 5xx         "upstream_error", nothing charged  reservation released
+    engine's refusal, 4xx       "rejected", the engine's code      reservation released
+    no engine answered (503)    "upstream_error", nothing charged  reservation released
+    JSON                        before the JSON is sent            settled after it is sent
+    stream                      before [DONE] is sent, or at the   upstream call closed,
+                                close if cut short (client gone,   then settled
+                                engine failed): what was relayed
+    client gone before a JSON   at the end: "cancelled", what the  settled
+    answer                      engine generated
+
+Recording before the last bytes makes the record durable (the usage writer's spill file)
+before the client has its whole answer: a gateway killed after that loses no record.
+Settling after them never delays the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.accounting.settlement import Accountant, RequestInfo
+from gateway.admission.admitter import Admission, Refusal
+from gateway.storage.models import UsageStatus
+from gateway.upstream.pool import UpstreamCall
+from gateway.upstream.stream_relay import UsageMeter
+from openai_protocol.disconnect import run_to_end
+from policies.decision import Rejection
+
+
+class RequestEnd:
+    """The end of one forwarded request, written once: its one usage record, the upstream
+    call closed (an open stream), its reservation settled.
+
+    `record` writes the record the first time it is called and does nothing after, so an
+    answer is recorded before its last bytes are sent and `finish` (after them, however
+    sending ended) only closes and settles; where nothing recorded it first (client gone,
+    engine failed mid-stream) `finish` records, after closing the stream, what the meter
+    holds then. `reject` records the engine's refusal instead. `finish` settles once.
+    """
+
+    __slots__ = ("_accountant", "_is_settled", "_num_tokens", "admission", "info", "meter")
+
+    def __init__(
+        self, accountant: Accountant, info: RequestInfo, admission: Admission, meter: UsageMeter
+    ) -> None:
+        self._accountant = accountant
+        self.info = info
+        self.admission = admission
+        self.meter = meter
+        self._num_tokens: int | None = None  # what the reservation settles to, once recorded
+        self._is_settled = False
+
+    def record(self, outcome: UsageStatus | None = None, *, was_answered: bool = True) -> None:
+        """Write the usage record unless it is written: ``outcome`` finishes the meter if it
+        is not (a meter still unfinished records as cancelled); ``was_answered``: an engine
+        accepted the request, so its tokens count."""
+        if self._num_tokens is not None:
+            return
+        if outcome is not None:
+            self.meter.finish(outcome)
+        self._num_tokens = self._accountant.record(
+            self.info, self.admission, self.meter, was_answered=was_answered
+        )
+
+    def reject(self, rejection: Rejection) -> None:
+        """Record the engine's refusal of the request as a refusal at the door (its code);
+        the reservation is then released."""
+        if self._num_tokens is not None:
+            return
+        admission = self.admission
+        refusal = Refusal(
+            rejection,
+            admission.served_model,
+            admission.route,
+            admission.prompt_tokens,
+            admission.version,
+        )
+        self._accountant.reject(self.info, refusal)
+        self._num_tokens = 0
+
+    async def finish(
+        self,
+        outcome: UsageStatus | None = None,
+        *,
+        was_answered: bool = True,
+        closing: UpstreamCall | None = None,
+    ) -> None:
+        """Close ``closing`` (the engine aborts what it still generates), `record` unless
+        recorded (even if closing failed), and settle the reservation to the recorded
+        tokens (once)."""
+        try:
+            if closing is not None:
+                await closing.aclose()
+        finally:
+            self.record(outcome, was_answered=was_answered)
+            if not self._is_settled and self._num_tokens is not None:
+                self._is_settled = True
+                await self._accountant.settle(self.admission, self._num_tokens)
+
+
+class AnswerThenSettle(Response):
+    """A JSON answer whose reservation is settled after it is sent, however sending ends:
+    Starlette's background task would be skipped if ``send`` raised (the client gone), and
+    the reservation would then lapse unsettled."""
+
+    def __init__(
+        self, body: bytes, headers: dict[str, str], settle: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(body, headers=headers, media_type="application/json")
+        self._settle = settle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            await run_to_end(self._settle())
+            raise
+        await self._settle()
