@@ -1,0 +1,67 @@
+"""One request's prompt counted per model: each tokenizer runs once, a long prompt off the
+event loop, and a chat a template cannot render is the client's 400. (That the count is the
+engine's is ``test_prompt_tokens_match_engine.py``.)"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from gateway.admission.prompt_tokens import PromptCounts
+from gateway.admission.token_counter import INLINE_TOKENIZE_CHARS, TokenCounter
+from gateway.completion_body import CompletionBody
+from gateway.errors import ApiError
+from gateway.settings import ModelSettings
+
+
+class RecordingCounter:
+    """Counts every chat as 7 tokens, recording on which thread each run was."""
+
+    def __init__(self, fingerprint: str, error: Exception | None = None) -> None:
+        self.fingerprint = fingerprint
+        self.error = error
+        self.threads: list[threading.Thread] = []
+
+    def count_text(self, text: str) -> int:
+        return 7
+
+    def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+        return 7
+
+    def count_chat(self, messages: Any, limit: int | None = None) -> int:
+        self.threads.append(threading.current_thread())
+        if self.error is not None:
+            raise self.error
+        return 7
+
+
+def counts(counters: dict[str, TokenCounter], text: str = "hi") -> PromptCounts:
+    models = {name: ModelSettings(name, ("http://127.0.0.1:1",), 4096) for name in counters}
+    messages = [{"role": "user", "content": text}]
+    body = CompletionBody("chat", {}, "m", messages, None, None, False, False)
+    return PromptCounts(counters, models, body, limit=4000)
+
+
+async def test_models_sharing_a_tokenizer_count_the_prompt_once() -> None:
+    shared, other = RecordingCounter("shared"), RecordingCounter("other")
+    prompt = counts({"a": shared, "b": shared, "c": other})
+    assert [await prompt.count(m) for m in ("a", "b", "c", "a")] == [7, 7, 7, 7]
+    assert (len(shared.threads), len(other.threads)) == (1, 1)
+    assert prompt.ids("a") is None  # an estimating counter keeps no engine ids
+
+
+async def test_a_long_prompt_is_counted_off_the_event_loop() -> None:
+    short, long = RecordingCounter("short"), RecordingCounter("long")
+    await counts({"m": short}).count("m")
+    await counts({"m": long}, text="x" * INLINE_TOKENIZE_CHARS).count("m")
+    assert short.threads == [threading.main_thread()]
+    assert long.threads[0] is not threading.main_thread()
+
+
+async def test_messages_a_template_cannot_render_are_a_400() -> None:
+    broken = RecordingCounter("broken", error=ValueError("no such role"))
+    with pytest.raises(ApiError) as caught:
+        await counts({"m": broken}).count("m")
+    assert (caught.value.rejection.status, caught.value.rejection.param) == (400, "messages")
