@@ -50,9 +50,11 @@ import aiohttp
 if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gateway_stack import child_process, redis_server, serve_gateway, tcp_socket, wait_http
+from bench.gateway_stack import serve_gateway, tcp_socket
 from bench.workloads import command_line, demo_model
+from tests.support.child_process import child_process, wait_http
 from tests.support.postgres_server import postgres_server
+from tests.support.redis_server import redis_server
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 MODEL = "chat"
@@ -429,7 +431,7 @@ def main() -> None:
     runs += [(policy, policy, args.replicas, args.kv_blocks) for policy in args.policies]
     results = []
     with tempfile.TemporaryDirectory(prefix="tw-cluster-") as tmp, ExitStack() as stack:
-        redis_url, _ = stack.enter_context(redis_server(tmp))
+        redis_url = stack.enter_context(redis_server(tmp)).url
         postgres = stack.enter_context(postgres_server())
         for name, policy, num_replicas, kv_blocks in runs:
             print(f"# running {name} ...", flush=True)

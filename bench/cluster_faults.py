@@ -62,16 +62,12 @@ from bench.cluster import (
     stop_engines,
     wait_ready,
 )
-from bench.gateway_stack import (
-    RedisServer,
-    child_process,
-    serve_gateway,
-    tcp_socket,
-    wait_http,
-    write_hosts_file,
-)
+from bench.gateway_stack import serve_gateway, tcp_socket
 from bench.workloads import command_line, demo_model
+from tests.support.child_process import child_process, wait_http
+from tests.support.gateway_process import write_hosts_file
 from tests.support.postgres_server import postgres_server
+from tests.support.redis_server import RedisServer
 
 HOST_NAME = "engines.cluster"
 FIRST_ADDRESS = 2  # engine i listens on 127.0.0.(2 + i)

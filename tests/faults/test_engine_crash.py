@@ -19,11 +19,11 @@ from gateway.storage.models import UsageStatus
 from tests.faults.processes import (
     Tollway,
     chat_body,
-    is_gone,
     read_stream,
     shared_tollway,
-    wait_for,
 )
+from tests.support.child_process import is_gone
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,7 +37,7 @@ def tollway(request: pytest.FixtureRequest, demo_checkpoint: Callable[..., Path]
 
 
 def _wait_for_a_new_engine(tollway: Tollway, old_pid: int) -> int:
-    wait_for(lambda: is_gone(old_pid), 10, "the killed engine to exit")
+    wait_until(lambda: is_gone(old_pid), 10, "the killed engine to exit")
 
     def is_replaced() -> bool:
         try:
@@ -45,7 +45,7 @@ def _wait_for_a_new_engine(tollway: Tollway, old_pid: int) -> int:
         except AssertionError:  # between the old child's exit and the new one's start
             return False
 
-    wait_for(is_replaced, 90, f"the watchdog to restart the engine\n{tollway.output()[-3000:]}")
+    wait_until(is_replaced, 90, f"the watchdog to restart the engine\n{tollway.output()[-3000:]}")
     return tollway.engine_pid()
 
 
@@ -98,7 +98,7 @@ def test_an_engine_killed_mid_stream(tollway: Tollway) -> None:
             seen = read_stream(response, kill_after_a_few_tokens)
         whole = waiting.result(timeout=60)
     assert killed.is_set(), "the stream ended before the engine could be killed"
-    wait_for(lambda: is_gone(engine_pid), 10, "the killed engine to exit")
+    wait_until(lambda: is_gone(engine_pid), 10, "the killed engine to exit")
 
     # While it is down (the watchdog waits 1 s, then the engine takes seconds to start):
     # a prompt, clean 503 in OpenAI's format, streamed or not.

@@ -33,8 +33,8 @@ from tests.faults.processes import (
     chat_body,
     free_port,
     read_stream,
-    wait_for,
 )
+from tests.support.polling import wait_until
 from tests.support.stand_in_stack import tenant_key
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
@@ -95,7 +95,7 @@ class Cluster:
 
     def wait_for_records(self) -> dict[str, UsageEntry]:
         wanted = set(self.request_ids)
-        wait_for(lambda: wanted <= set(self.records()), 30, "every request's usage record")
+        wait_until(lambda: wanted <= set(self.records()), 30, "every request's usage record")
         return self.records()
 
 
@@ -214,7 +214,7 @@ def test_a_killed_replica_is_routed_around_billed_and_rejoins_when_ready(
         assert cluster.chat(system_chat(2, stream=False, system=system)).status_code == 200
         return home.num_requests() > before
 
-    wait_for(home_serves_again, 60, "the restarted replica to receive requests")
+    wait_until(home_serves_again, 60, "the restarted replica to receive requests")
 
 
 def test_an_engine_added_by_dns_mid_run_receives_requests(cluster: Cluster) -> None:
@@ -231,7 +231,7 @@ def test_an_engine_added_by_dns_mid_run_receives_requests(cluster: Cluster) -> N
         served.append(engine)
         return engine is added
 
-    wait_for(added_serves, 60, "the added replica to receive requests")
+    wait_until(added_serves, 60, "the added replica to receive requests")
     # New prefixes on idle replicas: each goes to the rendezvous winner of the three, so 20 in
     # a row miss the added one only with odds of (2/3)**20, 0.03%.
     assert len(served) <= 20, f"{len(served)} requests before the new replica got one"

@@ -37,11 +37,11 @@ from tests.faults.processes import (
     StreamSeen,
     Tollway,
     chat_body,
-    is_gone,
     read_stream,
     shared_tollway,
-    wait_for,
 )
+from tests.support.child_process import is_gone
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -311,14 +311,14 @@ def test_every_request_answered_before_a_gateway_sigkill_keeps_its_record(
     with ThreadPoolExecutor(num_clients) as pool:
         for index in range(num_clients):
             pool.submit(client_loop, index)
-        wait_for(lambda: len(completed) >= 40, 90, "40 answered requests")
+        wait_until(lambda: len(completed) >= 40, 90, "40 answered requests")
         tollway.kill()  # SIGKILL, with requests in flight
         stop.set()
     # Leaving the pool's block joined every client thread: nothing appends any more.
     with lock:
         answered = list(completed)
     assert is_gone(tollway.pid)
-    wait_for(lambda: is_gone(engine_pid), 10, "the engine to die with its gateway")
+    wait_until(lambda: is_gone(engine_pid), 10, "the engine to die with its gateway")
 
     tollway.restart()  # the same data directory: the spill file is replayed
     with tollway.client() as client:  # at once: the first look at the budget rebuilds it

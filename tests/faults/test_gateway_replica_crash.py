@@ -3,10 +3,10 @@ budgets stay exact. Its reservations hold the tenant's budget until they expire
 (``reservation_ttl_s``), then free it; nothing is overspent meanwhile or after, and the
 ledger's ``used`` is what the usage records charge.
 
-The replica to kill is a process of its own (`bench.gateway_stack.serve_gateway`, as the
-benchmarks run it); the survivor runs in this process. Both front one engine process (the
-tiny demo checkpoint, counted exactly by the gateways), whose long answers keep streams in
-flight when the replica dies.
+The replica to kill is a process of its own (`tests.support.gateway_process.serve_gateway`,
+as ``tollway serve`` and the benchmarks run it); the survivor runs in this process. Both
+front one engine process (the tiny demo checkpoint, counted exactly by the gateways), whose
+long answers keep streams in flight when the replica dies.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import gateway_stack
-from bench.gateway_stack import child_process, wait_http
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.usage_store import sum_tokens
-from tests.faults.conftest import PostgresProcess, RedisProcess
-from tests.faults.processes import CLIENT_TIMEOUT, TcpEngine, free_port, is_gone, wait_for
+from tests.faults.conftest import PostgresProcess
+from tests.faults.processes import CLIENT_TIMEOUT, TcpEngine, free_port
+from tests.support import gateway_process
+from tests.support.child_process import child_process, is_gone, wait_http
+from tests.support.polling import wait_until
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,7 +72,7 @@ def chat(max_tokens: int, *, stream: bool) -> dict[str, Any]:
 
 def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
     engine: TcpEngine,
-    redis_process: RedisProcess,
+    redis_process: RedisServer,
     postgres_process: PostgresProcess,
     make_tenant: Callable[..., tuple[str, str]],
     serve_gateway: Callable[[GatewaySettings], str],
@@ -109,7 +111,7 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
         )
 
     settings = {**shared, "data_dir": str(tmp_path / "doomed")}
-    with child_process(gateway_stack.serve_gateway, settings, sock, None) as pid:
+    with child_process(gateway_process.serve_gateway, settings, sock) as pid:
         sock.close()
         wait_http(doomed + "/health", pid)
         # Streams in flight on the replica that dies, each holding prompt + MAX_TOKENS.
@@ -144,7 +146,7 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
         assert held["reserved"] == NUM_STREAMS * per_stream and per_stream > MAX_TOKENS
 
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: is_gone(pid), 10, "the killed gateway to exit")
+        wait_until(lambda: is_gone(pid), 10, "the killed gateway to exit")
         for thread in threads:
             thread.join(timeout=30)
         assert len(broken) == NUM_STREAMS, broken
@@ -160,7 +162,9 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
     assert budget()["reserved"] == held["reserved"]
 
     # Then they lapse: nothing reserved, and used is exactly what the records charge.
-    wait_for(lambda: budget()["reserved"] == 0, RESERVATION_TTL_S + 10, "the reservations to lapse")
+    wait_until(
+        lambda: budget()["reserved"] == 0, RESERVATION_TTL_S + 10, "the reservations to lapse"
+    )
     database = Database(database_url)
     try:
 
@@ -169,7 +173,7 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
                 totals = sum_tokens(session, tenant_id, EPOCH, FAR_FUTURE)
             return totals.prompt_tokens + totals.completion_tokens
 
-        wait_for(lambda: charged() == budget()["used"], 10, "the records to match the ledger")
+        wait_until(lambda: charged() == budget()["used"], 10, "the records to match the ledger")
         assert budget()["used"] == fits.json()["usage"]["total_tokens"]
 
         # The freed budget is spent to the limit on the survivor, never past it.
@@ -178,7 +182,7 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
             assert answer.status_code == 200, answer.text
         over = post(survivor, chat(left, stream=False))
         assert over.status_code == 429, over.text
-        wait_for(lambda: charged() == budget()["used"], 10, "the records to match the ledger")
+        wait_until(lambda: charged() == budget()["used"], 10, "the records to match the ledger")
         assert budget()["used"] <= BUDGET and budget()["reserved"] == 0
     finally:
         database.dispose()

@@ -17,6 +17,7 @@ from gateway.app import SPILL_FILENAME
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.models import UsageRecord, UsageStatus
+from tests.support.polling import wait_until
 from tests.support.stand_in_engine import MODEL
 
 ADMIN_KEY = "admin-key-for-fault-tests"
@@ -103,12 +104,11 @@ def test_verified_keys_outlive_a_postgres_outage_and_records_land_afterwards(
         num_completed += len(answers["a"]) + len(answers["b"])
         assert spilled >= len(answers["a"]) + len(answers["b"])
 
-        deadline = time.monotonic() + 30  # the writer backs off up to 10 s between tries
-        landed = 0
-        while landed < num_completed and time.monotonic() < deadline:
-            time.sleep(0.2)
-            landed = completed_records(postgres_process.url, [tenant_a, tenant_b])
-        assert landed == num_completed
+        wait_until(  # the writer backs off up to 10 s between tries
+            lambda: completed_records(postgres_process.url, [tenant_a, tenant_b]) == num_completed,
+            30,
+            f"{num_completed} completed records",
+        )
         time.sleep(CACHE_TTL_S)
         assert chat(revoked_key).status_code == 401
         assert chat(key_a).status_code == 200

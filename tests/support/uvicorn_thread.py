@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import uvicorn
+
+from tests.support.polling import wait_until
 
 START_TIMEOUT_S = 120.0
 
@@ -18,11 +19,13 @@ def start_in_thread(
     """Run ``server`` (on ``sockets``, else as its config says) until it is serving."""
     thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
+
+    def has_started() -> bool:
+        if not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
+        return bool(server.started)
+
+    wait_until(has_started, START_TIMEOUT_S, "uvicorn started")
     return thread
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.outputs import EngineStats
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.token_text import TokenText
+from tests.support.polling import wait_until
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL_NAME = "tiny-demo"
@@ -96,17 +96,8 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
     return error
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 def wait_idle(server: LiveServer) -> EngineStats:
-    assert wait_until(lambda: server.engine.stats().num_running == 0, timeout=30)
+    wait_until(lambda: server.engine.stats().num_running == 0, 30, "an idle engine")
     return server.engine.stats()
 
 
@@ -442,7 +433,7 @@ def test_streaming_client_disconnect_aborts(live_server: LiveServer) -> None:
         assert engine.stats().num_running == 1
         assert engine.stats().num_kv_blocks_used > idle.num_kv_blocks_used
     # Leaving the blocks closes the connection mid-stream.
-    assert wait_until(lambda: engine.stats().num_running == 0, timeout=2.0)
+    wait_until(lambda: engine.stats().num_running == 0, 30, "the request aborted")
     after = engine.stats()
     assert after.num_kv_blocks_used == idle.num_kv_blocks_used
     assert after.num_generation_tokens - idle.num_generation_tokens < MAX_MODEL_LEN - 16
@@ -453,7 +444,7 @@ def test_non_streamed_client_disconnect_aborts(live_server: LiveServer) -> None:
     idle = wait_idle(live_server)
     with live_server.client(timeout=0.3) as client, pytest.raises(httpx.ReadTimeout):
         client.post(COMPLETIONS, json=_long_request())
-    assert wait_until(lambda: engine.stats().num_running == 0, timeout=2.0)
+    wait_until(lambda: engine.stats().num_running == 0, 30, "the request aborted")
     after = engine.stats()
     assert after.num_kv_blocks_used == idle.num_kv_blocks_used
     assert after.num_generation_tokens - idle.num_generation_tokens < MAX_MODEL_LEN - 16
@@ -480,7 +471,10 @@ def test_abort_request_stops_a_generation_which_still_answers_with_its_usage(
 
     sender = threading.Thread(target=send)
     sender.start()
-    assert wait_until(lambda: engine.stats().num_generation_tokens > idle.num_generation_tokens)
+    wait_until(
+        lambda: engine.stats().num_generation_tokens > idle.num_generation_tokens,
+        what="generation under way",
+    )
     with live_server.client() as client:
         aborted = client.post("/abort_request", json={"request_id": "caller-7"})
     sender.join(timeout=30)

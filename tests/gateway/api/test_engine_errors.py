@@ -12,7 +12,6 @@ import json
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from gateway.storage.tenants import create_tenant
 from gateway.storage.usage_store import list_usage
 from openai_protocol import errors as vocabulary
 from openai_protocol.errors import error_body
+from tests.support.polling import wait_until
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL = "scripted"
@@ -164,14 +164,16 @@ def _ask(served: tuple[str, str, str], script: str, *, is_stream: bool = False) 
 def _records(db_url: str, tenant_id: str, count: int) -> list[Any]:
     """The tenant's usage records, once ``count`` of them are in the database."""
     database = Database(db_url)
+    records: list[Any] = []
     try:
-        deadline = time.monotonic() + 10
-        while True:
+
+        def have_landed() -> bool:
             with database.session() as session:
-                records = list_usage(session, tenant_id=tenant_id).records
-            if len(records) >= count or time.monotonic() > deadline:
-                return records
-            time.sleep(0.05)
+                records[:] = list_usage(session, tenant_id=tenant_id).records
+            return len(records) >= count
+
+        wait_until(have_landed, 10, f"{count} usage records")
+        return records
     finally:
         database.dispose()
 

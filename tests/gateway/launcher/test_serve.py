@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from gateway.launcher.serve_config import (
 from gateway.storage import api_keys, migrate, tenants
 from gateway.storage.database import Database
 from policies.quota import TenantQuota
+from tests.support.child_process import is_gone
 from tests.support.gguf_files import CONTEXT, hf_tensors, write_gguf
 from tests.support.polling import wait_until
 from tests.support.without_engine import needs_engine
@@ -73,24 +73,6 @@ def _migrated(data_dir: Path) -> str:
     url = default_database_url(data_dir)
     migrate.upgrade(url)
     return url
-
-
-def _is_gone(pid: int, timeout_s: float = 10.0) -> bool:
-    """Whether ``pid`` has exited (a zombie awaiting its reaper counts as exited)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = ""
-        if state == "Z":
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # -- first run ---------------------------------------------------------------------------
@@ -408,7 +390,7 @@ def test_an_engine_child_becomes_healthy_and_leaves_no_orphan(short_tmp: Path, t
         with httpx.Client(transport=transport) as client:
             models = client.get("http://engine/v1/models").json()
         assert [card["id"] for card in models["data"]] == ["tiny"]
-    assert _is_gone(pid)
+    wait_until(lambda: is_gone(pid), 10, f"engine {pid} exited")
     assert (short_tmp / "logs" / "tiny.log").is_file()
 
 
@@ -419,14 +401,12 @@ def test_an_engine_that_dies_while_serving_is_started_again(short_tmp: Path, tin
         engines.watch(poll_s=0.05)
         first_pid = engines.engines[0].pid
         os.kill(first_pid, signal.SIGKILL)  # a crash, as the OOM killer would do it
-        deadline = time.monotonic() + 120
-        while engines.engines[0].pid == first_pid and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: engines.engines[0].pid != first_pid, 120, "a new engine")
         assert engines.restarts == {"tiny": 1}
         engines.wait_until_healthy(timeout_s=120)
         second_pid = engines.engines[0].pid
         assert second_pid != first_pid
-    assert _is_gone(first_pid) and _is_gone(second_pid)
+    wait_until(lambda: is_gone(first_pid) and is_gone(second_pid), 10, "both engines exited")
     log = (short_tmp / "logs" / "tiny.log").read_text()
     assert log.count("Uvicorn running") == 2, log[-2000:]  # both runs kept in one log
 
@@ -440,7 +420,8 @@ def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> N
     pid = engines.engines[0].pid
     # The watchdog has ended, so nothing can restart the engine later.
     assert not any(thread.name == "engine-watchdog" for thread in threading.enumerate())
-    assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid and _is_gone(pid)
+    assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid
+    wait_until(lambda: is_gone(pid), 10, f"engine {pid} exited")
 
 
 @needs_engine
@@ -504,11 +485,12 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))
     reader.start()
     try:
-        deadline = time.monotonic() + 120
-        while not any("Tollway is ready" in line for line in lines):
+
+        def is_ready() -> bool:
             assert process.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.1)
+            return any("Tollway is ready" in line for line in lines)
+
+        wait_until(is_ready, 120, "the banner")
         wait_until(
             lambda: any('"content": "Hello!"' in line for line in lines),
             what="the rest of the banner, up to its last line",
@@ -544,7 +526,7 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, "".join(lines)
-        assert all(_is_gone(pid) for pid in engine_pids)
+        wait_until(lambda: all(is_gone(pid) for pid in engine_pids), 10, "the engines exited")
     finally:
         if process.poll() is None:
             process.kill()

@@ -12,6 +12,7 @@ from gateway.storage import usage_writer
 from gateway.storage.database import Database
 from gateway.storage.usage_store import UsageEntry, insert_usage, list_usage
 from gateway.storage.usage_writer import UsageWriter
+from tests.support.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,9 +68,7 @@ def test_a_full_batch_is_written_without_lingering(writer_db, make_entry, tmp_pa
     try:
         for n in range(3):
             writer.submit(make_entry(n))
-        deadline = time.monotonic() + 10
-        while writer.num_pending and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not writer.num_pending, 10, "the batch written")
         assert stored_ids(writer_db) == ["req-0", "req-1", "req-2"]
     finally:
         writer.close(timeout=1)
