@@ -1,20 +1,19 @@
-"""Background settles against a real redis-server that stalls: they land once it answers,
-count once, and stay bounded in number."""
+"""Background settles against a real redis-server that stalls (paused until the test resumes
+it): they land once it answers, count once, and stay bounded in number."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import pytest
-import redis
 
 from gateway.ledger.budget_ledger import Balance
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.storage.redis_client import LeanRedis
-from tests.gateway.redis_server_state import until_asleep
+from tests.support.polling import eventually
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -26,29 +25,19 @@ async def ledger(redis_url: str) -> AsyncIterator[RedisBudgetLedger]:
     await client.aclose()
 
 
-def stall(redis_url: str, seconds: float) -> None:
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.execute_command("DEBUG", "SLEEP", seconds)
-
-
 async def until_done(retries: LedgerRetries) -> None:
-    deadline = time.monotonic() + 5
-    while retries.num_pending and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    assert retries.num_pending == 0
+    await eventually(lambda: retries.num_pending == 0, 10, "every retry has landed")
 
 
 async def test_a_settle_that_times_out_lands_once_redis_answers_and_counts_once(
-    ledger: RedisBudgetLedger, redis_url: str
+    ledger: RedisBudgetLedger, redis_server: RedisServer
 ) -> None:
     retries = LedgerRetries(ledger, first_delay_s=0.05)
     reservation = await ledger.reserve("acme", "total", 1000, 100, 60)
     assert reservation is not None
-    stalled = asyncio.ensure_future(asyncio.to_thread(stall, redis_url, 0.5))
-    await until_asleep(redis_url)
-    await retries.settle(reservation, 30)  # times out: sent, and run when Redis wakes
-    assert retries.num_pending == 1
-    await stalled
+    with redis_server.paused():
+        await retries.settle(reservation, 30)  # times out: sent, and run when Redis wakes
+        assert retries.num_pending == 1
     await until_done(retries)
     assert await ledger.balance("acme", "total") == Balance(used=30, reserved=0)
 

@@ -15,8 +15,11 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.storage.redis_client import LeanRedis
-from tests.gateway.redis_server_state import until_asleep, until_blocked_in
+from tests.gateway.redis_server_state import until_blocked_in
 from tests.support.polling import eventually
+from tests.support.redis_server import RedisServer
+
+HANG_S = 30.0  # a wait that ends only if the client hangs: the failure, not a time limit
 
 
 @pytest.fixture
@@ -138,27 +141,19 @@ def test_it_runs_on_uvloop_as_the_gateway_serves(redis_url: str) -> None:
     assert uvloop.run(round_trips()) == [2, b"PONG"]
 
 
-def pause_server(redis_url: str, seconds: float) -> None:
-    """Block the whole server (as a stalled or SIGSTOPped one) for ``seconds``."""
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.execute_command("DEBUG", "SLEEP", seconds)
-
-
 async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_stay_aligned(
-    redis_url: str,
+    redis_server: RedisServer, redis_url: str
 ) -> None:
+    loop = asyncio.get_running_loop()
     client = LeanRedis(redis_url, timeout_s=0.2)
     try:
         assert await client.execute_command("PING") == b"PONG"
-        stall = asyncio.ensure_future(asyncio.to_thread(pause_server, redis_url, 0.8))
-        await until_asleep(redis_url)
-        started = time.monotonic()
-        late = [client.execute_command("ECHO", f"late-{n}") for n in range(5)]
-        results = await asyncio.wait_for(asyncio.gather(*late, return_exceptions=True), 3)
-        waited = time.monotonic() - started
-        assert all(isinstance(r, RedisTimeoutError) for r in results), results
-        assert waited < 0.2 + 0.5
-        await stall
+        with redis_server.paused():  # it answers nothing until the block ends
+            started = loop.time()
+            late = [client.execute_command("ECHO", f"late-{n}") for n in range(5)]
+            results = await asyncio.wait_for(asyncio.gather(*late, return_exceptions=True), HANG_S)
+            assert all(isinstance(r, RedisTimeoutError) for r in results), results
+            assert loop.time() - started >= 0.2  # not before their deadline
         # The late calls' replies arrive now on the old connection: none may answer these.
         replies = await asyncio.gather(*(client.execute_command("ECHO", n) for n in range(20)))
         assert replies == [str(n).encode() for n in range(20)]
@@ -167,23 +162,21 @@ async def test_a_stalled_server_fails_calls_at_the_timeout_and_later_replies_sta
 
 
 async def test_calls_still_writing_to_a_stalled_server_fail_at_the_timeout(
-    redis_url: str,
+    redis_server: RedisServer, redis_url: str
 ) -> None:
     # Large commands fill the socket's buffer of a server that reads nothing: their writes
     # wait for room, and must give up with the call at its deadline, not when it wakes.
+    loop = asyncio.get_running_loop()
     client = LeanRedis(redis_url, timeout_s=0.3)
     try:
         assert await client.execute_command("PING") == b"PONG"
-        stall = asyncio.ensure_future(asyncio.to_thread(pause_server, redis_url, 2.5))
-        await until_asleep(redis_url)
-        started = time.monotonic()
-        value = b"v" * (8 << 20)
-        calls = [client.execute_command("SET", f"big-{n}", value) for n in range(4)]
-        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
-        waited = time.monotonic() - started
-        assert all(isinstance(r, RedisTimeoutError | RedisConnectionError) for r in results)
-        assert waited < 1.5, waited  # the server sleeps until nearly 2.5 s from here
-        await stall
+        with redis_server.paused():  # it wakes only after the calls have ended
+            started = loop.time()
+            value = b"v" * (8 << 20)
+            calls = [client.execute_command("SET", f"big-{n}", value) for n in range(4)]
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), HANG_S)
+            assert all(isinstance(r, RedisTimeoutError | RedisConnectionError) for r in results)
+            assert loop.time() - started >= 0.3
         assert await client.execute_command("PING") == b"PONG"  # a new connection
     finally:
         await client.aclose()
@@ -204,29 +197,44 @@ async def test_calls_that_keep_coming_on_a_healthy_server_never_time_out(redis_u
 
 
 @pytest.fixture
-def silent_server() -> Iterator[str]:
-    """A TCP port whose kernel completes connections but nobody reads or answers (a frozen
-    or overloaded redis-server looks like this)."""
+def silent_server() -> Iterator[socket.socket]:
+    """A listening TCP socket whose kernel completes connections but nobody reads or answers
+    (a frozen or overloaded redis-server looks like this)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     try:
-        yield f"redis://:secret@127.0.0.1:{listener.getsockname()[1]}"  # AUTH on connect
+        yield listener
     finally:
         listener.close()
 
 
+def num_connections_made(listener: socket.socket) -> int:
+    """The connections the kernel completed on ``listener`` so far (each accepted, then closed)."""
+    listener.setblocking(False)
+    count = 0
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except BlockingIOError:
+            return count
+        connection.close()
+        count += 1
+
+
 async def test_connecting_is_bounded_and_one_attempt_serves_every_waiting_caller(
-    silent_server: str,
+    silent_server: socket.socket,
 ) -> None:
-    client = LeanRedis(silent_server, connect_timeout_s=0.2, timeout_s=0.2)
+    loop = asyncio.get_running_loop()
+    url = f"redis://:secret@127.0.0.1:{silent_server.getsockname()[1]}"  # AUTH on connect
+    client = LeanRedis(url, connect_timeout_s=0.2, timeout_s=0.2)
     try:
-        started = time.monotonic()
+        started = loop.time()
         calls = [client.execute_command("PING") for _ in range(20)]
-        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
-        waited = time.monotonic() - started
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), HANG_S)
         assert all(isinstance(r, RedisTimeoutError) for r in results), results
-        assert waited < 0.2 + 0.6  # one attempt, not one per caller in turn
+        assert loop.time() - started >= 0.2
+        assert num_connections_made(silent_server) == 1  # one attempt, not one per caller
     finally:
         await client.aclose()
 
