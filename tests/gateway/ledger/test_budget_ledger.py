@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -26,9 +27,11 @@ from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.redis_client import LeanRedis
 from tests.policies.budget_cases import BUDGET_CASES, BudgetCase, Target, case_id, run_on_ledger
+from tests.support.redis_ledger_time import let_ledger_time_pass
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0
+MS = 0.001  # Redis keeps expiries in whole milliseconds
 
 
 @dataclass
@@ -98,11 +101,12 @@ async def ledgers(request: pytest.FixtureRequest) -> AsyncIterator[Ledgers]:
         finally:
             await client.aclose()
 
-    # Redis runs on server time
+    clock_hand = LeanRedis(url)  # Redis keeps the time: the ledger's instants move instead
+    clients.append(clock_hand)
     yield Ledgers(
         new=new_redis_ledger,
         with_retention=new_redis_ledger,
-        advance=asyncio.sleep,
+        advance=lambda seconds: let_ledger_time_pass(clock_hand, seconds),
         num_held=num_held_in_redis,
     )
     for client in clients:
@@ -181,11 +185,13 @@ async def test_settle_through_another_gateway(ledgers: Ledgers) -> None:
 
 async def test_expires_at_is_ttl_after_reserving(ledgers: Ledgers) -> None:
     ledger = ledgers.new()
+    started = time.monotonic()
     first = await ledger.reserve(TENANT, DAY, 100, 10, ttl_s=10.0)
     second = await ledger.reserve(TENANT, DAY, 100, 10, ttl_s=20.0)
+    between = time.monotonic() - started  # Redis: its clock moves on between the two
     assert first is not None and second is not None
     assert first.reservation_id != second.reservation_id
-    assert second.expires_at - first.expires_at == pytest.approx(10.0, abs=0.5)
+    assert 10.0 - MS <= second.expires_at - first.expires_at <= 10.0 + between + MS
 
 
 async def test_rebuild_sets_used_only_while_unknown(ledger: BudgetLedger) -> None:

@@ -3,13 +3,13 @@ equal the sum of the live reservations (the shared suite is ``test_budget_ledger
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 from gateway.ledger.budget_ledger import Balance, Reservation
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import BudgetKeys, RedisBudgetLedger
 from gateway.storage.redis_client import LeanRedis
+from tests.support.redis_ledger_time import let_ledger_time_pass
 
 TENANT, DAY = "acme", "day:2025-06-01"
 TTL_S = 30.0
@@ -102,19 +102,19 @@ async def test_a_lapsed_reservation_counts_once_then_is_forgotten(redis_url: str
     """An expired reservation is remembered for the retention period (its late settle
     counts, once), then forgotten: no key keeps it."""
     client = LeanRedis(redis_url)
-    ledger = RedisBudgetLedger(client, settled_retention_s=0.3)
+    ledger = RedisBudgetLedger(client, settled_retention_s=600)
     keys = BudgetKeys.of(TENANT, DAY)
     try:
-        late = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=0.05)
-        lost = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=0.05)
+        late = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=TTL_S)
+        lost = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=TTL_S)
         assert late is not None and lost is not None
-        await asyncio.sleep(0.1)
+        await let_ledger_time_pass(client, TTL_S)
         assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
         assert await client.execute_command("ZCARD", keys.lapsed) == 2
         await ledger.settle(late, 7)
         await ledger.settle(late, 7)
         assert await ledger.balance(TENANT, DAY) == Balance(used=7, reserved=0)
-        await asyncio.sleep(0.4)
+        await let_ledger_time_pass(client, 600)
         await ledger.settle(lost, 5)  # past the retention: forgotten, a no-op
         assert await ledger.balance(TENANT, DAY) == Balance(used=7, reserved=0)
         assert await client.execute_command("EXISTS", keys.lapsed) == 0
