@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from gateway.storage.database import Database
-from gateway.storage.usage_store import list_usage
+from gateway.storage.usage_store import MAX_PAGE_SIZE, list_usage
+from tests.support.polling import wait_until
 from tests.support.stand_in_stack import tenant_key
 
 from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 
 
 def usage_records(db_url: str, tenant_id: str, count: int, timeout: float = 10.0) -> list:
-    """The tenant's usage records, once ``count`` of them are in the database."""
+    """The tenant's usage records (up to a page's worth), once ``count`` of them are in the
+    database."""
+    assert count <= MAX_PAGE_SIZE, "one page of records"
     database = Database(db_url)
+    records: list[Any] = []
     try:
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def have_landed() -> bool:
             with database.session() as session:
-                records = list_usage(session, tenant_id=tenant_id).records
-            if len(records) >= count or time.monotonic() > deadline:
-                return records
-            time.sleep(0.05)
+                records[:] = list_usage(session, tenant_id=tenant_id, limit=MAX_PAGE_SIZE).records
+            return len(records) >= count
+
+        wait_until(have_landed, timeout, f"{count} usage records")
+        return records
     finally:
         database.dispose()
 
