@@ -24,8 +24,6 @@ from gateway.auth.bearer_keys import auth_unavailable
 from gateway.auth.key_cache import CachedKey, KeyCache
 from gateway.completion_body import CompletionBody
 
-__all__ = ["Admission", "Admitter", "Refusal"]
-
 _MAX_AUTH_RELOADS = 5  # a tenant changed this often during one request: answer 503
 
 

@@ -40,17 +40,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.accounting.settlement import RequestInfo
-from gateway.admission.admitter import Admission, Refusal
+from gateway.admission.outcomes import Admission, Refusal
 from gateway.api.handler_context import GatewayContext
-from gateway.api.request_body import (
-    CompletionBody,
-    Endpoint,
-    parse_body,
-    read_json,
-    requested_model,
-)
+from gateway.api.request_body import parse_body, read_json, requested_model
 from gateway.api.request_end import AnswerThenSettle, RequestEnd
 from gateway.auth.bearer_keys import bearer_token
+from gateway.completion_body import CompletionBody
 from gateway.errors import (
     ApiError,
     error_response,
@@ -63,6 +58,7 @@ from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
 from openai_protocol.disconnect import until_client_leaves
+from openai_protocol.field_rules import Endpoint
 from openai_protocol.sse import EventStreamResponse
 
 ROUTE_HEADER = "x-tollway-route"

@@ -26,8 +26,6 @@ from openai_protocol.field_rules import (
 )
 from openai_protocol.json_body import parse_json_object
 
-__all__ = ["CompletionBody", "Endpoint", "parse_body", "read_json", "requested_model"]
-
 
 async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
     encoding = request.headers.get("content-encoding")

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.accounting.settlement import Accountant, RequestInfo
-from gateway.admission.admitter import Admission, Refusal
+from gateway.admission.outcomes import Admission, Refusal
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter

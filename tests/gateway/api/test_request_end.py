@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.accounting.settlement import Accountant, RequestInfo
-from gateway.admission.admitter import Admission, Refusal
+from gateway.admission.outcomes import Admission, Refusal
 from gateway.api.request_end import AnswerThenSettle, RequestEnd
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
