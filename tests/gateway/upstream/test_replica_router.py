@@ -20,12 +20,12 @@ from gateway.admission.token_counter import (
     from_checkpoint,
 )
 from gateway.app import build_gateway
+from gateway.replica_settings import ReplicaWatch
 from gateway.settings import GatewaySettings, ModelSettings
 from gateway.upstream import replica_router
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.prefix_index import block_chain
 from gateway.upstream.replica_router import ReplicaRouter
-from gateway.upstream.replica_set import ReplicaWatch
 from model_files.tokenizer import Tokenizer
 from tests.gateway.upstream.kv_events_stand_in import StandInKvEvents
 from tests.support.polling import eventually, wait_until
