@@ -55,11 +55,13 @@ def gateway_stack(
     engines: list[EngineSpec],
     profile: str | None = None,
     gateway_settings: dict[str, Any] | None = None,
+    context_window: int = 8192,
 ) -> Iterator[Stack]:
     """Start the engines, redis-server and the gateway (one model per engine); stop them on
     exit. ``profile``: write the gateway process's cProfile stats there;
     ``gateway_settings``: settings of the gateway's to set or replace (``routing``, or
-    ``redis_url: None`` for budgets and rate limits in process)."""
+    ``redis_url: None`` for budgets and rate limits in process); ``context_window``: every
+    model's, as the gateway is told."""
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tw-ovh-"))  # short: <108
         engine_urls, engine_pids, models, uds_paths = {}, [], {}, {}
@@ -73,7 +75,7 @@ def gateway_stack(
             uds_paths[spec.model] = uds_path
             models[spec.model] = {
                 "upstreams": [f"unix:{uds_path}"],
-                "context_window": 8192,
+                "context_window": context_window,
                 "checkpoint": spec.checkpoint,
                 "prices": {"input": 100_000, "output": 400_000},
             }
