@@ -3,7 +3,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 BIN    := $(VENV)/bin
 
-.PHONY: install serve test lint bench
+.PHONY: install serve test test-fast lint bench
 install: $(VENV)/.installed
 
 # The gateway and the engine (`.[engine,test]`; a gateway-only install is `pip install .`).
@@ -28,7 +28,15 @@ test: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+# The inner loop: the suite without three marks (registered in pyproject.toml, put on folders
+# and files by tests/conftest.py): `faults` (tests/faults: processes killed under load),
+# `referee` (against transformers; kernels against their PyTorch references) and `e2e` (real
+# processes: tollway serve, engine processes, a gateway process). It stops at the first
+# failure and runs no lint or type checks: `make test` (what CI runs) runs everything.
+test-fast: install
+	$(BIN)/python -m pytest -x -q -m "not faults and not referee and not e2e"
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy && $(BIN)/lint-imports

@@ -21,6 +21,51 @@ from tests.support.stand_in_runner import DemoEngineModel, plan_stand_in_runner
 
 pytest_plugins = ["tests.support.server_fixtures"]
 
+# What `make test-fast` (``-m "not faults and not referee and not e2e"``) leaves out, by
+# folder or file; a single test in a file that also holds fast ones carries its own mark
+# (``@pytest.mark.e2e``). pyproject.toml registers the marks.
+MARKED_PATHS: dict[str, tuple[str, ...]] = {
+    # Real processes killed, paused and stopped under load.
+    "faults": ("tests/faults/",),
+    # Against transformers, or kernels against a plain-PyTorch reference.
+    "referee": (
+        "tests/backend_engine/test_llm_matches_transformers.py",
+        "tests/backend_engine/test_gguf_matches_transformers.py",
+        "tests/backend_engine/test_llm_cuda.py",
+        "tests/backend_engine/test_model.py",
+        "tests/backend_engine/demo/test_checkpoint.py",
+        "tests/backend_engine/model_loader/test_gguf_convert.py",
+        "tests/backend_engine/models/test_packed_linear.py",
+        "tests/model_files/test_tokenizer.py",
+        "tests/model_files/test_gguf_tokenizer.py",
+        "tests/kernels/test_cpu_attention.py",
+        "tests/kernels/test_cpu_decoder.py",
+        "tests/kernels/test_cpu_linear.py",
+        "tests/kernels/test_reference.py",
+        "tests/kernels/test_rms_norm.py",
+        "tests/kernels/test_rotary.py",
+        "tests/kernels/test_triton_attention.py",
+    ),
+    # Real processes: `tollway serve`, engine processes, the gateway as a process.
+    "e2e": (
+        "tests/faults/",
+        "tests/backend_engine/server/test_drain_process.py",
+        "tests/gateway/launcher/test_draining_server.py",
+        "tests/capacity_planner/test_engine_measurement.py",
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for mark, paths in MARKED_PATHS.items():
+        for path in paths:  # a file moved or renamed must not leave the fast loop slow
+            if not (config.rootpath / path).exists():
+                raise pytest.UsageError(f"tests/conftest.py marks {path} {mark}: no such path")
+    for item in items:
+        for mark, paths in MARKED_PATHS.items():
+            if item.nodeid.startswith(paths):
+                item.add_marker(mark)
+
 
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:

@@ -98,6 +98,7 @@ CASES = {
 }
 
 
+@pytest.mark.referee
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_llm_on_a_synthetic_gguf_matches_transformers_on_the_same_file(
     tmp_path: Path, case: str

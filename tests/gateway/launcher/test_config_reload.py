@@ -124,6 +124,7 @@ def test_the_watch_thread_applies_an_edit_and_stops(reloader) -> None:
     assert isinstance(watcher, RolloutReloader)
 
 
+@pytest.mark.e2e
 def test_a_serving_gateway_moves_traffic_when_its_config_changes(tmp_path: Path) -> None:
     """``tollway serve --config``: start on large-v1 alone, edit the file to 50/50, then to a
     bad table; each user is served by the version the file in force chooses."""

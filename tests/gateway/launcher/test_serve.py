@@ -380,6 +380,7 @@ def test_a_deep_data_directory_gets_short_socket_paths(tmp_path: Path) -> None:
 # -- engine supervision ------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_an_engine_child_becomes_healthy_and_leaves_no_orphan(short_tmp: Path, tiny: Path) -> None:
     spec = EngineSpec("tiny", tiny, short_tmp / "tiny.sock", env={"OMP_NUM_THREADS": "1"})
     with EngineSupervisor([spec], short_tmp / "logs") as engines:
@@ -394,6 +395,7 @@ def test_an_engine_child_becomes_healthy_and_leaves_no_orphan(short_tmp: Path, t
     assert (short_tmp / "logs" / "tiny.log").is_file()
 
 
+@pytest.mark.e2e
 def test_an_engine_that_dies_while_serving_is_started_again(short_tmp: Path, tiny: Path) -> None:
     spec = EngineSpec("tiny", tiny, short_tmp / "tiny.sock", env={"OMP_NUM_THREADS": "1"})
     with EngineSupervisor([spec], short_tmp / "logs", first_restart_delay_s=0.1) as engines:
@@ -411,6 +413,7 @@ def test_an_engine_that_dies_while_serving_is_started_again(short_tmp: Path, tin
     assert log.count("Uvicorn running") == 2, log[-2000:]  # both runs kept in one log
 
 
+@pytest.mark.e2e
 def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> None:
     spec = EngineSpec("tiny", tiny, short_tmp / "tiny.sock", env={"OMP_NUM_THREADS": "1"})
     engines = EngineSupervisor([spec], short_tmp / "logs", first_restart_delay_s=0.01)
@@ -424,6 +427,7 @@ def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> N
     wait_until(lambda: is_gone(pid), 10, f"engine {pid} exited")
 
 
+@pytest.mark.e2e
 @needs_engine
 def test_an_engine_that_dies_at_start_reports_its_log(short_tmp: Path) -> None:
     empty = short_tmp / "no-model"
@@ -459,6 +463,7 @@ def _answers_health(port: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
     data = short_tmp / "data"
     for name in ("small", "large"):  # tiny models, so the demo checkpoints are not written
