@@ -11,8 +11,10 @@ The targets (a case lists those it runs against in ``targets``):
   balance, so settle, release and expiry only matter to it through those balances.
 - ``memory`` and ``redis`` (``tests/gateway/ledger/test_budget_ledger.py``): the ledger runs
   every step (`run_on_ledger`); its decisions and balances must be the table's. Redis keeps
-  time on the server, so `Advance` lets real time pass there: a case that needs an exact
-  instant (``EXACT_TIME``) does not run on it.
+  time on the server, where `Advance` moves the instants the ledger keeps back instead
+  (``tests/support/redis_ledger_time.py``) while real time passes as well: durations here are
+  a minute or more, which a busy machine's milliseconds never change, and a case that needs
+  an exact instant (``EXACT_TIME``) does not run on Redis.
 - ``admission`` (``tests/gateway/admission/test_admission_store.py``): the same, but reserving
   through the admission step, the gateway's own path (its Redis script is not the ledger's
   ``reserve`` script); it runs on memory and Redis as the case's other targets say.
@@ -35,7 +37,7 @@ from policies.quota import BudgetPeriod
 
 Target = Literal["policy", "memory", "redis", "admission"]
 ALL: frozenset[Target] = frozenset({"policy", "memory", "redis", "admission"})
-EXACT_TIME: frozenset[Target] = ALL - {"redis"}  # no real-time sleeps
+EXACT_TIME: frozenset[Target] = ALL - {"redis"}  # Redis time also moves on by itself
 POLICY_ONLY: frozenset[Target] = frozenset({"policy"})  # the ledgers take an int limit
 
 TTL_S = 30.0
@@ -186,9 +188,9 @@ BUDGET_CASES: tuple[BudgetCase, ...] = (
         "an expired reservation stops counting; its late settle counts once",
         limit=100,
         steps=(
-            (Reserve("a", 100, True, ttl_s=0.2), _b(0, 100)),
+            (Reserve("a", 100, True, ttl_s=60.0), _b(0, 100)),
             (Reserve("b", 1, False), _b(0, 100)),
-            (Advance(0.3), _b(0, 0)),
+            (Advance(90.0), _b(0, 0)),
             (Reserve("c", 100, True), _b(0, 100)),
             (Settle("a", 25), _b(25, 100)),  # the engine did consume them
             (Settle("a", 25), _b(25, 100)),
@@ -199,8 +201,8 @@ BUDGET_CASES: tuple[BudgetCase, ...] = (
         "a release after expiry frees nothing more",
         limit=100,
         steps=(
-            (Reserve("a", 60, True, ttl_s=0.2), _b(0, 60)),
-            (Advance(0.3), _b(0, 0)),
+            (Reserve("a", 60, True, ttl_s=60.0), _b(0, 60)),
+            (Advance(90.0), _b(0, 0)),
             (Release("a"), _b(0, 0)),
             (Settle("a", 60), _b(0, 0)),  # released: finished
         ),
@@ -208,13 +210,13 @@ BUDGET_CASES: tuple[BudgetCase, ...] = (
     BudgetCase(
         "a lapsed reservation is forgotten after the retention period",
         limit=100,
-        retention_s=0.3,
+        retention_s=600.0,
         steps=(
-            (Reserve("late", 10, True, ttl_s=0.05), _b(0, 10)),
-            (Reserve("lost", 10, True, ttl_s=0.05), _b(0, 20)),
-            (Advance(0.1), _b(0, 0)),
+            (Reserve("late", 10, True, ttl_s=60.0), _b(0, 10)),
+            (Reserve("lost", 10, True, ttl_s=60.0), _b(0, 20)),
+            (Advance(90.0), _b(0, 0)),
             (Settle("late", 7), _b(7, 0)),
-            (Advance(0.4), _b(7, 0)),
+            (Advance(600.0), _b(7, 0)),
             (Settle("lost", 5), _b(7, 0)),  # past the retention: a no-op
         ),
     ),

@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 from redis.asyncio import Redis
@@ -36,6 +37,7 @@ from gateway.storage.redis_client import LeanRedis
 from policies.budget_admission import fits_budget
 from tests.policies import budget_cases, rate_limit_cases
 from tests.policies.rate_limit_cases import T0, WINDOW_S
+from tests.support.redis_ledger_time import let_ledger_time_pass
 
 TENANT, MONTH = "acme", "month:2025-06"
 TTL_S = 30.0
@@ -279,7 +281,8 @@ async def new_table_replica(
         client = Redis.from_url(url) if request.param == "redis" else LeanRedis(url)
         clients.append(client)
         store = RedisAdmissionStore(client, window_s=WINDOW_S)
-        return TableReplica(store, RedisBudgetLedger(client, retention_s), asyncio.sleep)
+        advance = partial(let_ledger_time_pass, client)  # Redis keeps the time: see there
+        return TableReplica(store, RedisBudgetLedger(client, retention_s), advance)
 
     yield new_redis
     for client in clients:
