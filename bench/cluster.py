@@ -53,6 +53,7 @@ if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root
 from bench.gateway_stack import serve_gateway, tcp_socket
 from bench.workloads import command_line, demo_model
 from tests.support.child_process import child_process, wait_http
+from tests.support.polling import wait_until
 from tests.support.postgres_server import postgres_server
 from tests.support.redis_server import redis_server
 
@@ -161,18 +162,18 @@ def stop_engines(engines: list[Engine]) -> None:
 def wait_ready(engine: Engine, log: Path, timeout_s: float = 300.0) -> None:
     """Until the engine's ``/ready`` says 200 (its model is loaded); its log's tail if it
     exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def is_ready() -> bool:
         if engine.process.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:]
             raise RuntimeError(f"engine {engine.url} exited: {' '.join(tail)}")
         try:
             with urllib.request.urlopen(engine.url + "/ready", timeout=1) as response:
-                if response.status == 200:
-                    return
+                return bool(response.status == 200)
         except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"engine {engine.url} was not ready within {timeout_s:.0f} s")
+            return False
+
+    wait_until(is_ready, timeout_s, f"engine {engine.url} ready")
 
 
 @contextmanager

@@ -57,6 +57,7 @@ if __package__ in (None, ""):
 from bench.gateway_stack import EngineSpec, Stack, gateway_stack
 from bench.memory_probe import FRAMES_ENV, PROBE_DIR_ENV, compare
 from bench.workloads import command_line, demo_model
+from tests.support.polling import wait_until
 
 MODELS = ("small", "large", "auto")
 ROUTING = {"aliases": {"auto": {"small": "small", "large": "large"}}, "long_prompt_tokens": 64}
@@ -243,14 +244,15 @@ def take_readings(pids: dict[str, int], probe_dir: Path) -> dict[str, Path]:
     before = {name: set(probe_dir.glob(f"*-{pid}-*.json")) for name, pid in pids.items()}
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR1)
+
+    def new_readings(name: str, pid: int) -> set[Path]:
+        return set(probe_dir.glob(f"*-{pid}-*.json")) - before[name]
+
     stems = {}
-    deadline = time.monotonic() + 120
     for name, pid in pids.items():
-        while not (found := set(probe_dir.glob(f"*-{pid}-*.json")) - before[name]):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no memory reading from {name} ({pid})")
-            time.sleep(0.1)
-        stems[name] = Path(str(found.pop()).removesuffix(".json"))
+        what = f"a memory reading from {name} ({pid})"
+        wait_until(lambda name=name, pid=pid: new_readings(name, pid), 120, what)
+        stems[name] = Path(str(new_readings(name, pid).pop()).removesuffix(".json"))
     return stems
 
 
