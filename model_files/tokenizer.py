@@ -85,9 +85,8 @@ def _token_content(value: Any) -> str | None:
     """tokenizer_config.json writes special tokens as a string or an AddedToken dict."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def _as_ids(value: Any) -> list[int]:
