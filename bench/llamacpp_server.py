@@ -12,9 +12,9 @@ the engine's threads, one slot per concurrent request (``-np``), a context of
 
 A build for ``-march=native`` on a processor that lists AMX uses AMX tiles for quantized
 matmuls (its "repacked" weight buffers); where the kernel does not grant the process AMX
-state (this project's VMs), the server dies of SIGILL while warming up. It is then
-restarted once with ``--no-repack``, which keeps its AVX-512 kernels, and
-:attr:`LlamaServer.settings` says so.
+state (this project's VMs), the server dies while warming up, of SIGILL or, in the repack
+itself, SIGSEGV. It is then restarted once with ``--no-repack``, which keeps its AVX-512
+kernels, and :attr:`LlamaServer.settings` says so.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ DEFAULT_BINARY = Path.home() / ".cache" / "tollway-peers" / "llamacpp" / "llama-
 BINARY_VARIABLE = "TOLLWAY_LLAMA_SERVER"
 _START_TIMEOUT_S = 120.0
 _REQUEST_TIMEOUT_S = 600.0
+# How a -march=native build dies where AMX is listed but not granted (see above), as
+# Popen's return code: minus the signal.
+_AMX_DEATHS = {-signal.SIGILL: "SIGILL", -signal.SIGSEGV: "SIGSEGV"}
 
 
 FLASH_ATTENTION_CHOICES = {"both": (False, True), "off": (False,), "on": (True,), "skip": ()}
@@ -134,11 +137,11 @@ class LlamaServer:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
             status = self._process.poll()
-            if status == -signal.SIGILL and "--no-repack" not in self.command:
+            if status in _AMX_DEATHS and "--no-repack" not in self.command:
                 if self._process.stderr is not None:
                     self._process.stderr.close()
                 self.command.append("--no-repack")  # see the module docstring
-                self.settings += " --no-repack (AMX: SIGILL)"
+                self.settings += f" --no-repack (AMX: {_AMX_DEATHS[status]})"
                 return self.__enter__()
             if status is not None:
                 stderr = self._process.stderr.read() if self._process.stderr else b""
