@@ -18,11 +18,19 @@ _RFC3339 = re.compile(
 
 
 def parse_iso_datetime(value: str) -> datetime:
-    """``datetime.fromisoformat(value)`` as Python 3.11 reads it; ``ValueError`` if invalid.
-    Fractional seconds past microseconds are cut off, as 3.11 does."""
+    """``datetime.fromisoformat(value)`` as Python 3.11 reads it; ``ValueError`` if invalid
+    (one message on every Python). Fractional seconds past microseconds are cut off, as 3.11
+    does."""
+    try:
+        return datetime.fromisoformat(_as_both_read(value))
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 date or date-time: {value!r}") from None
+
+
+def _as_both_read(value: str) -> str:
     match = _RFC3339.fullmatch(value)
     if match is None:
-        return datetime.fromisoformat(value)
+        return value
     fraction = match["fraction"]
     micros = f".{fraction[:6].ljust(6, '0')}" if fraction else ""
     offset = match["offset"] or ""
@@ -30,4 +38,4 @@ def parse_iso_datetime(value: str) -> datetime:
         offset = "+00:00"
     elif len(offset) == 5:  # +hhmm
         offset = f"{offset[:3]}:{offset[3:]}"
-    return datetime.fromisoformat(f"{match['date']}T{match['time']}{micros}{offset}")
+    return f"{match['date']}T{match['time']}{micros}{offset}"
