@@ -125,7 +125,8 @@ def main() -> int:
         assert match is not None
         answer = chat(base_url, match.group(1))
         choices = answer.get("choices")
-        assert isinstance(choices, list) and choices, answer
+        assert isinstance(choices, list), answer
+        assert choices, answer
         content = choices[0]["message"]["content"]
         if content.split() != ["word"] * NUM_WORDS:
             raise RuntimeError(f"unexpected answer: {answer}")

@@ -153,7 +153,8 @@ def main() -> None:
         if hf is not None:
             theirs.append(useful / run_transformers(hf, requests, args.hf_batch_size))
         for fa in fa_settings_run:
-            assert binary is not None and gguf is not None
+            assert binary is not None
+            assert gguf is not None
             with LlamaServer(
                 binary, gguf, len(requests), context_per_slot, fa, num_threads
             ) as server:

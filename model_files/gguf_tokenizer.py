@@ -203,7 +203,8 @@ def build_backend(vocabulary: GGUFVocabulary) -> HFTokenizer:
 
 
 def _byte_level_bpe(vocabulary: GGUFVocabulary) -> HFTokenizer:
-    assert vocabulary.merges is not None and vocabulary.pre is not None  # read_vocabulary
+    assert vocabulary.merges is not None
+    assert vocabulary.pre is not None
     vocab = {token: token_id for token_id, token in enumerate(vocabulary.tokens)}
     backend = HFTokenizer(
         models.BPE(

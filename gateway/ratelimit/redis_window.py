@@ -80,6 +80,8 @@ local function hit(hits, tokens_key, now, window, tokens, rpm, tpm, member)
   return {admitted, count, total, oldest, newest, requests_fit, tokens_fit}
 end
 """
+
+
 def rate_limit_keys(tenant_id: str) -> tuple[str, str]:
     """``(hits, tokens)``: the keys of one tenant's window."""
     prefix = f"tollway:ratelimit:{{{quote(tenant_id, safe='')}}}"

@@ -82,7 +82,8 @@ def test_only_the_model_is_required(started: list[Any]) -> None:
     assert result.exit_code == 0, result.output
     ((config, where),) = started
     assert config == EngineConfig(model="m")
-    assert where["model_name"] == "small" and where["uds"] is None
+    assert where["model_name"] == "small"
+    assert where["uds"] is None
 
 
 def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> None:

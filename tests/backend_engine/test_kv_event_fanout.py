@@ -57,7 +57,8 @@ async def test_a_subscriber_that_falls_behind_is_dropped_alone() -> None:
     assert not slow.is_closed  # exactly full
     fast.take()
     fanout.publish([BlockStored(3, HASHES[3])])  # one line too many for the slow one
-    assert slow.is_closed and slow.is_overflowed
+    assert slow.is_closed
+    assert slow.is_overflowed
     assert slow.take() == []
     await slow.wait(10.0)  # returns at once: it is closed
     assert fast.take() == [encode(StoredLine(4, (HASHES[3],)))]
@@ -90,9 +91,11 @@ async def test_closing_ends_every_subscription_and_later_ones() -> None:
     fanout = _fanout()
     _, subscription = fanout.subscribe()
     fanout.close()
-    assert subscription.is_closed and not subscription.is_overflowed
+    assert subscription.is_closed
+    assert not subscription.is_overflowed
     snapshot, late = fanout.subscribe()
-    assert late.is_closed and snapshot.seq == 0
+    assert late.is_closed
+    assert snapshot.seq == 0
     fanout.unsubscribe(subscription)  # harmless after the close
 
 

@@ -89,7 +89,8 @@ def test_logprobs_have_the_requested_alternatives(llm):
     out = llm.generate(
         ["Hi"], SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True)
     )[0]
-    assert out.logprobs is not None and len(out.logprobs) == 4
+    assert out.logprobs is not None
+    assert len(out.logprobs) == 4
     for token_id, lp in zip(out.token_ids, out.logprobs, strict=True):
         assert lp.token_id == token_id
         assert len(lp.top) == 3
@@ -147,7 +148,9 @@ def test_a_request_that_fails_in_the_engine_comes_back_as_an_error_the_others_co
     alone = llm.generate(["Hello there"], good)[0]
     outputs = llm.generate(["Hello there", "Poison", "Hello there"], [good, bad, good])
     assert [o.finish_reason for o in outputs] == ["length", "error", "length"]
-    assert outputs[1].error and "Overflow" in outputs[1].error and outputs[1].token_ids == []
+    assert outputs[1].error
+    assert "Overflow" in outputs[1].error
+    assert outputs[1].token_ids == []
     assert outputs[0].token_ids == outputs[2].token_ids == alone.token_ids
     assert outputs[0].error is None
 

@@ -105,7 +105,8 @@ def assert_only_the_poison_failed(
     engine: LLMEngine, outcomes: dict[str, Outcome], alone: dict[str, list[int]]
 ) -> Outcome:
     failed = outcomes.pop(POISON)
-    assert failed.finish_reason == "error" and failed.error
+    assert failed.finish_reason == "error"
+    assert failed.error
     assert {rid: o.token_ids for rid, o in outcomes.items()} == alone
     assert all(o.finish_reason == "length" and o.error is None for o in outcomes.values())
     stats = engine.stats()
@@ -130,7 +131,8 @@ def test_bad_sampling_params_fail_only_their_request(
     requests = others()
     requests.insert(5, (POISON, POISON_PROMPT, poisoned(**fields)))
     failed = assert_only_the_poison_failed(engine, run(engine, requests), alone)
-    assert failed.token_ids == [] and failed.num_completion_tokens == 0
+    assert failed.token_ids == []
+    assert failed.num_completion_tokens == 0
 
 
 def test_a_failing_detokenizer_fails_only_its_request_after_what_it_delivered(
@@ -197,7 +199,8 @@ def test_a_forward_pass_failing_with_one_request_in_the_batch_fails_only_it(
     requests = others()
     requests.insert(7, (POISON, POISON_PROMPT, poisoned(temperature=0.0)))
     assert_only_the_poison_failed(engine, run(engine, requests), alone)
-    assert POISON in batches[0] and len(batches[0]) == NUM_OTHERS + 1  # batched at first
+    assert POISON in batches[0]
+    assert len(batches[0]) == NUM_OTHERS + 1
     assert [POISON] in batches  # then tried alone
 
 
@@ -241,5 +244,6 @@ def _fresh_prefix_cache(engine: LLMEngine) -> Iterator[None]:
 def test_a_request_aborted_before_admission_reports_no_cached_tokens(engine: LLMEngine) -> None:
     engine.add_request("never-admitted", [5, 6, 7], SamplingParams(max_tokens=4))
     (delta,) = engine.abort(["never-admitted"])
-    assert delta.finished and delta.finish_reason == "abort"
+    assert delta.finished
+    assert delta.finish_reason == "abort"
     assert delta.num_cached_tokens is None  # unknown, not a sentinel

@@ -256,7 +256,8 @@ def test_native_decoder_steps_match_hf(
     step([(0, 1), (1, 1), (2, 9)])  # mixed: likewise
     while seqs[2].num_computed < len(prompts[2]):  # decodes only: the native decoder
         step([(i, 1) for i, s in enumerate(seqs) if s.num_computed < len(s.tokens)])
-    assert native_steps[:2] == [3, 3] and native_steps[-1] == 1
+    assert native_steps[:2] == [3, 3]
+    assert native_steps[-1] == 1
     assert sum(native_steps) == sum(map(len, prompts)) - 3 * 12 - 11
     for rows, exp in zip(got, expected, strict=True):
         torch.testing.assert_close(torch.cat(rows), exp, atol=ATOL, rtol=ATOL)

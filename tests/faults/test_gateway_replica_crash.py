@@ -143,7 +143,8 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
         held = budget()
         assert held["used"] == 0
         per_stream = held["reserved"] // NUM_STREAMS
-        assert held["reserved"] == NUM_STREAMS * per_stream and per_stream > MAX_TOKENS
+        assert held["reserved"] == NUM_STREAMS * per_stream
+        assert per_stream > MAX_TOKENS
 
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: is_gone(pid), 10, "the killed gateway to exit")
@@ -183,6 +184,7 @@ def test_a_killed_replicas_reservations_expire_and_nothing_is_overspent(
         over = post(survivor, chat(left, stream=False))
         assert over.status_code == 429, over.text
         wait_until(lambda: charged() == budget()["used"], 10, "the records to match the ledger")
-        assert budget()["used"] <= BUDGET and budget()["reserved"] == 0
+        assert budget()["used"] <= BUDGET
+        assert budget()["reserved"] == 0
     finally:
         database.dispose()

@@ -22,10 +22,9 @@ from gateway.storage.database import Database
 from gateway.storage.migrate import upgrade
 from gateway.storage.models import UsageRecord, UsageStatus
 from gateway.storage.usage_store import sum_tokens
+from tests.faults.conftest import METRICS_AUTH
 from tests.support.polling import eventually, wait_until
 from tests.support.stand_in_engine import MODEL
-
-from .conftest import METRICS_AUTH
 
 CONNECT_TIMEOUT_S = 0.25
 TIMEOUT_S = 0.25
@@ -198,9 +197,11 @@ async def test_redis_killed_mid_load_gives_clean_503s_then_recovers(
     # A request on its way (a busy machine, the client and gateway sharing a process) may
     # reach Redis well after it started: the windows keep clear of the edges.
     during = [a for a in answers if marks["killed"] + 0.1 < a.started < marks["restarting"] - 0.5]
-    assert during and all(a.status == 503 for a in during), relative(during, marks["killed"])
+    assert during, relative(during, marks["killed"])
+    assert all(a.status == 503 for a in during), relative(during, marks["killed"])
     after = [a for a in answers if a.started > marks["restarted"] + 0.5]
-    assert after and all(a.status == 200 for a in after)
+    assert after
+    assert all(a.status == 200 for a in after)
     assert side_answers == {"budget": 503, "admin_write": 503}
     # Requests running when Redis died could not settle at their end: they settle once it is
     # back (it kept its data), so the ledger's `used` agrees with the records.
@@ -232,9 +233,11 @@ async def test_redis_paused_mid_load_answers_within_the_timeout_then_recovers(
     answers = await under_load(base_url, key, faults)
     assert_clean(answers)
     during = [a for a in answers if marks["paused"] + 0.5 < a.started < marks["resumed"] - 1.0]
-    assert during and all(a.status == 503 for a in during), relative(during, marks["paused"])
+    assert during, relative(during, marks["paused"])
+    assert all(a.status == 503 for a in during), relative(during, marks["paused"])
     after = [a for a in answers if a.started > marks["resumed"] + 0.5]
-    assert after and all(a.status == 200 for a in after)
+    assert after
+    assert all(a.status == 200 for a in after)
     # Settles that timed out while Redis was stopped ran when it woke, or ran again: counted
     # once. Admissions whose reply came too late but that reserved all the same are released.
     num_completed = sum(a.status == 200 for a in answers)
@@ -273,5 +276,6 @@ async def test_fail_open_admits_and_bills_while_redis_is_down(
         for line in metrics.splitlines()
         if line.startswith("tollway_gateway_uncounted_admissions_total")
     ]
-    assert uncounted and uncounted[0] > 0
+    assert uncounted
+    assert uncounted[0] > 0
     assert completed_tokens(db_url, tenant_id, len(answers)) > 0

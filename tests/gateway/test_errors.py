@@ -21,7 +21,8 @@ def test_an_engine_message_and_param_are_bounded() -> None:
     body = _body(message="x" * 100_000, code="invalid_value", param="p" * 100_000)
     rejection = from_engine_answer(400, body, "m")
     assert len(rejection.message) == MAX_ENGINE_MESSAGE_CHARS
-    assert rejection.param is not None and len(rejection.param) == MAX_ENGINE_MESSAGE_CHARS
+    assert rejection.param is not None
+    assert len(rejection.param) == MAX_ENGINE_MESSAGE_CHARS
     assert rejection.code == "invalid_value"
 
 

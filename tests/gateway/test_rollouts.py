@@ -43,7 +43,8 @@ def test_a_rollout_is_a_public_name_over_versions_that_are_models() -> None:
 
 def test_an_alias_may_point_at_a_rollout() -> None:
     settings = GatewaySettings.from_dict(config())
-    assert settings.routing is not None and settings.routing.aliases["auto"].large == "large"
+    assert settings.routing is not None
+    assert settings.routing.aliases["auto"].large == "large"
 
 
 @pytest.mark.parametrize(
@@ -88,7 +89,8 @@ def test_no_rollouts_is_the_default() -> None:
 def test_resolve_version_splits_tenants_by_weight_and_sticks() -> None:
     table = parse_rollouts({"large": {"large-v1": 50, "large-v2": 50}})
     chosen = Counter(resolve_version(table, "large", f"t{i}", None) for i in range(400))
-    assert set(chosen) == {"large-v1", "large-v2"} and min(chosen.values()) > 150
+    assert set(chosen) == {"large-v1", "large-v2"}
+    assert min(chosen.values()) > 150
     assert all(
         resolve_version(table, "large", "acme", f"u{i}")
         == resolve_version(table, "large", "acme", f"u{i}")

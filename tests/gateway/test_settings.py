@@ -31,10 +31,13 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
     path.write_text(YAML)
     env = {"TOLLWAY_PORT": "9100", "TOLLWAY_REDIS_URL": "", "TOLLWAY_LOG_PROMPTS": "true"}
     settings = GatewaySettings.from_yaml(path, env=env)
-    assert settings.port == 9100 and settings.redis_url is None and settings.log_prompts
+    assert settings.port == 9100
+    assert settings.redis_url is None
+    assert settings.log_prompts
     assert settings.models["large"].upstreams == ("http://10.0.0.2:8100",)
     assert settings.known_models == {"small", "large", "auto"}
-    assert settings.routing is not None and settings.routing.large_tiers == {"gold"}
+    assert settings.routing is not None
+    assert settings.routing.large_tiers == {"gold"}
     assert settings.resolved_database_url.startswith("sqlite:///")
 
 
@@ -87,7 +90,7 @@ def test_replica_policy_is_per_model_with_prefix_the_default() -> None:
 
 def test_a_missing_context_window_is_named_required_and_explained() -> None:
     data: dict[str, object] = {"models": {"m": {"upstreams": ["http://x"]}}}
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match="context_window is required") as raised:
         GatewaySettings.from_dict(data)
     message = str(raised.value)
     assert message.startswith("model 'm': context_window is required: ")

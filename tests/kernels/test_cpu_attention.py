@@ -220,7 +220,8 @@ def test_prefill_matches_the_reference(
     case = prefill_case(num_heads, num_kv_heads, query_lens, seq_lens, dtype=dtype)
     got = cpu_attention.paged_prefill_attention(*case, 0.125)
     want = reference.paged_prefill_attention(*case, 0.125)
-    assert got.dtype == dtype and got.shape == want.shape
+    assert got.dtype == dtype
+    assert got.shape == want.shape
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
 
@@ -263,7 +264,8 @@ def test_store_kv_matches_the_reference(dtype: torch.dtype) -> None:
     want = tuple(cache.clone() for cache in got)
     cpu_attention.store_kv(key, value, *got, slots)
     reference.store_kv(key, value, *want, slots)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])
 
 
 @needs_compiler

@@ -25,7 +25,8 @@ def test_builds_once_and_reuses_the_cached_library(tmp_path: Path, cache_home: P
     source = tmp_path / "answer.c"
     source.write_text(SOURCE)
     first = build_shared_library(source)
-    assert first is not None and first.parent == cache_home
+    assert first is not None
+    assert first.parent == cache_home
     assert ctypes.CDLL(str(first)).tollway_answer() == 42
     built_at = first.stat().st_mtime_ns
     assert build_shared_library(source) == first
@@ -34,7 +35,8 @@ def test_builds_once_and_reuses_the_cached_library(tmp_path: Path, cache_home: P
 
     source.write_text(SOURCE.replace("42", "43"))  # a changed source is a new library
     second = build_shared_library(source)
-    assert second is not None and second != first
+    assert second is not None
+    assert second != first
 
 
 @pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
@@ -49,7 +51,9 @@ def test_a_changed_header_beside_the_source_is_a_new_library(
     first = build_shared_library(source)
     (tmp_path / "answer.h").write_text("#define ANSWER 43\n")
     second = build_shared_library(source)
-    assert first is not None and second is not None and second != first
+    assert first is not None
+    assert second is not None
+    assert second != first
     assert ctypes.CDLL(str(second)).tollway_answer() == 43
 
 
@@ -86,7 +90,8 @@ def test_the_cache_key_names_the_processor() -> None:
             for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith(("flags", "Features"))
         ]
-        assert flags and flags[0].strip() in fingerprint
+        assert flags
+        assert flags[0].strip() in fingerprint
 
 
 @pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
@@ -96,7 +101,8 @@ def test_load_library_loads_the_built_library_unless_disabled(
     source = tmp_path / "answer.c"
     source.write_text(SOURCE)
     library = cpu_build.load_library(source, "the reference runs")
-    assert library is not None and library.tollway_answer() == 42
+    assert library is not None
+    assert library.tollway_answer() == 42
     monkeypatch.setenv(cpu_build.DISABLE_ENV, "reference")
     assert cpu_build.load_library(source, "the reference runs") is None
     monkeypatch.delenv(cpu_build.DISABLE_ENV)
@@ -131,7 +137,8 @@ def test_loading_the_kernels_leaves_the_process_float_mode_alone(cache_home: Pat
 
     sources = sorted((Path(cpu_build.__file__).parent / "csrc").glob("*.c"))
     libraries = [build_shared_library(source) for source in sources]
-    assert sources and all(library is not None for library in libraries)
+    assert sources
+    assert all(library is not None for library in libraries)
     check = (
         "import ctypes, sys\n"
         "for path in sys.argv[1:]: ctypes.CDLL(path)\n"

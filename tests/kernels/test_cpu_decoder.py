@@ -258,7 +258,7 @@ def test_a_negative_slot_stores_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "fault, message",
+    ("fault", "message"),
     [
         ("block outside the cache", "outside the KV cache"),
         ("table too short", "shorter than its sequence"),

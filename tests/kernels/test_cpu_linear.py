@@ -71,7 +71,8 @@ def test_native_linear_matches_matmul(
     weight, b, blocked = packed_case(out_features, in_features, bias, seed=num_rows)
     x = torch.randn(num_rows, in_features, generator=torch.Generator().manual_seed(1))
     got = cpu_linear.small_batch_linear(x, blocked, b)
-    assert got.shape == (num_rows, out_features) and got.dtype == torch.float32
+    assert got.shape == (num_rows, out_features)
+    assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected(x, weight, b), atol=2e-4, rtol=1e-5)
 
 
@@ -163,7 +164,8 @@ def test_blocked_weight_reads_the_packed_buffer_in_place() -> None:
     """No second copy: the kernel's address is oneDNN's buffer."""
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(100, 70), 64)
     blocked = cpu_linear.blocked_weight(packed)
-    assert blocked is not None and blocked.packed is packed
+    assert blocked is not None
+    assert blocked.packed is packed
     assert blocked.address == torch.ops.mkldnn.data_ptr(packed)
     assert (blocked.out_features, blocked.in_features, blocked.k_padded) == (100, 70, 80)
     first = ctypes.c_float.from_address(blocked.address).value
@@ -177,7 +179,8 @@ def test_native_kernels_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(DISABLE_ENV, "reference")
     cpu_linear.native_library.cache_clear()
     try:
-        assert cpu_linear.native_library() is None and not cpu_linear.is_available()
+        assert cpu_linear.native_library() is None
+        assert not cpu_linear.is_available()
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
         assert cpu_linear.blocked_weight(packed) is None
         want = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")

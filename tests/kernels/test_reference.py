@@ -128,7 +128,8 @@ def test_decode_matches_naive(
 
     out = reference.paged_decode_attention(q, key_cache, value_cache, tables, lens, scale)
     expected = naive_decode(q, key_cache, value_cache, tables, lens, scale)
-    assert out.dtype == dtype and out.shape == q.shape
+    assert out.dtype == dtype
+    assert out.shape == q.shape
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
@@ -154,7 +155,8 @@ def test_prefill_matches_naive(
 
     out = reference.paged_prefill_attention(q, key_cache, value_cache, tables, cu, lens, scale)
     expected = naive_prefill(q, key_cache, value_cache, tables, cu, lens, scale)
-    assert out.dtype == dtype and out.shape == q.shape
+    assert out.dtype == dtype
+    assert out.shape == q.shape
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 

@@ -57,7 +57,8 @@ def test_half_precision_keeps_hugging_face_rounding(dtype: torch.dtype) -> None:
     x, residual, weight = case(7, 128, dtype)
     normed, new_residual = rms_norm.add_rms_norm(x, residual, weight, 1e-5)
     want_sum = residual + x
-    assert new_residual.dtype == dtype and torch.equal(new_residual, want_sum)
+    assert new_residual.dtype == dtype
+    assert torch.equal(new_residual, want_sum)
     assert torch.equal(normed, hf_rms_norm(want_sum, weight, 1e-5))
 
 

@@ -84,7 +84,8 @@ def on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 def assert_close_to(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    assert out.dtype == dtype and out.shape == expected.shape
+    assert out.dtype == dtype
+    assert out.shape == expected.shape
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(out.cpu(), expected, atol=atol, rtol=rtol)
 

@@ -46,9 +46,11 @@ def test_llama3_v4_style(tmp_path: Path) -> None:
     assert config.head_dim == 64
     assert config.num_key_value_heads == 8
     assert config.rope_theta == 500000.0
-    assert config.rope_scaling is not None and config.rope_scaling["rope_type"] == "llama3"
+    assert config.rope_scaling is not None
+    assert config.rope_scaling["rope_type"] == "llama3"
     assert config.rope_scaling["factor"] == 32.0
-    assert config.tie_word_embeddings and not config.attention_bias
+    assert config.tie_word_embeddings
+    assert not config.attention_bias
     assert config.torch_dtype == "bfloat16"
     assert config.bos_token_id == 128000
     assert config.eos_token_ids == (128001, 128008, 128009)
@@ -77,7 +79,8 @@ def test_default_rope_means_no_scaling(tmp_path: Path) -> None:
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
     }
     config = ModelConfig.from_pretrained(write(tmp_path, raw))
-    assert config.rope_scaling is None and config.rope_theta == 1e6
+    assert config.rope_scaling is None
+    assert config.rope_theta == 1e6
 
 
 def test_unsupported_rope_type(tmp_path: Path) -> None:
@@ -138,7 +141,8 @@ def test_unsupported_architecture_names_it_and_lists_supported(tmp_path: Path) -
     raw = LLAMA | {"architectures": ["GPT2LMHeadModel"]}
     with pytest.raises(ValueError, match="GPT2LMHeadModel") as info:
         ModelConfig.from_pretrained(write(tmp_path, raw))
-    assert "LlamaForCausalLM" in str(info.value) and "Qwen2ForCausalLM" in str(info.value)
+    assert "LlamaForCausalLM" in str(info.value)
+    assert "Qwen2ForCausalLM" in str(info.value)
 
 
 def test_missing_config_names_path(tmp_path: Path) -> None:

@@ -94,7 +94,8 @@ def test_special_tokens(pair: tuple[Tokenizer, Any], checkpoint: Path) -> None:
     assert ours.bos_token_id == hf.bos_token_id == config["bos_token_id"]
     eot, end_of_text = (ours.backend.token_to_id(t) for t in ("<|eot_id|>", "<|end_of_text|>"))
     assert ours.eos_token_ids == frozenset({eot, end_of_text})
-    assert ours.is_special(eot) and ours.is_special(ours.bos_token_id or 0)
+    assert ours.is_special(eot)
+    assert ours.is_special(ours.bos_token_id or 0)
     assert not ours.is_special(ours.encode("hello", add_special_tokens=False)[0])
     assert {i for i in range(ours.vocab_size) if ours.is_special(i)} == set(hf.all_special_ids) | {
         i for i, t in hf.added_tokens_decoder.items() if t.special

@@ -137,7 +137,8 @@ def test_bad_values_are_refused_with_the_field_as_param(
     with pytest.raises(FieldError) as caught:
         check_fields({"model": "m", field: value}, endpoint)
     assert caught.value.code == code
-    assert caught.value.param is not None and caught.value.param.startswith(field)
+    assert caught.value.param is not None
+    assert caught.value.param.startswith(field)
     assert f"'{field}" in caught.value.message
 
 
@@ -173,7 +174,8 @@ def test_json_nested_up_to_the_cap_parses(depth: int) -> None:
 def test_json_nested_deeper_is_refused(depth: int) -> None:
     with pytest.raises(FieldError) as caught:
         parse_json_object(nested(depth))
-    assert caught.value.code == "invalid_json" and "nested too deeply" in caught.value.message
+    assert caught.value.code == "invalid_json"
+    assert "nested too deeply" in caught.value.message
 
 
 def test_many_shallow_brackets_are_fine() -> None:
@@ -188,7 +190,8 @@ def test_many_shallow_brackets_are_fine() -> None:
 def test_what_is_not_a_json_object_is_refused(body: bytes) -> None:
     with pytest.raises(FieldError) as caught:
         parse_json_object(body)
-    assert caught.value.code == "invalid_json" and caught.value.param is None
+    assert caught.value.code == "invalid_json"
+    assert caught.value.param is None
 
 
 def test_deep_json_is_refused_quickly() -> None:

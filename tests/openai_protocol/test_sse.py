@@ -78,12 +78,14 @@ async def test_sends_every_event_then_ends_the_body_and_cleans_up_once() -> None
     closes: list[str] = []
     await response(events, closes)(SCOPE, client.receive, client.send)
     start = client.sent[0]
-    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert start["type"] == "http.response.start"
+    assert start["status"] == 200
     headers = dict(start["headers"])
     assert headers[b"content-type"].startswith(b"text/event-stream")
     assert headers[b"x-request-id"] == b"req_1"
     assert client.bodies == [b"data: 1\n\n", b"data: 2\n\n", b""]
-    assert closes == ["closed"] and events.num_closed == 1
+    assert closes == ["closed"]
+    assert events.num_closed == 1
 
 
 async def test_a_client_that_leaves_stops_the_stream_without_an_error() -> None:
@@ -91,12 +93,13 @@ async def test_a_client_that_leaves_stops_the_stream_without_an_error() -> None:
     events, client = Events(["data: 1\n\n", "data: 2\n\n"], gate), Client()
     closes: list[str] = []
     task = asyncio.create_task(response(events, closes)(SCOPE, client.receive, client.send))
-    while not client.bodies:
+    while not client.bodies:  # noqa: ASYNC110 (yields to the response)
         await asyncio.sleep(0)
     client.leave.set()
     await asyncio.wait_for(task, timeout=5)  # returns normally: leaving is not an error
     assert client.bodies == [b"data: 1\n\n"]
-    assert closes == ["closed"] and events.num_closed == 1
+    assert closes == ["closed"]
+    assert events.num_closed == 1
     if hasattr(task, "cancelling"):  # Python 3.11+: the response undid its own cancel
         assert task.cancelling() == 0
 
@@ -115,14 +118,15 @@ async def test_cancelled_from_outside_it_cleans_up_to_the_end_then_is_cancelled(
     events, client = Events(["data: 1\n\n", "data: 2\n\n"], gate), Client()
     closes: list[str] = []
     task = asyncio.create_task(response(events, closes)(SCOPE, client.receive, client.send))
-    while not client.bodies:
+    while not client.bodies:  # noqa: ASYNC110 (yields to the response)
         await asyncio.sleep(0)
     task.cancel()
     await asyncio.sleep(0)
     task.cancel()  # a second cancellation lands during the clean-up
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert closes == ["closed"] and events.num_closed == 1
+    assert closes == ["closed"]
+    assert events.num_closed == 1
 
 
 async def test_the_disconnect_after_a_complete_response_does_not_cancel_the_clean_up() -> None:
@@ -130,4 +134,5 @@ async def test_the_disconnect_after_a_complete_response_does_not_cancel_the_clea
     closes: list[str] = []
     task = asyncio.create_task(response(events, closes)(SCOPE, client.receive, client.send))
     await asyncio.wait_for(task, timeout=5)
-    assert not task.cancelled() and closes == ["closed"]
+    assert not task.cancelled()
+    assert closes == ["closed"]

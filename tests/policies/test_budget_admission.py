@@ -18,7 +18,8 @@ def test_one_over_limit_is_refused():
     assert r is not None
     assert (r.status, r.code, r.type) == (429, "insufficient_quota", "insufficient_quota")
     assert "Used 600 and 300 reserved" in r.message
-    assert "101" in r.message and "limit 1000" in r.message
+    assert "101" in r.message
+    assert "limit 1000" in r.message
 
 
 def test_message_names_window_and_reset():

@@ -34,4 +34,5 @@ def test_not_allowed_is_403():
 def test_empty_allow_list_locks_out():
     q = TenantQuota(allowed_models=frozenset())
     r = check_model_access("small-1b", q, KNOWN)
-    assert r is not None and r.status == 403
+    assert r is not None
+    assert r.status == 403

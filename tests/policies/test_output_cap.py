@@ -38,7 +38,8 @@ def test_one_over_cap_rejected():
         "invalid_request_error",
         "max_tokens",
     )
-    assert "1001" in r.message and "at most 1000" in r.message
+    assert "1001" in r.message
+    assert "at most 1000" in r.message
 
 
 def test_over_cap_clamped_when_quota_says_so():
@@ -62,9 +63,12 @@ def test_over_room_rejected_or_clamped():
 
 def test_max_tokens_below_one_rejected():
     r = resolve(0, CLAMPED)
-    assert isinstance(r, Rejection) and r.param == "max_tokens" and r.status == 400
+    assert isinstance(r, Rejection)
+    assert r.param == "max_tokens"
+    assert r.status == 400
 
 
 def test_prompt_filling_the_context_rejected():
     r = resolve(None, CAPPED, prompt_tokens=8192, context_window=8192)
-    assert isinstance(r, Rejection) and r.code == "context_length_exceeded"
+    assert isinstance(r, Rejection)
+    assert r.code == "context_length_exceeded"

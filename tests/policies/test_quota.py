@@ -24,7 +24,9 @@ def full_quota():
 
 def test_defaults_are_unlimited():
     q = TenantQuota()
-    assert q.budget_tokens is None and q.rpm is None and q.tpm is None
+    assert q.budget_tokens is None
+    assert q.rpm is None
+    assert q.tpm is None
     assert q.allowed_models is None
     assert q.priority == "interactive"
     assert q.budget_period == "month"

@@ -63,7 +63,8 @@ def test_reset_is_when_the_newest_hit_expires():
 
 def test_no_limits_no_headers():
     d = check_rate_limit(admitted(5, 50), rpm=None, tpm=None, request_tokens=10, now=NOW)
-    assert isinstance(d, RateLimitAllowance) and dict(d.headers) == {}
+    assert isinstance(d, RateLimitAllowance)
+    assert dict(d.headers) == {}
 
 
 def test_only_limited_dimension_gets_headers():
@@ -93,13 +94,15 @@ def test_refused_on_requests_retry_after_rounds_up():
 def test_retry_after_whole_seconds_not_bumped():
     report = Report(False, 10, 0, NOW - 48, NOW, NOW + 12.0, NOW)
     r = check_rate_limit(report, rpm=10, tpm=None, request_tokens=0, now=NOW)
-    assert isinstance(r, Rejection) and r.headers["Retry-After"] == "12"
+    assert isinstance(r, Rejection)
+    assert r.headers["Retry-After"] == "12"
 
 
 def test_retry_after_at_least_one_second():
     report = Report(False, 10, 0, NOW - 59.9, NOW, NOW + 0.1, NOW)
     r = check_rate_limit(report, rpm=10, tpm=None, request_tokens=0, now=NOW)
-    assert isinstance(r, Rejection) and r.headers["Retry-After"] == "1"
+    assert isinstance(r, Rejection)
+    assert r.headers["Retry-After"] == "1"
     assert "try again in 100ms" in r.message
 
 

@@ -40,7 +40,8 @@ class StandInRunner:
         tokenizer = checkpoint.tokenizer()
         encoded = tokenizer.encode(TEXT, add_special_tokens=False)
         self.words = [t for t in encoded if not tokenizer.is_special(t)]
-        assert self.words and not set(self.words) & tokenizer.eos_token_ids
+        assert self.words
+        assert not set(self.words) & tokenizer.eos_token_ids
         self.vocab_size = tokenizer.vocab_size
         self.step_s = step_s
 

@@ -1,3 +1,5 @@
+import pytest
+
 from backend_engine.core.block_pool import BlockPool
 from engine_protocol.block_hash import hash_block
 
@@ -17,7 +19,8 @@ def test_free_appends_in_given_order_and_reuses_lru():
     pool = BlockPool(4)
     a = pool.allocate(2)
     b = pool.allocate(2)
-    assert a is not None and b is not None
+    assert a is not None
+    assert b is not None
     pool.free(reversed(b))  # tail first: block 3 then 2
     pool.free(reversed(a))  # then 1, 0
     again = pool.allocate(4)
@@ -44,11 +47,13 @@ def test_cached_block_is_revived_by_touch_and_evicted_lru():
     assert pool.num_free_blocks == 2
 
     first = pool.allocate(1)
-    assert first is not None and first[0].block_id == 2  # least recently freed
+    assert first is not None
+    assert first[0].block_id == 2
     assert pool.lookup(h2) is None  # its hash was evicted
     assert pool.num_evictions == 1
     second = pool.allocate(1)
-    assert second is not None and second[0].block_id == 1
+    assert second is not None
+    assert second[0].block_id == 1
     assert pool.lookup(h1) is None
     assert pool.lookup(h0) is blocks[0]  # still referenced, still cached
 
@@ -70,12 +75,8 @@ def test_double_free_is_an_error():
     blocks = pool.allocate(1)
     assert blocks is not None
     pool.free(blocks)
-    try:
+    with pytest.raises(RuntimeError, match="freed more often"):
         pool.free(blocks)
-    except RuntimeError as exc:
-        assert "freed more often" in str(exc)
-    else:
-        raise AssertionError("double free went unnoticed")
 
 
 def test_caching_disabled_never_registers():

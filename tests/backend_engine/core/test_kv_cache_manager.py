@@ -11,20 +11,24 @@ def test_allocates_only_what_the_tokens_need():
     kv = KVCacheManager(num_blocks=10, block_size=4)
     req = make_request("a", list(range(6)))
     alloc = kv.allocate_slots(req, 6)
-    assert alloc is not None and alloc.new_block_ids == (0, 1)
+    assert alloc is not None
+    assert alloc.new_block_ids == (0, 1)
     req.num_computed_tokens = 6
     req.all_token_ids.append(100)
     # 7 tokens still fit in two blocks: nothing new.
     alloc = kv.allocate_slots(req, 1)
-    assert alloc is not None and alloc.new_block_ids == ()
+    assert alloc is not None
+    assert alloc.new_block_ids == ()
     req.num_computed_tokens = 7
     req.all_token_ids.append(101)
     alloc = kv.allocate_slots(req, 1)  # token 8 of 8: still block 1
-    assert alloc is not None and alloc.new_block_ids == ()
+    assert alloc is not None
+    assert alloc.new_block_ids == ()
     req.num_computed_tokens = 8
     req.all_token_ids.append(102)
     alloc = kv.allocate_slots(req, 1)
-    assert alloc is not None and alloc.new_block_ids == (2,)
+    assert alloc is not None
+    assert alloc.new_block_ids == (2,)
     assert kv.block_table("a") == [0, 1, 2]
 
 
@@ -40,7 +44,8 @@ def test_prefix_hit_shares_blocks_and_leaves_last_token_to_compute():
     assert [b.block_id for b in prefix.blocks] == [0, 1]
     assert prefix.num_tokens == 8
     alloc = kv.allocate_slots(same, 4, prefix)
-    assert alloc is not None and alloc.new_block_ids == (3,)
+    assert alloc is not None
+    assert alloc.new_block_ids == (3,)
     assert kv.block_table("b") == [0, 1, 3]
     assert kv.pool.blocks[0].ref_cnt == 2
 
@@ -91,7 +96,8 @@ def test_freed_cached_blocks_are_revived_and_evicted_lru():
     prefix = kv.get_computed_blocks(b)
     assert [blk.block_id for blk in prefix.blocks] == [0, 1]
     alloc = kv.allocate_slots(b, 1, prefix)
-    assert alloc is not None and alloc.new_block_ids == (3,)  # LRU head of the free list
+    assert alloc is not None
+    assert alloc.new_block_ids == (3,)
     assert kv.block_table("b") == [0, 1, 3]
 
 
@@ -117,7 +123,8 @@ def test_caching_off_finds_nothing():
     a = make_request("a", [1, 2, 3, 4, 5])
     assert kv.allocate_slots(a, 5) is not None
     prefix = kv.get_computed_blocks(make_request("b", [1, 2, 3, 4, 5]))
-    assert prefix.num_tokens == 0 and prefix.blocks == ()
+    assert prefix.num_tokens == 0
+    assert prefix.blocks == ()
 
 
 def test_extra_key_separates_models():

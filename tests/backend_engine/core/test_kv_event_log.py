@@ -131,8 +131,10 @@ def test_the_snapshot_is_the_old_wire_line() -> None:
 def test_each_log_has_its_own_engine_id() -> None:
     first, second = KVEventLog(16, KEY), KVEventLog(16, KEY)
     assert first.engine_id != second.engine_id
-    assert len(first.engine_id) == 32 and int(first.engine_id, 16) >= 0
-    assert first.snapshot().seq == 0 and first.snapshot().blocks == ()
+    assert len(first.engine_id) == 32
+    assert int(first.engine_id, 16) >= 0
+    assert first.snapshot().seq == 0
+    assert first.snapshot().blocks == ()
 
 
 def test_the_log_follows_the_cache_through_real_requests() -> None:

@@ -58,7 +58,8 @@ def test_prefill_then_decode_then_length_finish():
     assert req.output_token_ids == [7]
     out = h.step()
     assert [(s.num_tokens, s.start_position, s.token_ids) for s in out.scheduled] == [(1, 6, [7])]
-    assert req.is_finished and req.finish_reason == "length"
+    assert req.is_finished
+    assert req.finish_reason == "length"
     assert h.kv.num_used_blocks == 0
 
 
@@ -77,7 +78,8 @@ def test_the_scheduler_records_the_stop_token_it_finished_on():
     assert on_eos.stop_token_id == EOS
     by_length = h.add("length", max_tokens=1)
     h.step()
-    assert by_length.finish_reason == "length" and by_length.stop_token_id is None
+    assert by_length.finish_reason == "length"
+    assert by_length.stop_token_id is None
 
 
 def test_the_output_says_which_items_are_decodes_and_which_prefills():
@@ -163,7 +165,8 @@ def test_preemption_frees_blocks_and_recomputes_ahead_of_later_arrivals():
         if preempted:
             break
     assert preempted == ["b"]  # the later arrival is the victim
-    assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert b.status is RequestStatus.PREEMPTED
+    assert b.num_computed_tokens == 0
     assert h.scheduler.num_preemptions == 1
     # b comes back before "late", which arrived after it.
     waiting = list(h.scheduler.waiting)
@@ -248,7 +251,8 @@ def test_a_stale_lookup_never_hands_out_evicted_blocks():
     assert 1 in h.kv.block_table("big")
     while b.status is RequestStatus.WAITING:
         h.step()
-    assert big.is_finished and b.num_cached_tokens == 4
+    assert big.is_finished
+    assert b.num_cached_tokens == 4
     table = h.kv.block_table("b")
     assert table[0] == 0
     # Each full block holds b's own tokens: block 1, now holding big's, was not reused.
@@ -288,7 +292,8 @@ def test_static_mode_forms_a_whole_batch_even_beyond_one_steps_token_budget():
     while h.scheduler.num_unfinished > 1:
         seen.append(scheduled_ids(h.step()))
     assert all("e" not in ids for ids in seen)  # e waits for the batch to drain
-    assert any("c" in ids for ids in seen) and any("d" in ids for ids in seen)
+    assert any("c" in ids for ids in seen)
+    assert any("d" in ids for ids in seen)
     assert scheduled_ids(h.step()) == ["e"]
 
 

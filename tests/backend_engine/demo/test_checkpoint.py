@@ -64,7 +64,8 @@ def test_transformers_loads_every_architecture(
     assert has_bias == (architecture == "Qwen2ForCausalLM")
     assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} <= names
     if architecture == "MistralForCausalLM":
-        assert config["sliding_window"] is None and model.config.sliding_window is None
+        assert config["sliding_window"] is None
+        assert model.config.sliding_window is None
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     assert len(tokenizer) == config["vocab_size"]
 
@@ -73,7 +74,8 @@ def test_tokenizer_files(demo_checkpoint: Callable[..., Path]) -> None:
     path = demo_checkpoint()
     tok_json = json.loads((path / "tokenizer.json").read_text())
     pre = tok_json["pre_tokenizer"]["pretokenizers"]
-    assert pre[0]["type"] == "Split" and pre[0]["behavior"] == "Isolated"
+    assert pre[0]["type"] == "Split"
+    assert pre[0]["behavior"] == "Isolated"
     assert pre[1] == {
         "type": "ByteLevel",
         "add_prefix_space": False,
@@ -133,7 +135,8 @@ def test_tied_embeddings_bf16_and_rope_scaling(demo_checkpoint: Callable[..., Pa
     assert "lm_head.weight" not in tensors
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
     config = json.loads((path / "config.json").read_text())
-    assert config["tie_word_embeddings"] is True and config["rope_scaling"] == rope_scaling
+    assert config["tie_word_embeddings"] is True
+    assert config["rope_scaling"] == rope_scaling
     model, info = load_hf(path)
     assert_clean_load(info)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -173,7 +173,8 @@ def test_the_files_say_what_the_gguf_says(converted: Converted) -> None:
     tokenizer_config = json.loads((out_dir / "tokenizer_config.json").read_text())
     generation = json.loads((out_dir / "generation_config.json").read_text())
     ours = converted.tokenizer
-    assert config["torch_dtype"] == "float32" and config["model_type"] == "llama"
+    assert config["torch_dtype"] == "float32"
+    assert config["model_type"] == "llama"
     assert generation["bos_token_id"] == config["bos_token_id"] == ours.bos_token_id
     assert tokenizer_config["chat_template"] == ours.chat_template
     assert tokenizer_config["model_max_length"] == config["max_position_embeddings"]
@@ -200,7 +201,8 @@ def _one_line_error(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["convert", *args])
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.output
+    assert len(lines) == 1, result.output
+    assert message in lines[0], result.output
     assert "Traceback" not in result.output
 
 
@@ -215,7 +217,9 @@ def test_bad_inputs_print_one_line(tmp_path: Path) -> None:
     (busy / "keep.txt").write_text("mine")
     _one_line_error([str(source), str(busy)], "is not empty (--force")
     _one_line_error([str(source), str(tmp_path / "c"), "--dtype", "int3"], "dtype must be one of")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "b").exists()
     forced = CliRunner().invoke(app, ["convert", str(source), str(busy), "--force"])
     assert forced.exit_code == 0, forced.output
-    assert (busy / "keep.txt").read_text() == "mine" and (busy / "config.json").is_file()
+    assert (busy / "keep.txt").read_text() == "mine"
+    assert (busy / "config.json").is_file()

@@ -57,8 +57,10 @@ def test_the_metadata_becomes_the_models_config(tmp_path: Path) -> None:
         HEAD_DIM,
     )
     assert (config.vocab_size, config.max_position_embeddings) == (VOCAB, CONTEXT)
-    assert config.rope_theta == 100_000.0 and config.rms_norm_eps == pytest.approx(1e-5)
-    assert config.tie_word_embeddings and not config.attention_bias
+    assert config.rope_theta == 100_000.0
+    assert config.rms_norm_eps == pytest.approx(1e-5)
+    assert config.tie_word_embeddings
+    assert not config.attention_bias
     assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
 
 

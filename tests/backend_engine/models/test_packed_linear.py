@@ -73,7 +73,8 @@ def test_pack_linears_replaces_every_packable_linear_in_place() -> None:
         assert pack_linears(model) == 2
         assert isinstance(model.body[0], PackedLinear)
         assert isinstance(model.body[2][0], PackedLinear)
-        assert type(model.fp16_head) is nn.Linear and not can_pack(model.fp16_head)
+        assert type(model.fp16_head) is nn.Linear
+        assert not can_pack(model.fp16_head)
         torch.testing.assert_close(model.body(x), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -137,7 +138,8 @@ def test_a_native_path_that_disagrees_with_f_linear_is_dropped(
     )
     assert pack_linears(model) == 2
     first = model.body[0]
-    assert isinstance(first, PackedLinear) and first.native_weight is None
+    assert isinstance(first, PackedLinear)
+    assert first.native_weight is None
     x = torch.randn(1, 16)
     with torch.inference_mode():
         torch.testing.assert_close(first(x), original(x), atol=1e-5, rtol=1e-5)

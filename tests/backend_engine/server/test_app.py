@@ -90,7 +90,8 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["message"], str)
+    assert error["message"]
     if code is not None:
         assert error["code"] == code
     return error
@@ -107,7 +108,8 @@ def test_health_and_models(live_server: LiveServer) -> None:
         models = client.get("/v1/models").json()
     assert models["object"] == "list"
     [card] = models["data"]
-    assert card["id"] == MODEL_NAME and card["object"] == "model"
+    assert card["id"] == MODEL_NAME
+    assert card["object"] == "model"
     assert card["max_model_len"] == MAX_MODEL_LEN
 
 
@@ -119,14 +121,19 @@ def test_chat_completion(live_server: LiveServer) -> None:
     assert response.status_code == 200, response.text
     assert response.headers["x-request-id"] == "r-1"
     body = response.json()
-    assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
-    assert body["model"] == MODEL_NAME and isinstance(body["created"], int)
+    assert body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert body["model"] == MODEL_NAME
+    assert isinstance(body["created"], int)
     [choice] = body["choices"]
-    assert choice["index"] == 0 and choice["finish_reason"] == "length"
-    assert choice["message"]["role"] == "assistant" and choice["message"]["content"]
+    assert choice["index"] == 0
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"]
     assert choice["logprobs"] is None
     usage = body["usage"]
-    assert usage["completion_tokens"] == 12 and usage["prompt_tokens"] > 10
+    assert usage["completion_tokens"] == 12
+    assert usage["prompt_tokens"] > 10
     assert usage["total_tokens"] == usage["prompt_tokens"] + 12
     assert isinstance(usage["prompt_tokens_details"]["cached_tokens"], int)
 
@@ -135,7 +142,9 @@ def test_request_id_is_generated(live_server: LiveServer) -> None:
     with live_server.client() as client:
         first = client.get("/health").headers["x-request-id"]
         second = client.get("/health").headers["x-request-id"]
-    assert first and second and first != second
+    assert first
+    assert second
+    assert first != second
 
 
 def test_streamed_chat_matches_non_streamed(live_server: LiveServer) -> None:
@@ -152,7 +161,8 @@ def test_streamed_chat_matches_non_streamed(live_server: LiveServer) -> None:
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["id"].startswith("chatcmpl-")
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     *content_chunks, usage_chunk = chunks
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in content_chunks)
@@ -188,16 +198,19 @@ def test_completions_streamed_and_not(live_server: LiveServer, prompt: Any) -> N
             json={**request, "stream": True, "stream_options": {"include_usage": True}},
         ) as response:
             events = sse_events(response)
-    assert whole["id"].startswith("cmpl-") and whole["object"] == "text_completion"
+    assert whole["id"].startswith("cmpl-")
+    assert whole["object"] == "text_completion"
     [choice] = whole["choices"]
-    assert choice["finish_reason"] == "length" and choice["text"]
+    assert choice["finish_reason"] == "length"
+    assert choice["text"]
     assert whole["usage"]["completion_tokens"] == 12
     assert events[-1] == "[DONE]"
     *chunks, usage_chunk = events[:-1]
     assert all(c["object"] == "text_completion" for c in chunks)
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert usage_chunk["choices"] == [] and usage_chunk["usage"] == whole["usage"]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == whole["usage"]
 
 
 def test_cached_tokens_reported(live_server: LiveServer) -> None:
@@ -217,7 +230,8 @@ def test_chat_logprobs(live_server: LiveServer) -> None:
     content = body["choices"][0]["logprobs"]["content"]
     assert len(content) == 5
     for entry in content:
-        assert isinstance(entry["token"], str) and entry["logprob"] <= 0
+        assert isinstance(entry["token"], str)
+        assert entry["logprob"] <= 0
         assert all(0 <= b < 256 for b in entry["bytes"])
         assert len(entry["top_logprobs"]) == 2
         # Greedy: the sampled token is the most likely one.
@@ -409,7 +423,8 @@ def test_tenant_and_priority_headers_reach_the_engine(
         )
         default = client.post(CHAT, json=greedy(messages=MESSAGES, max_tokens=1))
         bad = client.post(CHAT, json=greedy(messages=MESSAGES), headers={"x-priority": "urgent"})
-    assert ok.status_code == 200 and default.status_code == 200
+    assert ok.status_code == 200
+    assert default.status_code == 200
     assert [(s["tenant_id"], s["priority"].name) for s in seen] == [
         ("acme", "BATCH"),
         ("default", "INTERACTIVE"),
@@ -478,9 +493,11 @@ def test_abort_request_stops_a_generation_which_still_answers_with_its_usage(
     with live_server.client() as client:
         aborted = client.post("/abort_request", json={"request_id": "caller-7"})
     sender.join(timeout=30)
-    assert aborted.status_code == 200 and aborted.json() == {"aborted": True}
+    assert aborted.status_code == 200
+    assert aborted.json() == {"aborted": True}
     response = answer["response"]
-    assert response.status_code == 200 and response.headers["x-request-id"] == "caller-7"
+    assert response.status_code == 200
+    assert response.headers["x-request-id"] == "caller-7"
     result = response.json()
     assert result["choices"][0]["finish_reason"] == "abort"
     assert 0 < result["usage"]["completion_tokens"] < body["max_tokens"]
@@ -492,7 +509,8 @@ def test_abort_request_for_nothing_in_flight_and_bad_bodies(live_server: LiveSer
         done = client.post(COMPLETIONS, json=greedy(prompt="Hi"), headers={"x-request-id": "x1"})
         assert done.status_code == 200
         gone = client.post("/abort_request", json={"request_id": "x1"})
-        assert gone.status_code == 200 and gone.json() == {"aborted": False}
+        assert gone.status_code == 200
+        assert gone.json() == {"aborted": False}
         assert_openai_error(client.post("/abort_request", json={}), 400)
         assert_openai_error(client.post("/abort_request", json={"request_id": 7}), 400)
         assert_openai_error(client.post("/abort_request", content=b"{"), 400)

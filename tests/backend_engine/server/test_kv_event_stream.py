@@ -186,7 +186,8 @@ async def test_replayed_events_are_the_engines_cache_after_real_requests(
         assert live.engine.engine.kv_cache.pool.num_evictions > 0
 
         async with KVEventListener(client) as again:  # a reconnect: a fresh, equal snapshot
-            assert again.snapshot is not None and listener.snapshot is not None
+            assert again.snapshot is not None
+            assert listener.snapshot is not None
             assert again.snapshot.engine_id == listener.snapshot.engine_id
             assert again.seq == listener.seq
             assert again.hashes == listener.hashes == live.cached_hashes()
@@ -242,7 +243,8 @@ async def test_the_load_follows_the_engine(live: LiveEngine) -> None:
     vocab_size = live.engine.tokenizer.vocab_size
     async with live.client() as client, KVEventListener(client) as listener:
         first = await listener.next_line()
-        assert isinstance(first, LoadLine) and first.num_requests_total is not None
+        assert isinstance(first, LoadLine)
+        assert first.num_requests_total is not None
         task = asyncio.ensure_future(_complete(client, _prompt(300, 40, vocab_size), 120))
         running = None
         while running is None:

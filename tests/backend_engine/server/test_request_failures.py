@@ -16,8 +16,13 @@ import pytest
 
 from backend_engine.core.request import Request
 from backend_engine.text.output_processor import OutputProcessor
-
-from .test_app import MODEL_NAME, LiveServer, assert_openai_error, live_server, wait_idle
+from tests.backend_engine.server.test_app import (
+    MODEL_NAME,
+    LiveServer,
+    assert_openai_error,
+    live_server,
+    wait_idle,
+)
 
 __all__ = ["live_server"]  # the fixture, shared with test_app
 
@@ -37,7 +42,7 @@ def mallory_fails_after(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return process(self, request, logprob)
 
     monkeypatch.setattr(OutputProcessor, "process", failing)
-    yield after
+    return after
 
 
 def victim_body(i: int) -> dict[str, Any]:
@@ -92,7 +97,8 @@ def test_a_stream_failing_mid_way_ends_with_an_error_event_and_the_others_go_on(
     assert all(v[-2]["choices"][0]["finish_reason"] == "length" for v in victims)
     assert failed[-1] == "[DONE]"
     error = failed[-2]["error"]
-    assert error["type"] == "server_error" and error["code"] == "engine_error"
+    assert error["type"] == "server_error"
+    assert error["code"] == "engine_error"
     assert "UnicodeDecodeError" in error["message"]
     assert text_of(failed[:-2])  # the tokens before the failure were delivered
     stats = wait_idle(live_server)

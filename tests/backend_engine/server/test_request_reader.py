@@ -48,7 +48,8 @@ def body(path: str, **fields: Any) -> dict[str, Any]:
 def assert_400(response: httpx.Response, param: str | None) -> dict[str, Any]:
     assert response.status_code == 400, response.text
     error: dict[str, Any] = response.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
     assert error["param"] == param
     return error
 

@@ -32,4 +32,5 @@ def test_the_token_a_request_stopped_on_is_left_out_of_the_text(
     assert deltas["shown"].new_text == tokenizer.decode([token])
     assert deltas["stopped"].new_text == ""
     assert deltas["stopped"].new_token_ids == [token]
-    assert deltas["stopped"].finished and deltas["stopped"].finish_reason == "stop"
+    assert deltas["stopped"].finished
+    assert deltas["stopped"].finish_reason == "stop"

@@ -27,13 +27,15 @@ def test_stop_inside_one_delta_truncates_before_it() -> None:
 def test_stop_spanning_several_deltas() -> None:
     emitted, stopped, tail = run(["</answer>"], ["The answer is 4", "</an", "sw", "er> junk"])
     assert emitted == ["The answer is 4", "", "", ""]
-    assert stopped and tail == ""
+    assert stopped
+    assert tail == ""
 
 
 def test_partial_prefix_that_is_not_a_stop_is_released() -> None:
     emitted, stopped, tail = run(["</s>"], ["a <", "/", "x> b"])
     assert emitted == ["a ", "", "</x> b"]
-    assert not stopped and tail == ""
+    assert not stopped
+    assert tail == ""
 
 
 def test_held_back_text_is_flushed_at_the_end() -> None:

@@ -31,8 +31,10 @@ def test_a_batch_that_succeeds_is_attempted_once() -> None:
 def test_one_bad_item_is_pinned_by_bisection_and_the_others_keep_their_results() -> None:
     log: list[list[int]] = []
     outcomes = isolate_failures([0, 1, 2, 3, 4, 5], attempt_failing_with({4}, log))
-    assert outcomes[:4] == [0, 10, 20, 30] and outcomes[5] == 50
-    assert isinstance(outcomes[4], Boom) and str(outcomes[4]) == "bad in [4]"
+    assert outcomes[:4] == [0, 10, 20, 30]
+    assert outcomes[5] == 50
+    assert isinstance(outcomes[4], Boom)
+    assert str(outcomes[4]) == "bad in [4]"
     assert log == [[0, 1, 2, 3, 4, 5], [0, 1, 2], [3, 4, 5], [3], [4, 5], [4], [5]]
 
 
@@ -68,6 +70,7 @@ def test_a_failed_attempts_memory_is_freed_before_the_halves_are_tried() -> None
         return list(items)
 
     outcomes = isolate_failures([0, 1, 2, 3], attempt)
-    assert isinstance(outcomes[3], MemoryError) and outcomes[:3] == [0, 1, 2]
+    assert isinstance(outcomes[3], MemoryError)
+    assert outcomes[:3] == [0, 1, 2]
     assert not any(seen_alive_during_retry)
     assert all(ref() is None for ref in alive)  # the kept exception holds no frames either

@@ -18,7 +18,8 @@ def test_greedy_is_argmax_and_logprobs_are_reported():
     assert tokens == [1, 0]
     assert logprobs[1] is None
     first = logprobs[0]
-    assert first is not None and first.token_id == 1
+    assert first is not None
+    assert first.token_id == 1
     expected = torch.log_softmax(logits[0], -1)
     assert math.isclose(first.logprob, float(expected[1]), rel_tol=1e-6)
     assert [t for t, _ in first.top] == [1, 2]
@@ -66,8 +67,14 @@ def test_mixed_greedy_and_random_rows():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"top_p": 0.0}, {"temperature": -1}, {"top_k": -1}, {"max_tokens": 0}]
+    ("bad", "message"),
+    [
+        ({"top_p": 0.0}, "top_p must be in"),
+        ({"temperature": -1}, "temperature must be non-negative"),
+        ({"top_k": -1}, "top_k must be in"),
+        ({"max_tokens": 0}, "max_tokens must be at least 1"),
+    ],
 )
-def test_invalid_params_are_rejected(bad):
-    with pytest.raises(ValueError):
+def test_invalid_params_are_rejected(bad, message):
+    with pytest.raises(ValueError, match=message):
         SamplingParams(**bad)

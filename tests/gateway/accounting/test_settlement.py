@@ -112,7 +112,8 @@ def test_an_answered_request_is_charged_the_engine_usage(
         assert response.status_code == 200
         response.read()
     record = _usage_record(sqlite_db_url, tenant_id)
-    assert record.status.value == "completed" and record.streamed is stream
+    assert record.status.value == "completed"
+    assert record.streamed is stream
     assert (record.prompt_tokens, record.completion_tokens) == (ENGINE_PROMPT_TOKENS, NUM_CHUNKS)
     # prices per million tokens: input 1,000,000 and output 2,000,000 micros
     assert record.cost_micros == ENGINE_PROMPT_TOKENS * 1 + NUM_CHUNKS * 2
@@ -159,7 +160,8 @@ def test_a_request_the_engine_fails_is_released_and_charged_nothing(
         headers={"authorization": f"Bearer {key}"},
         timeout=30,
     )
-    assert response.status_code >= 500 and response.json()["error"]["type"] == "server_error"
+    assert response.status_code >= 500
+    assert response.json()["error"]["type"] == "server_error"
     assert engine.requests  # it did reach the engine
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "upstream_error"
@@ -180,7 +182,8 @@ def test_a_refused_request_is_recorded_and_holds_nothing(
     )
     assert response.status_code == 429
     record = _usage_record(sqlite_db_url, tenant_id)
-    assert record.status.value == "rejected" and record.reject_reason == "insufficient_quota"
+    assert record.status.value == "rejected"
+    assert record.reject_reason == "insufficient_quota"
     assert (record.prompt_tokens, record.completion_tokens) == (0, 0)
     assert engine.requests == []
     assert _budget(base, key) == (0, 0)

@@ -102,10 +102,12 @@ async def test_a_request_without_limits_counts_nothing(replica: Replica) -> None
 async def test_admits_rate_limit_and_budget_together(replica: Replica) -> None:
     result = await replica.store.admit(ask(40, rpm=5, tpm=1000, limit=100))
     assert isinstance(result, Counted)
-    assert result.window is not None and result.window.is_admitted
+    assert result.window is not None
+    assert result.window.is_admitted
     assert (result.window.num_requests, result.window.num_tokens) == (1, 40)
     reservation = result.reservation
-    assert reservation is not None and result.balance is None
+    assert reservation is not None
+    assert result.balance is None
     assert (reservation.tenant_id, reservation.period_key, reservation.tokens) == (
         TENANT,
         MONTH,
@@ -126,7 +128,8 @@ async def test_a_changed_epoch_counts_nothing_and_says_the_new_one(replica: Repl
     assert await replica.ledger.balance(TENANT, MONTH) == Balance(used=0, reserved=0)
     # Nothing was counted: the one request rpm allows is still there.
     result = await replica.store.admit(ask(rpm=1, limit=100, epoch=epoch))
-    assert isinstance(result, Counted) and result.reservation is not None
+    assert isinstance(result, Counted)
+    assert result.reservation is not None
 
 
 async def test_every_bump_is_a_new_epoch(replica: Replica) -> None:
@@ -145,7 +148,8 @@ async def test_an_unknown_balance_counts_nothing_until_rebuilt(
     assert await replica.store.admit(ask(rpm=1, limit=100)) == BalanceUnknown()
     assert await replica.ledger.rebuild(TENANT, MONTH, 95)
     result = await replica.store.admit(ask(5, rpm=1, limit=100))  # the rpm slot is still free
-    assert isinstance(result, Counted) and result.reservation is not None
+    assert isinstance(result, Counted)
+    assert result.reservation is not None
     assert await replica.ledger.balance(TENANT, MONTH) == Balance(used=95, reserved=5)
 
 
@@ -154,9 +158,11 @@ async def test_a_rate_limit_refusal_reserves_nothing(replica: Replica) -> None:
     assert isinstance(await replica.store.admit(ask(rpm=1, limit=100, now=now)), Counted)
     result = await replica.store.admit(ask(rpm=1, limit=100, now=now + 1))
     assert isinstance(result, Counted)
-    assert result.window is not None and not result.window.is_admitted
+    assert result.window is not None
+    assert not result.window.is_admitted
     assert result.window.requests_fit_at == pytest.approx(now + 60, abs=0.01)
-    assert result.reservation is None and result.balance is None
+    assert result.reservation is None
+    assert result.balance is None
     assert await replica.ledger.balance(TENANT, MONTH) == Balance(used=0, reserved=10)
 
 
@@ -166,10 +172,13 @@ async def test_a_budget_refusal_says_the_balance_and_keeps_the_hit(replica: Repl
     assert isinstance(result, Counted)
     assert result.reservation is None
     assert result.balance == Balance(used=0, reserved=60)
-    assert result.window is not None and result.window.is_admitted  # as before: it counts
+    assert result.window is not None
+    assert result.window.is_admitted
     exact = await replica.store.admit(ask(40, tpm=1000, limit=100))
-    assert isinstance(exact, Counted) and exact.reservation is not None
-    assert exact.window is not None and exact.window.num_tokens == 81
+    assert isinstance(exact, Counted)
+    assert exact.reservation is not None
+    assert exact.window is not None
+    assert exact.window.num_tokens == 81
 
 
 async def test_tenants_have_separate_windows(replica: Replica) -> None:
@@ -177,8 +186,10 @@ async def test_tenants_have_separate_windows(replica: Replica) -> None:
     assert isinstance(await replica.store.admit(ask(10, rpm=1, tpm=10, now=now)), Counted)
     other = AdmissionAsk("other", INITIAL_EPOCH, 10, 1, 10, now, None)
     result = await replica.store.admit(other)
-    assert isinstance(result, Counted) and result.window is not None
-    assert result.window.is_admitted and result.window.num_tokens == 10
+    assert isinstance(result, Counted)
+    assert result.window is not None
+    assert result.window.is_admitted
+    assert result.window.num_tokens == 10
 
 
 async def test_concurrent_hits_on_two_replicas_stay_within_the_rate_limits(
@@ -198,7 +209,8 @@ async def test_concurrent_hits_on_two_replicas_stay_within_the_rate_limits(
     ) -> WindowState:
         request = AdmissionAsk(tenant_id, INITIAL_EPOCH, tokens, rpm, tpm, at, None)
         result = await replicas[next(turns) % 2].store.admit(request)
-        assert isinstance(result, Counted) and result.window is not None
+        assert isinstance(result, Counted)
+        assert result.window is not None
         return result.window
 
     by_requests = await asyncio.gather(*(hit("r", 7, rpm=50) for _ in range(200)))
@@ -212,9 +224,9 @@ async def test_concurrent_hits_on_two_replicas_stay_within_the_rate_limits(
 
 
 async def test_bad_arguments_are_refused(replica: Replica) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one token"):
         await replica.store.admit(ask(0, limit=100))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rpm_limit must be >= 0"):
         await replica.store.admit(ask(rpm=-1))
 
 
@@ -321,7 +333,8 @@ async def test_budget_cases_through_the_admission_step(
         if isinstance(result, BalanceUnknown):  # a new period: the gateway rebuilds it
             await replica.ledger.rebuild(budget_cases.TENANT, period_key, 0)
             result = await replica.store.admit(ask)
-        assert isinstance(result, Counted) and result.window is None
+        assert isinstance(result, Counted)
+        assert result.window is None
         if result.reservation is None:  # the balance it refused on refuses under the policy
             balance = result.balance
             assert balance is not None
@@ -353,8 +366,11 @@ async def test_rate_limit_cases_through_the_admission_step(
         ask = AdmissionAsk(rate_limit_cases.TENANT, INITIAL_EPOCH, hit.tokens, rpm, tpm, now, None)
         result = await replica.store.admit(ask)
         if rpm is None and tpm is None:  # no window is consulted: admitted, nothing counted
-            assert hit.is_admitted and result == Counted(window=None)
+            assert hit.is_admitted
+            assert result == Counted(window=None)
             continue
-        assert isinstance(result, Counted) and result.window is not None
-        assert result.reservation is None and result.balance is None
+        assert isinstance(result, Counted)
+        assert result.window is not None
+        assert result.reservation is None
+        assert result.balance is None
         rate_limit_cases.check_hit(case, hit, result.window)

@@ -150,7 +150,8 @@ def test_an_unknown_or_forbidden_model_never_reaches_the_engine(
     engine, base = stack
     _, key = tenant_key(sqlite_db_url)
     unknown = _chat(base, key, model="no-such-model", max_tokens=4)
-    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
     _, limited = tenant_key(sqlite_db_url, allowed_models=["some-other-model"])
     forbidden = _chat(base, limited, max_tokens=4)
     assert forbidden.status_code == 403, forbidden.text
@@ -169,7 +170,8 @@ def test_the_output_cap_decides_the_max_tokens_forwarded(
     assert [body["max_tokens"] for _, body in engine.requests] == [5, 3]
     _, strict = tenant_key(sqlite_db_url, max_output_tokens=5)
     refused = _chat(base, strict, max_tokens=50)
-    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_value"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "invalid_value"
     assert len(engine.requests) == 2
 
 
@@ -238,7 +240,8 @@ async def test_a_refusal_under_a_quota_changed_meanwhile_is_decided_again(
     admission = await admitter(db, epochs, keys).admit(
         cached_key(TenantQuota(max_output_tokens=10)), BODY, None
     )
-    assert isinstance(admission, Admission) and admission.max_tokens == 40
+    assert isinstance(admission, Admission)
+    assert admission.max_tokens == 40
     assert keys.reloads == [epochs.current_now("acme")]
 
 
@@ -247,7 +250,8 @@ async def test_a_refusal_under_the_current_quota_stands(db: Database) -> None:
     refusal = await admitter(db, MemoryAuthEpochs(), keys).admit(
         cached_key(TenantQuota(max_output_tokens=10)), BODY, None
     )
-    assert isinstance(refusal, Refusal) and refusal.rejection.status == 400
+    assert isinstance(refusal, Refusal)
+    assert refusal.rejection.status == 400
     assert keys.reloads == []
 
 

@@ -73,12 +73,14 @@ async def test_an_unknown_balance_is_rebuilt_from_the_records_then_reserved(
     with database.transaction() as session:
         insert_usage(session, [_record(prompt_tokens=40, completion_tokens=10)])
     admission = await step.count(key(budget_tokens=100, budget_period="total"), PLAN)
-    assert isinstance(admission, Admission) and admission.reservation is not None
+    assert isinstance(admission, Admission)
+    assert admission.reservation is not None
     assert admission.reservation.tokens == PLAN.tokens == 30
     period = admission.reservation.period_key
     assert await ledger.balance("acme", period) == Balance(used=50, reserved=30)
     refusal = await step.count(key(budget_tokens=100, budget_period="total"), PLAN)
-    assert isinstance(refusal, Refusal) and refusal.rejection.code == "insufficient_quota"
+    assert isinstance(refusal, Refusal)
+    assert refusal.rejection.code == "insufficient_quota"
 
 
 async def test_over_the_budget_is_refused_with_the_plans_facts(step: CountingStep) -> None:
@@ -92,16 +94,19 @@ async def test_over_the_rate_limit_is_refused_and_admitted_hits_get_headers(
     step: CountingStep,
 ) -> None:
     admitted = await step.count(key(rpm=1), PLAN)
-    assert isinstance(admitted, Admission) and admitted.reservation is None
+    assert isinstance(admitted, Admission)
+    assert admitted.reservation is None
     assert admitted.headers["x-ratelimit-remaining-requests"] == "0"
     refused = await step.count(key(rpm=1), PLAN)
-    assert isinstance(refused, Refusal) and refused.rejection.code == "rate_limit_exceeded"
+    assert isinstance(refused, Refusal)
+    assert refused.rejection.code == "rate_limit_exceeded"
 
 
 async def test_a_changed_epoch_is_handed_back_uncounted(step: CountingStep) -> None:
     stale = CachedKey(key(rpm=1).caller, "hash", "an-old-epoch", None, 0.0, 0.0)
     changed = await step.count(stale, PLAN)
-    assert not isinstance(changed, Admission | Refusal) and changed.epoch == INITIAL_EPOCH
+    assert not isinstance(changed, Admission | Refusal)
+    assert changed.epoch == INITIAL_EPOCH
     assert isinstance(await step.count(key(rpm=1), PLAN), Admission)  # nothing was counted
 
 

@@ -76,14 +76,16 @@ async def test_a_rollout_is_served_under_its_name_by_a_version() -> None:
 async def test_an_alias_is_routed_reading_the_large_versions_load() -> None:
     load = RecordedLoad(PoolLoad(num_waiting=0, kv_usage=0.0))
     plan = await planner(load).plan(caller(), chat("auto", tollway_hint="large"), None)
-    assert isinstance(plan, AdmissionPlan) and plan.route is not None
+    assert isinstance(plan, AdmissionPlan)
+    assert plan.route is not None
     assert (plan.served_model, plan.version, plan.route.size) == ("large", "large-v1", "large")
     assert load.asked == ["large-v1"]
 
 
 async def test_an_unknown_model_is_refused_before_anything_is_decided() -> None:
     refusal = await planner().plan(caller(), chat("nope"), None)
-    assert isinstance(refusal, Refusal) and refusal.rejection.status == 404
+    assert isinstance(refusal, Refusal)
+    assert refusal.rejection.status == 404
     assert (refusal.served_model, refusal.version, refusal.prompt_tokens) == (None, None, 0)
 
 
@@ -106,4 +108,5 @@ async def test_a_refusal_keeps_what_was_decided_before_it(
 
 async def test_an_unknown_priority_is_refused() -> None:
     refusal = await planner().plan(caller(), chat("small"), "urgent-please")
-    assert isinstance(refusal, Refusal) and refusal.rejection.status == 400
+    assert isinstance(refusal, Refusal)
+    assert refusal.rejection.status == 400

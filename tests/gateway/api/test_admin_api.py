@@ -91,7 +91,8 @@ def jsonable(record: UsageEntry) -> dict[str, Any]:
 def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
     assert error["param"] == param
     return dict(error)
 
@@ -146,7 +147,8 @@ async def test_a_tenant_key_is_known_but_not_allowed(client: httpx.AsyncClient) 
     response = await client.get("/admin/tenants", headers={"Authorization": f"Bearer {key}"})
     error = assert_error(response, 403)
     assert (error["type"], error["code"]) == ("permission_error", "insufficient_permissions")
-    assert "admin key" in error["message"] and key not in response.text
+    assert "admin key" in error["message"]
+    assert key not in response.text
     made_up = "tw-" + "A" * (len(key) - 3)
     for token in (made_up, key[:-1], key + "x"):
         response = await client.get("/admin/tenants", headers={"Authorization": f"Bearer {token}"})
@@ -168,19 +170,23 @@ def test_the_admin_key_hash_must_be_a_sha256_hex_digest(db: Database) -> None:
 
 async def test_tenant_create_read_update_delete(client: httpx.AsyncClient) -> None:
     created = await create(client, "b-corp", name="B", tier="pro", quota={"rpm": 60})
-    assert created["object"] == "tenant" and created["name"] == "B" and created["tier"] == "pro"
+    assert created["object"] == "tenant"
+    assert created["name"] == "B"
+    assert created["tier"] == "pro"
     assert created["quota"] == {**TenantQuota(rpm=60, tier="pro").to_dict()}
     assert created["created_at"] == created["updated_at"] == iso(NOW)
     await create(client, "a-corp")
 
     assert (await client.get("/admin/tenants/b-corp")).json() == created
     listed = (await client.get("/admin/tenants")).json()
-    assert listed["object"] == "list" and [t["id"] for t in listed["data"]] == ["a-corp", "b-corp"]
+    assert listed["object"] == "list"
+    assert [t["id"] for t in listed["data"]] == ["a-corp", "b-corp"]
 
     patched = await client.patch("/admin/tenants/b-corp", json={"name": "Bee", "tier": "free"})
     assert patched.status_code == 200
     assert (patched.json()["name"], patched.json()["tier"]) == ("Bee", "free")
-    assert patched.json()["quota"]["tier"] == "free" and patched.json()["quota"]["rpm"] == 60
+    assert patched.json()["quota"]["tier"] == "free"
+    assert patched.json()["quota"]["rpm"] == 60
     renamed = await client.patch("/admin/tenants/b-corp", json={"name": "B2"})
     assert (renamed.json()["name"], renamed.json()["tier"]) == ("B2", "free")
 
@@ -324,30 +330,39 @@ async def test_a_key_is_shown_once_listed_by_prefix_and_revoked_at_once(
     response = await client.post(
         "/admin/tenants/acme/keys", json={"name": "ci", "priority": "batch"}
     )
-    assert response.status_code == 201 and response.headers["cache-control"] == "no-store"
+    assert response.status_code == 201
+    assert response.headers["cache-control"] == "no-store"
     created = response.json()
     key = created["key"]
-    assert key.startswith("tw-") and created["prefix"] == key[:12] and created["name"] == "ci"
-    assert created["priority"] == "batch" and created["revoked_at"] is None
+    assert key.startswith("tw-")
+    assert created["prefix"] == key[:12]
+    assert created["name"] == "ci"
+    assert created["priority"] == "batch"
+    assert created["revoked_at"] is None
     second = (await client.post("/admin/tenants/acme/keys")).json()  # an empty body is fine
 
     listed = await client.get("/admin/tenants/acme/keys")  # same created_at: then by id
     prefixes = {k["id"]: k["prefix"] for k in listed.json()["data"]}
     assert prefixes == {created["id"]: key[:12], second["id"]: second["key"][:12]}
-    assert key not in listed.text and hash_key(key) not in listed.text
-    assert "key" not in listed.json()["data"][0] and "key_hash" not in listed.json()["data"][0]
+    assert key not in listed.text
+    assert hash_key(key) not in listed.text
+    assert "key" not in listed.json()["data"][0]
+    assert "key_hash" not in listed.json()["data"][0]
     with db.session() as session:
         found = authenticate(session, key)
-        assert found is not None and found.key.id == created["id"]
+        assert found is not None
+        assert found.key.id == created["id"]
 
     revoked = await client.delete(f"/admin/keys/{created['id']}")
-    assert revoked.status_code == 200 and revoked.json()["revoked_at"] == iso(NOW)
+    assert revoked.status_code == 200
+    assert revoked.json()["revoked_at"] == iso(NOW)
     assert "key" not in revoked.json()
     with db.session() as session:
         assert authenticate(session, key) is None
         assert authenticate(session, second["key"]) is not None
     again = await client.delete(f"/admin/keys/{created['id']}")  # idempotent
-    assert again.status_code == 200 and again.json() == revoked.json()
+    assert again.status_code == 200
+    assert again.json() == revoked.json()
     listed_after = (await client.get("/admin/tenants/acme/keys")).json()["data"]
     revoked_at = {k["id"]: k["revoked_at"] for k in listed_after}
     assert revoked_at == {created["id"]: iso(NOW), second["id"]: None}
@@ -434,7 +449,8 @@ async def test_usage_pages_return_every_record_exactly_once(
     await create(client, "odd")
     insert(db, [entry(n, tenant_id="even" if n % 2 == 0 else "odd") for n in range(25)])
     seen, num_pages = await read_all(client, "/admin/usage", format_, limit=4)
-    assert seen == [f"req-{n}" for n in range(25)] and num_pages == 7
+    assert seen == [f"req-{n}" for n in range(25)]
+    assert num_pages == 7
 
     evens, _ = await read_all(client, "/admin/usage", format_, limit=5, tenant_id="even")
     assert evens == [f"req-{n}" for n in range(0, 25, 2)]
@@ -453,7 +469,8 @@ async def test_an_empty_window_is_valid_and_empty(client: httpx.AsyncClient, db:
         )
         assert parse_records(response, format_) == ([], None)
     summary = await client.get("/admin/usage/summary", params={"start": moment, "end": moment})
-    assert summary.status_code == 200 and summary.json()["data"] == []
+    assert summary.status_code == 200
+    assert summary.json()["data"] == []
 
 
 async def test_ids_that_no_database_can_hold_are_404s(client: httpx.AsyncClient) -> None:
@@ -510,9 +527,11 @@ async def test_exports_without_a_limit_stream_everything(
     insert(db, [entry(n, created_at=T0 + timedelta(seconds=n)) for n in range(2500)])
     response = await client.get("/admin/usage", params={"format": format_, "cursor": 10})
     ids, cursor = parse_records(response, format_)
-    assert ids == [f"req-{n}" for n in range(10, 2500)] and cursor is None
+    assert ids == [f"req-{n}" for n in range(10, 2500)]
+    assert cursor is None
     page = (await client.get("/admin/usage")).json()
-    assert len(page["data"]) == 100 and page["next_cursor"] == 100  # json: default page size
+    assert len(page["data"]) == 100
+    assert page["next_cursor"] == 100
 
 
 @pytest.mark.parametrize(
@@ -590,13 +609,15 @@ async def test_usage_summary_totals_per_tenant_and_model(
         ("bolt", "small"): (1, 11, 1234),
     }
     month = await summary(tenant_id="acme")  # month by default
-    assert month["period"] == "month" and month["start"] == "2025-03-01T00:00:00Z"
+    assert month["period"] == "month"
+    assert month["start"] == "2025-03-01T00:00:00Z"
     assert rows(month) == {("acme", "small"): (2, 217, 2468), ("acme", "large"): (1, 60, 5)}
     total = await summary(period="total", tenant_id="acme")
     assert (total["start"], total["end"]) == (None, None)
     assert rows(total)[("acme", "small")] == (3, 327, 3702)
     explicit = await summary(start="2025-02-01", end="2025-03-13")
-    assert explicit["period"] is None and rows(explicit) == {("acme", "small"): (2, 217, 2468)}
+    assert explicit["period"] is None
+    assert rows(explicit) == {("acme", "small"): (2, 217, 2468)}
     entry_fields = month["data"][0]
     assert {"prompt_tokens", "cached_tokens", "completion_tokens"} <= set(entry_fields)
 
@@ -635,7 +656,8 @@ async def test_the_openapi_document_lists_every_endpoint(
         for method in route.methods or ()
         if method != "HEAD"
     }
-    assert len(expected) == 14 and set(operations) == expected
+    assert len(expected) == 14
+    assert set(operations) == expected
     for (path, method), operation in operations.items():
         assert operation["summary"]
         success = [code for code in operation["responses"] if code.startswith("2")]

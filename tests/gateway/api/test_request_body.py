@@ -78,7 +78,9 @@ def test_null_is_not_given_and_not_forwarded() -> None:
         ),
         "chat",
     )
-    assert body.is_stream is False and body.include_usage is False and body.max_tokens is None
+    assert body.is_stream is False
+    assert body.include_usage is False
+    assert body.max_tokens is None
     assert body.raw == {"model": "tiny", "messages": MESSAGES, "stream_options": {}}
 
 
@@ -86,7 +88,8 @@ def test_max_completion_tokens_wins_and_edges_pass() -> None:
     body = parse_body(chat(max_tokens=5, max_completion_tokens=7, seed=-(2**63)), "chat")
     assert body.max_tokens == 7
     body = parse_body({"model": "tiny", "prompt": [1, 2], "max_tokens": 2**31 - 1}, "completions")
-    assert body.max_tokens == 2**31 - 1 and body.prompt == [1, 2]
+    assert body.max_tokens == 2**31 - 1
+    assert body.prompt == [1, 2]
 
 
 def test_requested_model_is_only_what_a_record_can_hold() -> None:
@@ -121,12 +124,14 @@ async def test_deeply_nested_json_is_400(client: httpx.AsyncClient, path: str, d
     response = await client.post(path, content=nested(depth))
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["code"] == "invalid_json" and "nested too deeply" in error["message"]
+    assert error["code"] == "invalid_json"
+    assert "nested too deeply" in error["message"]
 
 
 async def test_nesting_under_the_cap_parses(client: httpx.AsyncClient) -> None:
     response = await client.post("/echo", content=nested(62))
-    assert response.status_code == 200 and response.json()["name"] == "t"
+    assert response.status_code == 200
+    assert response.json()["name"] == "t"
 
 
 @pytest.mark.parametrize("content", [b'{"a": NaN}', b'{"a": "\\udc00"}', b"[1]", b"\xff"])
@@ -134,7 +139,8 @@ async def test_what_cannot_be_stored_or_is_no_object_is_400(
     client: httpx.AsyncClient, content: bytes
 ) -> None:
     response = await client.post("/echo", content=content)
-    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
 
 
 async def test_a_compressed_body_is_415(client: httpx.AsyncClient) -> None:
@@ -151,5 +157,6 @@ async def test_a_compressed_body_is_415(client: httpx.AsyncClient) -> None:
 
 async def test_a_405_says_what_is_allowed(client: httpx.AsyncClient) -> None:
     response = await client.request("TRACE", "/echo")
-    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}

@@ -125,6 +125,6 @@ async def test_an_answer_is_settled_once_however_sending_ends(fails_at: str | No
         await answer(SCOPE, receive, send)
         assert sent == ["http.response.start", "http.response.body"]
     else:
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="the client is gone"):
             await answer(SCOPE, receive, send)
     assert settled == ["settled"]

@@ -124,7 +124,8 @@ async def test_a_key_sees_only_its_own_tenants_usage(
     assert len(request_ids(own)) == 7
     other = await client.get(f"/v1/usage?tenant_id=b&format={format_}", headers=bearer(keys["a"]))
     assert_error(other, 403, "permission_denied")
-    assert other.json()["error"]["type"] == "permission_error" and "b-0" not in other.text
+    assert other.json()["error"]["type"] == "permission_error"
+    assert "b-0" not in other.text
 
 
 @pytest.mark.usefixtures("records")
@@ -210,7 +211,8 @@ async def test_a_key_never_sees_another_tenants_budget(
         "permission_denied",
     )
     own = await client.get("/v1/budget?tenant_id=a", headers=bearer(keys["a"]))
-    assert own.json()["tenant_id"] == "a" and own.json()["used"] == 300
+    assert own.json()["tenant_id"] == "a"
+    assert own.json()["used"] == 300
     admin_view = await client.get("/admin/tenants/b/budget", headers=bearer(ADMIN_KEY))
     assert admin_view.json() == b
 

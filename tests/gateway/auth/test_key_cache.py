@@ -72,11 +72,13 @@ async def test_a_key_is_read_once_then_served_from_memory(
     cache = KeyCache(db, new_epochs(), ttl_s=60)
     token = new_key(db)
     entry = await cache.key(token)
-    assert entry.caller.tenant_id == "acme" and entry.caller.quota.rpm == 5
+    assert entry.caller.tenant_id == "acme"
+    assert entry.caller.quota.rpm == 5
     assert entry.epoch == INITIAL_EPOCH
     revoke_all(db)  # behind the cache's back: no epoch bump
     assert await cache.key(token) is entry
-    assert "key_hash" not in repr(entry) and token not in repr(entry)
+    assert "key_hash" not in repr(entry)
+    assert token not in repr(entry)
 
 
 async def test_unknown_keys_are_refused_and_never_cached(

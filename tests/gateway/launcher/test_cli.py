@@ -44,7 +44,8 @@ def test_engine_reports_a_missing_checkpoint_clearly(tmp_path):
     result = runner.invoke(app, ["engine", "--model", str(tmp_path / "nowhere")])
     assert result.exit_code != 0
     assert result.exit_code == 1
-    assert "error:" in result.output and "config.json" in result.output
+    assert "error:" in result.output
+    assert "config.json" in result.output
 
 
 # -- GGUF files the engine cannot serve: one line naming what is wrong, exit 1 -------------
@@ -89,7 +90,8 @@ def _assert_one_line_error(result: Result, pattern: str) -> None:
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: "), result.output
     assert re.search(pattern, lines[0]), lines[0]
 
 

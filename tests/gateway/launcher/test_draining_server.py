@@ -145,7 +145,8 @@ def test_sigterm_reports_not_ready_then_lets_streams_finish(tmp_path: Path) -> N
     ):
         assert httpx.get(f"{base}/ready").json() == {"status": "ready"}
         stream = Stream(base, key, num_words)
-        assert stream.first_word.wait(30) and stream.status == 200
+        assert stream.first_word.wait(30)
+        assert stream.status == 200
         process.send_signal(signal.SIGTERM)
 
         # Still serving during the delay, but not ready: load balancers stop sending.
@@ -159,7 +160,8 @@ def test_sigterm_reports_not_ready_then_lets_streams_finish(tmp_path: Path) -> N
         assert process.poll() is None
 
         stream.join()
-        assert stream.is_done and stream.num_words == num_words
+        assert stream.is_done
+        assert stream.num_words == num_words
         assert process.wait(timeout=30) == 0, "".join(lines)
     assert usage_records(tmp_path / "data") == [("completed", num_words)]
 
@@ -171,12 +173,14 @@ def test_streams_still_running_after_the_grace_period_are_cut(tmp_path: Path) ->
         serving(engine, tmp_path, drain_delay_s=0, drain_grace_s=1) as (process, base, key, lines),
     ):
         stream = Stream(base, key, num_words)
-        assert stream.first_word.wait(30) and stream.status == 200
+        assert stream.first_word.wait(30)
+        assert stream.status == 200
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0, "".join(lines)
         assert time.monotonic() - signalled < 8  # drain_grace_s, not a default of 10 s or more
         stream.join()
-        assert not stream.is_done and stream.num_words < num_words
+        assert not stream.is_done
+        assert stream.num_words < num_words
     # Billed for what was relayed, as for a client that leaves.
     assert usage_records(tmp_path / "data") == [("cancelled", stream.num_words)]

@@ -87,7 +87,8 @@ def test_engine_settings_in_spawn_args_reach_the_engines_config(
         max_model_len=256,
         kv_cache_memory_bytes=1 << 20,
     )
-    assert where["uds"] == str(spec.socket_path) and where["model_name"] == "small"
+    assert where["uds"] == str(spec.socket_path)
+    assert where["model_name"] == "small"
 
 
 def test_an_engine_is_ready_only_once_its_model_is_loaded(
@@ -115,4 +116,5 @@ def test_an_engine_is_ready_only_once_its_model_is_loaded(
     finally:
         gate.set()
         stop_thread(server, thread)
-    assert not is_socket_healthy(socket_path) and not is_socket_ready(socket_path)
+    assert not is_socket_healthy(socket_path)
+    assert not is_socket_ready(socket_path)

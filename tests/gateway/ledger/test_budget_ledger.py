@@ -189,7 +189,8 @@ async def test_expires_at_is_ttl_after_reserving(ledgers: Ledgers) -> None:
     first = await ledger.reserve(TENANT, DAY, 100, 10, ttl_s=10.0)
     second = await ledger.reserve(TENANT, DAY, 100, 10, ttl_s=20.0)
     between = time.monotonic() - started  # Redis: its clock moves on between the two
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert first.reservation_id != second.reservation_id
     assert 10.0 - MS <= second.expires_at - first.expires_at <= 10.0 + between + MS
 
@@ -224,11 +225,18 @@ async def test_balances_are_per_tenant_and_period(ledger: BudgetLedger) -> None:
     assert not await ledger.is_known("a", "b:c")
 
 
-@pytest.mark.parametrize(("limit", "tokens", "ttl_s"), [(-1, 1, 1.0), (10, 0, 1.0), (10, 1, 0.0)])
+@pytest.mark.parametrize(
+    ("limit", "tokens", "ttl_s", "message"),
+    [
+        (-1, 1, 1.0, "budget limit must be >= 0"),
+        (10, 0, 1.0, "at least one token"),
+        (10, 1, 0.0, "ttl_s must be > 0"),
+    ],
+)
 async def test_reserve_rejects_bad_arguments(
-    ledger: BudgetLedger, limit: int, tokens: int, ttl_s: float
+    ledger: BudgetLedger, limit: int, tokens: int, ttl_s: float, message: str
 ) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         await ledger.reserve(TENANT, DAY, limit, tokens, ttl_s)
 
 

@@ -55,7 +55,8 @@ async def test_a_balance_from_before_the_reserved_field_is_summed_once(redis_url
     try:
         first = await ledger.reserve(TENANT, DAY, 1_000, 300, TTL_S)
         second = await ledger.reserve(TENANT, DAY, 1_000, 200, TTL_S)
-        assert first is not None and second is not None
+        assert first is not None
+        assert second is not None
         # As an older gateway left it: reservation_tokens filled, no `reserved` field.
         await client.execute_command("HDEL", BudgetKeys.of(TENANT, DAY).account, "reserved")
         assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=500)
@@ -107,7 +108,8 @@ async def test_a_lapsed_reservation_counts_once_then_is_forgotten(redis_url: str
     try:
         late = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=TTL_S)
         lost = await ledger.reserve(TENANT, DAY, 1_000, 10, ttl_s=TTL_S)
-        assert late is not None and lost is not None
+        assert late is not None
+        assert lost is not None
         await let_ledger_time_pass(client, TTL_S)
         assert await ledger.balance(TENANT, DAY) == Balance(used=0, reserved=0)
         assert await client.execute_command("ZCARD", keys.lapsed) == 2

@@ -73,10 +73,15 @@ async def test_tenants_have_separate_windows(store: MemoryRateLimitStore) -> Non
     assert (await store.hit("a", 10, rpm_limit=1, tpm_limit=10, now=T0)).is_admitted
     assert not (await store.hit("a", 1, rpm_limit=None, tpm_limit=10, now=T0)).is_admitted
     other = await store.hit("b", 10, rpm_limit=1, tpm_limit=10, now=T0)
-    assert other.is_admitted and other.num_tokens == 10
+    assert other.is_admitted
+    assert other.num_tokens == 10
 
 
 async def test_hit_rejects_bad_arguments(store: MemoryRateLimitStore) -> None:
-    for tokens, rpm, tpm in [(-1, None, None), (1, -1, None), (1, None, -1)]:
-        with pytest.raises(ValueError):
+    for tokens, rpm, tpm, name in [
+        (-1, None, None, "tokens"),
+        (1, -1, None, "rpm_limit"),
+        (1, None, -1, "tpm_limit"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{name} must be >= 0"):
             await store.hit(TENANT, tokens, rpm, tpm, now=T0)

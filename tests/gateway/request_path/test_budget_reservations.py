@@ -18,10 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.gateway.request_path.conftest import SMALL, Engines, settings_for
+from tests.gateway.request_path.test_openai_sdk import usage_records
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import SMALL, Engines, settings_for
-from .test_openai_sdk import usage_records
 
 BUDGET = 170
 NUM_REQUESTS = 30

@@ -12,10 +12,9 @@ import pytest
 
 from backend_engine.core.request import Request
 from backend_engine.text.output_processor import OutputProcessor
+from tests.gateway.request_path.conftest import SMALL, Engines, settings_for
+from tests.gateway.request_path.test_openai_sdk import usage_records
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import SMALL, Engines, settings_for
-from .test_openai_sdk import usage_records
 
 
 @pytest.mark.parametrize("is_stream", [False, True])
@@ -52,7 +51,8 @@ def test_an_engine_500_reaches_the_client_as_a_502_upstream_error(
         assert response.headers["content-type"] == "application/json"
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
-        assert error["type"] == "server_error" and error["code"] == "upstream_error"
+        assert error["type"] == "server_error"
+        assert error["code"] == "upstream_error"
         assert "injected" not in error["message"]  # the engine's internals stay inside
         other = client.post(
             "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {other_key}"}

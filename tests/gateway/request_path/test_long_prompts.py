@@ -24,9 +24,8 @@ import pytest
 
 from gateway.admission.token_counter import exact_counter
 from gateway.settings import GatewaySettings
+from tests.gateway.request_path.conftest import CONTEXT_WINDOW, LARGE, SMALL, Engines
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import CONTEXT_WINDOW, LARGE, SMALL, Engines
 
 ONE_MIB = 1 << 20
 HANG_S = 60.0  # a wait that ends only if something hangs: the failure, not a time limit

@@ -18,9 +18,8 @@ from gateway.api.completions import VERSION_HEADER
 from gateway.rollouts import resolve_version
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
+from tests.gateway.request_path.test_openai_sdk import usage_records
 from tests.support.stand_in_stack import TappedEngine, gateway, stand_in_engine, tenant_key
-
-from .test_openai_sdk import usage_records
 
 LLAMA_ID = "meta-llama/Llama-3.1-8B-Instruct"
 ADMIN_KEY = "admin-" + "v" * 40
@@ -118,7 +117,8 @@ def test_a_stream_carries_the_public_name_and_the_version_header(
         assert response.headers[VERSION_HEADER] == "large-v1"
         lines = [line for line in response.iter_lines() if line.startswith("data: {")]
     chunks = [json.loads(line[len("data: ") :]) for line in lines]
-    assert len(chunks) >= 4 and {c["model"] for c in chunks} == {"large"}
+    assert len(chunks) >= 4
+    assert {c["model"] for c in chunks} == {"large"}
     assert stack.engine_models("large-v1") == [LLAMA_ID]
 
 
@@ -134,7 +134,8 @@ def test_the_version_is_recorded_priced_and_summed(stack: Stack, sqlite_db_url: 
     assert {r.served_model for r in records} == {"large"}
     for record in records:  # 3 output tokens each, at the version's own price (input: free)
         per_token = 1 if record.model_version == "large-v1" else 3
-        assert record.completion_tokens == 3 and record.cost_micros == 3 * per_token
+        assert record.completion_tokens == 3
+        assert record.cost_micros == 3 * per_token
     usage = httpx.get(f"{stack.base}/v1/usage", headers={"authorization": f"Bearer {key}"})
     assert {r["model_version"] for r in usage.json()["data"]} == set(versions)
     summary = httpx.get(
@@ -157,7 +158,8 @@ def test_an_alias_routes_first_then_the_rollout_picks(stack: Stack, sqlite_db_ur
     assert response.headers[VERSION_HEADER] == stack.version_for(tenant_id, "alice")
     assert response.json()["model"] == "large"
     small = post(stack, key, model="auto", tollway_hint="small")
-    assert small.headers[VERSION_HEADER] == "small" and small.json()["model"] == "small"
+    assert small.headers[VERSION_HEADER] == "small"
+    assert small.json()["model"] == "small"
     assert stack.engine_models("small") == ["small"]
 
 

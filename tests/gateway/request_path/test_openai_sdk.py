@@ -12,10 +12,9 @@ import pytest
 
 from gateway.storage.database import Database
 from gateway.storage.usage_store import MAX_PAGE_SIZE, list_usage
+from tests.gateway.request_path.conftest import METRICS_AUTH, SMALL, Engines, settings_for
 from tests.support.polling import wait_until
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 
 
 def usage_records(db_url: str, tenant_id: str, count: int, timeout: float = 10.0) -> list:
@@ -54,9 +53,11 @@ def test_sync_chat_and_completion(served: tuple[str, str, str], db_url: str) -> 
         model=SMALL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=5
     )
     assert chat.choices[0].message.role == "assistant"
-    assert chat.usage is not None and chat.usage.completion_tokens <= 5
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens <= 5
     text = client.completions.create(model=SMALL, prompt="Once upon a time", max_tokens=4)
-    assert text.usage is not None and text.usage.completion_tokens <= 4
+    assert text.usage is not None
+    assert text.usage.completion_tokens <= 4
     assert [m.id for m in client.models.list().data] == sorted(["auto", SMALL, "tiny-large"])
 
     records = usage_records(db_url, tenant_id, 2)
@@ -81,14 +82,16 @@ async def test_async_streaming_with_and_without_usage(
         extra_body={"ignore_eos": True},
     )
     chunks = [chunk async for chunk in stream]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
     assert all(c.usage is None for c in chunks[:-1])
 
     plain = await client.completions.create(
         model=SMALL, prompt="abc", max_tokens=3, stream=True, extra_body={"ignore_eos": True}
     )
     texts = [chunk async for chunk in plain]
-    assert texts and all(getattr(c, "usage", None) is None for c in texts)
+    assert texts
+    assert all(getattr(c, "usage", None) is None for c in texts)
     await client.close()
 
     records = usage_records(db_url, tenant_id, 2)

@@ -28,9 +28,8 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from gateway.app import build_gateway
 from gateway.storage.api_keys import hash_key
+from tests.gateway.request_path.conftest import Engines, settings_for
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import Engines, settings_for
 
 MAX_EXAMPLES = 60
 ADMIN_KEY = "admin-" + "f" * 40

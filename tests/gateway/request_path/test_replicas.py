@@ -15,11 +15,10 @@ from gateway.ledger.budget_ledger import Balance
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.api_keys import hash_key, list_keys, revoke_key
 from gateway.storage.database import Database
+from tests.gateway.request_path.conftest import SMALL, Engines, settings_for
+from tests.gateway.request_path.test_openai_sdk import usage_records
 from tests.support.polling import eventually
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import SMALL, Engines, settings_for
-from .test_openai_sdk import usage_records
 
 MAX_TOKENS = 8
 

@@ -13,11 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.gateway.request_path.conftest import SMALL, Engines, settings_for
+from tests.gateway.request_path.test_errors import assert_openai_error
+from tests.gateway.request_path.test_openai_sdk import usage_records
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import SMALL, Engines, settings_for
-from .test_errors import assert_openai_error
-from .test_openai_sdk import usage_records
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
@@ -60,9 +59,11 @@ def test_the_issue_values_are_400_at_the_gateway(
         for is_stream in (False, True):
             response = post(client, key, path, body(path, stream=is_stream, **{field: value}))
             error = assert_openai_error(response, 400, error_code(field, value))
-            assert error["param"] == field and error["type"] == "invalid_request_error"
+            assert error["param"] == field
+            assert error["type"] == "invalid_request_error"
     records = usage_records(db_url, tenant_id, 6)
-    assert len(records) == 6 and all(r.status.value == "rejected" for r in records)
+    assert len(records) == 6
+    assert all(r.status.value == "rejected" for r in records)
     completed(post(client, key, path, body(path)))
 
 

@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 from gateway.settings import GatewaySettings
+from tests.gateway.request_path.conftest import METRICS_AUTH, SMALL, Engines, settings_for
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import METRICS_AUTH, SMALL, Engines, settings_for
 
 
 def with_dead_replica_first(

@@ -14,11 +14,10 @@ from redis.asyncio import Redis
 from gateway.app import SPILL_FILENAME
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.usage_store import UsageEntry
+from tests.gateway.request_path.conftest import SMALL, Engines, settings_for
+from tests.gateway.request_path.test_openai_sdk import usage_records
 from tests.support.polling import eventually, wait_until
 from tests.support.stand_in_stack import tenant_key
-
-from .conftest import SMALL, Engines, settings_for
-from .test_openai_sdk import usage_records
 
 
 def engine_gauge(socket_path: str, name: str) -> float:
@@ -112,7 +111,8 @@ def test_usage_record_written_after_a_database_outage(
         blocker.close()
     (request_id,) = spilled_request_ids(data_dir)
     (record,) = usage_records(db_url, tenant_id, 1, timeout=30)
-    assert record.request_id == request_id and record.status.value == "completed"
+    assert record.request_id == request_id
+    assert record.status.value == "completed"
     assert record.completion_tokens == response.json()["usage"]["completion_tokens"]
     wait_until(lambda: not spilled_request_ids(data_dir), 10, "the spill file emptied")
 

@@ -79,7 +79,8 @@ async def test_values_the_database_cannot_store_are_400s(
         tenants = list_tenants(session, include_deleted=True)
     assert [(t.id, t.name, t.tier) for t in tenants] == [("acme", "", "standard")]
     keys = await client.get("/admin/tenants/acme/keys")
-    assert keys.status_code == 200 and keys.json()["data"] == []
+    assert keys.status_code == 200
+    assert keys.json()["data"] == []
 
 
 @pytest.mark.parametrize(

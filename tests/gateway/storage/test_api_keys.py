@@ -31,8 +31,10 @@ def test_a_key_is_returned_once_and_stored_only_as_a_hash(tenant_db):
     with tenant_db.transaction() as session:
         created = create_key(session, "acme", name="ci", priority="batch", now=T0)
     key = created.key
-    assert key.startswith("tw-") and len(key) >= 40
-    assert created.info.prefix == key[:12] and created.info.id.startswith("key_")
+    assert key.startswith("tw-")
+    assert len(key) >= 40
+    assert created.info.prefix == key[:12]
+    assert created.info.id.startswith("key_")
     assert key not in repr(created)
     with tenant_db.session() as session:
         row = session.scalars(select(ApiKeyRow)).one()
@@ -48,7 +50,8 @@ def test_authenticate_returns_the_key_and_its_tenant(tenant_db):
         assert authenticate(session, created.key + "x", now=T0) is None
         assert authenticate(session, "tw-unknown", now=T0) is None
     assert found is not None
-    assert found.key == created.info and found.key.priority == "batch"
+    assert found.key == created.info
+    assert found.key.priority == "batch"
     assert (found.tenant.id, found.tenant.tier, found.tenant.quota) == ("acme", "pro", {"rpm": 60})
 
 
@@ -102,4 +105,5 @@ def test_comparisons_are_constant_time(tenant_db, monkeypatch):
         created = create_key(session, "acme", now=T0)
     with tenant_db.session() as session:
         assert authenticate(session, created.key, now=T0) is not None
-    assert len(calls) == 3 and calls[-1][0] == hash_key(created.key).encode()
+    assert len(calls) == 3
+    assert calls[-1][0] == hash_key(created.key).encode()

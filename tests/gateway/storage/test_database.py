@@ -23,9 +23,13 @@ def test_an_unsupported_url_is_refused():
 
 
 def test_transaction_rolls_back_on_error(database):
-    with pytest.raises(RuntimeError), database.transaction() as session:
-        create_tenant(session, "acme", name="Acme", tier="free", quota={})
-        raise RuntimeError("boom")
+    def create_then_fail() -> None:
+        with database.transaction() as session:
+            create_tenant(session, "acme", name="Acme", tier="free", quota={})
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        create_then_fail()
     with database.session() as session:
         assert get_tenant(session, "acme") is None
 

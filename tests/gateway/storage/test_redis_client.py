@@ -94,7 +94,8 @@ async def test_an_idle_connection_closed_by_the_server_is_replaced(
 ) -> None:
     assert await client.execute_command("PING") == b"PONG"
     pipe = client._pipe
-    assert pipe is not None and not pipe.is_closed
+    assert pipe is not None
+    assert not pipe.is_closed
     kill_normal_clients(redis_url)
     await eventually(lambda: pipe.is_closed, what="the reader sees the end of the stream")
     assert await client.execute_command("PING") == b"PONG"
@@ -254,7 +255,7 @@ async def test_a_busy_event_loop_is_not_taken_for_a_stalled_redis(redis_url: str
         assert await lean.execute_command("PING") == b"PONG"  # connected
         calls = [asyncio.ensure_future(lean.execute_command("PING")) for _ in range(3)]
         await asyncio.sleep(0)  # written
-        time.sleep(0.3)  # the loop is busy well past every deadline
+        time.sleep(0.3)  # noqa: ASYNC251 (the loop is busy well past every deadline)
         assert await asyncio.gather(*calls) == [b"PONG"] * 3
     finally:
         await lean.aclose()

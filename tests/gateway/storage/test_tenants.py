@@ -18,7 +18,8 @@ def test_create_get_and_list(database):
     with database.transaction() as session:
         created = create_tenant(session, "b-corp", name="B", tier="pro", quota={"rpm": 60}, now=T0)
         create_tenant(session, "a-corp", name="A", tier="free", quota={}, now=T0)
-    assert created.created_at == created.updated_at == T0 and not created.is_deleted
+    assert created.created_at == created.updated_at == T0
+    assert not created.is_deleted
     with database.session() as session:
         assert get_tenant(session, "b-corp") == created
         assert [t.id for t in list_tenants(session)] == ["a-corp", "b-corp"]
@@ -63,6 +64,8 @@ def test_soft_delete_hides_the_tenant_but_keeps_the_row(database):
     with database.session() as session:
         assert get_tenant(session, "acme") is None
         kept = get_tenant(session, "acme", include_deleted=True)
-        assert kept is not None and kept.deleted_at == T0 and kept.is_deleted
+        assert kept is not None
+        assert kept.deleted_at == T0
+        assert kept.is_deleted
         assert [t.id for t in list_tenants(session)] == ["other"]
         assert [t.id for t in list_tenants(session, include_deleted=True)] == ["acme", "other"]

@@ -88,7 +88,8 @@ def test_limit_is_capped_and_checked(database, make_entry):
         insert_usage(session, [make_entry(n) for n in range(MAX_PAGE_SIZE + 1)])
     with database.session() as session:
         page = list_usage(session, limit=10 * MAX_PAGE_SIZE)
-        assert len(page.records) == MAX_PAGE_SIZE and page.next_cursor is not None
+        assert len(page.records) == MAX_PAGE_SIZE
+        assert page.next_cursor is not None
         assert len(list_usage(session, cursor=page.next_cursor).records) == 1
         with pytest.raises(ValueError, match="limit"):
             list_usage(session, limit=0)

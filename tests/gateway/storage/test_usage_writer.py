@@ -42,7 +42,8 @@ def test_submitted_records_are_written_and_the_spill_file_emptied(writer_db, mak
     assert writer.flush(timeout=10)
     assert writer.close(timeout=1)
     assert stored_ids(writer_db) == [f"req-{n}" for n in range(10)]
-    assert writer.num_written == 10 and writer.num_pending == 0
+    assert writer.num_written == 10
+    assert writer.num_pending == 0
     assert (tmp_path / "usage.jsonl").read_text() == ""
 
 
@@ -53,7 +54,8 @@ def test_a_part_full_batch_lingers_and_flush_cuts_the_linger_short(writer_db, ma
         writer.submit(make_entry(0))
         writer.submit(make_entry(1))
         time.sleep(0.3)
-        assert stored_ids(writer_db) == [] and writer.num_pending == 2
+        assert stored_ids(writer_db) == []
+        assert writer.num_pending == 2
         started = time.monotonic()
         assert writer.flush(timeout=10)
         assert time.monotonic() - started < 5  # not the 60 s linger
@@ -230,5 +232,7 @@ def test_the_spill_file_is_compacted_under_sustained_backlog(
     assert writer.flush(timeout=20)
     assert writer.close(timeout=1)
     assert stored_ids(writer_db) == [f"req-{n}" for n in range(12)]
-    assert compactions and all(lines == pending for lines, pending in compactions)
-    assert spill.read_text() == "" and not os.path.exists(str(spill) + ".tmp")
+    assert compactions
+    assert all(lines == pending for lines, pending in compactions)
+    assert spill.read_text() == ""
+    assert not os.path.exists(str(spill) + ".tmp")

@@ -144,10 +144,14 @@ async def test_an_answer_cut_short_is_an_httpx_error() -> None:
         response = await transport.handle_async_request(
             post(f"http://127.0.0.1:{port}/", read=False)
         )
-        with pytest.raises(httpx.TransportError):
-            assert isinstance(response.stream, httpx.AsyncByteStream)
-            async for _ in response.stream:
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+
+        async def read_to_the_end(stream: httpx.AsyncByteStream) -> None:
+            async for _ in stream:
                 pass
+
+        with pytest.raises(httpx.TransportError):
+            await read_to_the_end(response.stream)
         await response.aclose()
     finally:
         await transport.aclose()

@@ -66,10 +66,12 @@ async def test_the_index_follows_snapshot_and_changes(engine: StandInKvEvents) -
         await eventually(lambda: cache.cached_blocks(CHAIN) == 5, what="an evicted event")
         engine.set_load(num_waiting=2, num_running=5, kv_blocks_used=16)
         await eventually(lambda: cache.load is not None and cache.load.num_running == 5)
-        assert cache.load is not None and cache.load.kv_usage == 0.25
+        assert cache.load is not None
+        assert cache.load.kv_usage == 0.25
         engine.clear()
         await eventually(lambda: cache.cached_blocks(CHAIN) == 0, what="a cleared event")
-        assert cache.is_known and engine.num_connections == 1
+        assert cache.is_known
+        assert engine.num_connections == 1
 
 
 async def test_a_seq_gap_resyncs_from_a_new_snapshot(engine: StandInKvEvents) -> None:
@@ -85,7 +87,8 @@ async def test_a_seq_gap_resyncs_from_a_new_snapshot(engine: StandInKvEvents) ->
             json.dumps({"type": "stored", "seq": 3, "blocks": [CHAIN[3].hex()]}).encode() + b"\n"
         )
         await eventually(lambda: engine.num_connections == 2 and cache.is_known, what="a resync")
-        assert cache.seq == 3 and cache.cached_blocks(CHAIN) == 4  # CHAIN[2] came with the snapshot
+        assert cache.seq == 3
+        assert cache.cached_blocks(CHAIN) == 4
 
 
 async def test_a_malformed_line_resyncs_and_an_unknown_type_is_skipped(
@@ -102,7 +105,8 @@ async def test_a_malformed_line_resyncs_and_an_unknown_type_is_skipped(
         assert engine.num_connections == 1
         engine.send_raw(b'{"type": "stored", "seq": 2, "blocks": ["not hex"]}\n')
         await eventually(lambda: engine.num_connections == 2 and cache.is_known, what="a resync")
-        assert cache.seq == 1 and cache.cached_blocks(CHAIN) == 2
+        assert cache.seq == 1
+        assert cache.cached_blocks(CHAIN) == 2
 
 
 async def test_an_engine_restart_is_a_new_engine(engine: StandInKvEvents) -> None:
@@ -113,7 +117,9 @@ async def test_an_engine_restart_is_a_new_engine(engine: StandInKvEvents) -> Non
         old_id = engine.engine_id
         engine.restart()
         await eventually(lambda: cache.is_known and cache.engine_id == engine.engine_id)
-        assert cache.engine_id != old_id and cache.seq == 0 and cache.cached_blocks(CHAIN) == 0
+        assert cache.engine_id != old_id
+        assert cache.seq == 0
+        assert cache.cached_blocks(CHAIN) == 0
 
 
 async def test_a_server_without_the_stream_stays_unknown_and_is_asked_again(
@@ -181,7 +187,8 @@ async def test_subscriptions_follow_the_replica_set() -> None:
             await eventually(lambda: index.replica(base_a).cached_blocks(CHAIN) == 1)
             await eventually(lambda: index.replica(base_b).cached_blocks(CHAIN) == 2)
             subscriptions.sync([base_b])
-            assert list(index) == [base_b] and set(subscriptions.subscribers) == {base_b}
+            assert list(index) == [base_b]
+            assert set(subscriptions.subscribers) == {base_b}
             await eventually(lambda: a.num_streams == 0, what="a's stream closed")
             assert b.num_streams == 1
     finally:

@@ -25,7 +25,8 @@ def pool_of(answers: dict[str, Callable[[httpx.Request], httpx.Response]]) -> Up
 
 def aborted(value: object) -> Callable[[httpx.Request], httpx.Response]:
     def answer(request: httpx.Request) -> httpx.Response:
-        assert request.method == "POST" and request.url.path == "/abort_request"
+        assert request.method == "POST"
+        assert request.url.path == "/abort_request"
         assert json.loads(request.content) == {"request_id": "req_1"}
         return httpx.Response(200, json={"aborted": value})
 
@@ -115,5 +116,6 @@ async def test_the_replica_order_hook_orders_attempts_and_sees_each_one_in_fligh
     assert hook.events[1:] == [("sent", "http://a"), ("finished", "http://a"), ("sent", "http://b")]
     await call.aclose()  # a stream is in flight until the relay closes it
     await call.aclose()
-    assert hook.events[-1] == ("finished", "http://b") and len(hook.events) == 5
+    assert hook.events[-1] == ("finished", "http://b")
+    assert len(hook.events) == 5
     await pool.aclose()

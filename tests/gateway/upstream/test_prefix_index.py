@@ -165,4 +165,5 @@ def test_recent_requests_count_the_engines_counter_and_decay() -> None:
     assert cache.recent.at(now[0]) == pytest.approx(10.0 / math.e + 2)
     cache.apply(load(5))
     assert cache.recent.at(now[0]) == pytest.approx(10.0 / math.e + 4)
-    assert cache.load is not None and cache.load.num_requests_total == 5
+    assert cache.load is not None
+    assert cache.load.num_requests_total == 5

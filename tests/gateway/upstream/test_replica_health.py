@@ -12,7 +12,8 @@ RULE = EjectionRule(failures_to_eject=3, backoff_s=1.0, backoff_max_s=5.0)
 def test_k_consecutive_failures_eject_for_the_backoff() -> None:
     health = ReplicaHealth(RULE)
     assert [health.record_failure(10.0) for _ in range(3)] == [False, False, True]
-    assert not health.is_available(10.0) and not health.is_available(10.99)
+    assert not health.is_available(10.0)
+    assert not health.is_available(10.99)
     assert health.is_available(11.0)
 
 
@@ -53,7 +54,8 @@ def test_failures_while_ejected_change_nothing() -> None:
     for _ in range(3):
         health.record_failure(0.0)
     assert not health.record_failure(0.5)
-    assert health.ejected_until == 1.0 and health.num_ejections == 1
+    assert health.ejected_until == 1.0
+    assert health.num_ejections == 1
 
 
 def test_a_replica_that_is_not_ready_is_not_available() -> None:

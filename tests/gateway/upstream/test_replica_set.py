@@ -158,7 +158,8 @@ def test_replicas_join_and_leave_as_the_name_resolves(sqlite_db_url: str, tmp_pa
                 replica.release()
             streaming.join(timeout=30)
             (streamed,) = answers
-            assert streamed.status_code == 200 and streamed.text.rstrip().endswith("[DONE]")
+            assert streamed.status_code == 200
+            assert streamed.text.rstrip().endswith("[DONE]")
             assert streamed.text.count("word") == 2
 
             before = leaving.num_posts

@@ -50,9 +50,11 @@ async def test_usage_comes_from_the_final_chunk(include_usage: bool) -> None:
     payloads = [chunk("a"), chunk("b"), chunk("c"), chunk(usage=USAGE), "[DONE]"]
     meter = UsageMeter()
     out = await collect(relay_events(call_with(payloads), meter, include_usage=include_usage))
-    assert meter.status is UsageStatus.COMPLETED and meter.usage == USAGE
+    assert meter.status is UsageStatus.COMPLETED
+    assert meter.usage == USAGE
     assert meter.tokens(counted_prompt_tokens=99) == (7, 2, 3)
-    assert len(out) == (5 if include_usage else 4) and out[-1] == "data: [DONE]\n\n"
+    assert len(out) == (5 if include_usage else 4)
+    assert out[-1] == "data: [DONE]\n\n"
     assert ('"usage"' in "".join(out)) is include_usage
 
 
@@ -63,7 +65,8 @@ async def test_a_client_that_leaves_is_charged_for_the_chunks_relayed() -> None:
     for _ in range(4):
         await events.__anext__()
     await events.aclose()
-    assert not meter.is_finished and meter.num_relayed_tokens == 4
+    assert not meter.is_finished
+    assert meter.num_relayed_tokens == 4
     assert meter.tokens(counted_prompt_tokens=11) == (11, 0, 4)
 
 
@@ -71,10 +74,12 @@ async def test_an_engine_failure_mid_stream_ends_with_an_error_event() -> None:
     meter = UsageMeter()
     payloads = [chunk("a"), chunk("b"), chunk("c")]
     out = await collect(relay_events(call_with(payloads, fail_after=2), meter, include_usage=True))
-    assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
+    assert meter.status is UsageStatus.UPSTREAM_ERROR
+    assert meter.num_relayed_tokens == 2
     received = split_events(out)
     assert json.loads(received[-2].removeprefix("data: "))["error"]["code"] == "upstream_error"
-    assert received[-1] == "data: [DONE]\n\n" and len(received) == 4
+    assert received[-1] == "data: [DONE]\n\n"
+    assert len(received) == 4
 
 
 async def test_events_that_arrive_together_are_sent_together() -> None:
@@ -88,7 +93,8 @@ async def test_events_that_arrive_together_are_sent_together() -> None:
         for c in "abc"
     ]
     assert received[3:] == ["data: [DONE]\n\n"]  # the usage-only chunk was dropped
-    assert meter.status is UsageStatus.COMPLETED and meter.num_relayed_tokens == 3
+    assert meter.status is UsageStatus.COMPLETED
+    assert meter.num_relayed_tokens == 3
     assert meter.usage == USAGE
 
 
@@ -103,7 +109,8 @@ async def test_an_error_event_inside_a_batch_ends_the_stream_after_what_came_bef
     ]
     assert json.loads(received[2].removeprefix("data: "))["error"]["code"] == "upstream_error"
     assert received[3:] == ["data: [DONE]\n\n"]
-    assert meter.status is UsageStatus.UPSTREAM_ERROR and meter.num_relayed_tokens == 2
+    assert meter.status is UsageStatus.UPSTREAM_ERROR
+    assert meter.num_relayed_tokens == 2
 
 
 async def test_chunks_without_a_usage_value_lose_the_key_and_nothing_else() -> None:
@@ -120,7 +127,8 @@ async def test_chunks_without_a_usage_value_lose_the_key_and_nothing_else() -> N
     chunks = [json.loads(e.removeprefix("data: ")) for e in out[:-1]]
     assert chunks == [{"choices": [{"delta": {"content": c}}]} for c in "abc"]
     assert out[0] == 'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-    assert meter.usage == USAGE and meter.num_relayed_tokens == 3
+    assert meter.usage == USAGE
+    assert meter.num_relayed_tokens == 3
 
 
 @pytest.mark.parametrize("fail_after", [None, 2])
@@ -176,4 +184,5 @@ async def test_every_chunk_carries_the_clients_model_name(include_usage: bool) -
     assert [c["model"] for c in sent] == ["large"] * len(sent)
     assert len(sent) == (3 if include_usage else 2)
     assert all(("usage" in c) == include_usage for c in sent)
-    assert meter.usage == USAGE and meter.num_relayed_tokens == 2
+    assert meter.usage == USAGE
+    assert meter.num_relayed_tokens == 2
