@@ -7,11 +7,15 @@ its prompt and asks the policies about it; the request path forwards its ``raw``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from openai_protocol.field_rules import Endpoint
+from policies.model_routing import ModelSize
 
 Messages = list[dict[str, Any]]
+
+
+ROUTING_HINTS: tuple[ModelSize, ...] = get_args(ModelSize)  # `tollway_hint`'s values
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,13 @@ class CompletionBody:
         """OpenAI's end-user id, if the request names one (its rollout versions stick to it)."""
         user = self.raw.get("user")
         return user if isinstance(user, str) and user else None
+
+    @property
+    def routing_hint(self) -> ModelSize | None:
+        """``tollway_hint`` (on a routing alias, which of its pair to use), when it is one of
+        `ROUTING_HINTS`: `parse_body` refuses any other value."""
+        hint = self.raw.get("tollway_hint")
+        return next((size for size in ROUTING_HINTS if size == hint), None)
 
     @property
     def num_turns(self) -> int:

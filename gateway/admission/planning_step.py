@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from gateway.admission.outcomes import Admission, Refusal
 from gateway.admission.prompt_tokens import PromptCounts
@@ -132,7 +132,7 @@ class PlanningStep:
                 has_code=has_code,
                 has_math=has_math,
                 tenant_tier=quota.tier,
-                hint=_hint(body.raw.get("tollway_hint")),
+                hint=body.routing_hint,
             )
             load = await self._pool_load.load(version_of(pair.large))
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
@@ -167,7 +167,3 @@ class PlanningStep:
         if quota.max_prompt_tokens is not None:
             longest = min(longest, quota.max_prompt_tokens)
         return longest
-
-
-def _hint(value: Any) -> Any:
-    return value if value in ("small", "large") else None

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.completion_body import CompletionBody, Messages
+from gateway.completion_body import ROUTING_HINTS, CompletionBody, Messages
 from gateway.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
 from openai_protocol.field_rules import (
     RULES,
@@ -70,6 +70,12 @@ def parse_body(data: dict[str, Any], endpoint: Endpoint) -> CompletionBody:
     model = data.get("model")
     if model is None:
         raise _type_error("model", "a non-empty string")
+    if data.get("tollway_hint", "small") not in ROUTING_HINTS:
+        raise invalid_request(
+            "Invalid value for 'tollway_hint': expected 'small' or 'large'.",
+            param="tollway_hint",
+            code="unsupported_value",
+        )
     messages: Messages | None = None
     prompt: str | list[int] | None = None
     if endpoint == "chat":

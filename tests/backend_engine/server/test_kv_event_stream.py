@@ -4,11 +4,13 @@ without torch) served by uvicorn, its prefix cache filled and evicted by real re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ import uvicorn
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.core.kv_event_log import BlockEvicted, BlockStored
+from backend_engine.core.step_runner import PlanRunner
 from backend_engine.kv_event_fanout import DEFAULT_BUFFER_LINES
 from backend_engine.server import kv_event_stream
 from backend_engine.server.app import build_app, uvicorn_config
@@ -33,7 +36,7 @@ from engine_protocol.kv_events import (
 )
 from tests.backend_engine.server.kv_event_client import KVEventListener
 from tests.support.polling import eventually
-from tests.support.stand_in_runner import DemoEngineModel
+from tests.support.stand_in_runner import DemoEngineModel, plan_stand_in_runner
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 MODEL_NAME = "tiny-demo"
@@ -59,18 +62,17 @@ class LiveEngine:
         return stats.num_running == stats.num_waiting == 0
 
 
-@pytest.fixture(scope="module")
-def live(demo_engine_model: Callable[..., DemoEngineModel]) -> Iterator[LiveEngine]:
-    model = demo_engine_model(size="tiny")
+@contextlib.contextmanager
+def _serving(checkpoint: Path, plan_runner: PlanRunner) -> Iterator[LiveEngine]:
     config = EngineConfig(
-        model=str(model.checkpoint),
+        model=str(checkpoint),
         block_size=BLOCK_SIZE,
         num_kv_blocks=NUM_KV_BLOCKS,
         max_model_len=256,
         max_num_seqs=4,
         show_progress=False,
     )
-    engine = AsyncEngine(config, model_name=MODEL_NAME, plan_runner=model.plan_runner)
+    engine = AsyncEngine(config, model_name=MODEL_NAME, plan_runner=plan_runner)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -83,6 +85,21 @@ def live(demo_engine_model: Callable[..., DemoEngineModel]) -> Iterator[LiveEngi
     finally:
         stop_thread(server, thread)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def live(demo_engine_model: Callable[..., DemoEngineModel]) -> Iterator[LiveEngine]:
+    model = demo_engine_model(size="tiny")
+    with _serving(model.checkpoint, model.plan_runner) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def paced(demo_model_files: Callable[..., Path]) -> Iterator[LiveEngine]:
+    """An engine whose every step takes 10 ms (the stand-in runner): a request of 120 tokens
+    runs for over a second, many load intervals, however fast the machine."""
+    with _serving(demo_model_files(size="tiny"), plan_stand_in_runner(step_s=0.01)) as served:
+        yield served
 
 
 def _prompt(seed: int, num_tokens: int, vocab_size: int) -> list[int]:
@@ -239,9 +256,9 @@ async def test_an_idle_stream_is_pinged(live: LiveEngine, monkeypatch: pytest.Mo
         assert listener.raw_lines[-1] == '{"type":"ping"}'
 
 
-async def test_the_load_follows_the_engine(live: LiveEngine) -> None:
-    vocab_size = live.engine.tokenizer.vocab_size
-    async with live.client() as client, KVEventListener(client) as listener:
+async def test_the_load_follows_the_engine(paced: LiveEngine) -> None:
+    vocab_size = paced.engine.tokenizer.vocab_size
+    async with paced.client() as client, KVEventListener(client) as listener:
         first = await listener.next_line()
         assert isinstance(first, LoadLine)
         assert first.num_requests_total is not None

@@ -65,10 +65,17 @@ def test_the_issue_values_are_refused_at_the_door(endpoint: Any, field: str, val
         ({"model": ""}, "model"),
         ({"model": None}, "model"),
         ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+        ({"tollway_hint": "G"}, "tollway_hint"),
+        ({"tollway_hint": ["small"]}, "tollway_hint"),
     ],
 )
 def test_bad_fields_are_400_with_their_param(fields: dict[str, Any], param: str) -> None:
     assert refusal(chat(**fields))[:2] == (400, param)
+
+
+@pytest.mark.parametrize("hint", ["small", "large", None])
+def test_a_routing_hint_is_small_large_or_not_given(hint: str | None) -> None:
+    assert parse_body(chat(tollway_hint=hint), "chat").routing_hint == hint
 
 
 def test_null_is_not_given_and_not_forwarded() -> None:
