@@ -9,7 +9,7 @@ checks them first against the table the gateway uses too (``field_rules``), and 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -58,7 +58,171 @@ class GenerationRequest(BaseModel):
         return None
 
 
-class CompletionRequest(GenerationRequest):
+class TextPart(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+
+    name: str
+    arguments: str  # a JSON object, as a string (OpenAI's shape)
+
+
+class ToolCall(BaseModel):
+    """One call in an assistant message's ``tool_calls``."""
+
+    model_config = _STRICT
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One turn. ``developer`` is rendered as ``system``; a ``tool`` turn answers the assistant
+    call named by ``tool_call_id``; an assistant turn may hold only ``tool_calls``."""
+
+    model_config = _STRICT
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant only
+    tool_call_id: str | None = None  # tool only
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.role == "assistant":
+            if self.content is None and not self.tool_calls:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message cannot carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The turn as OpenAI's JSON writes it, text parts joined (what ``chat_rendering``
+        takes, from the engine and from the gateway's counter alike)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _STRICT
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; none: no arguments
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``{"type": "function", "function": {"name": ...}}``: call exactly this function."""
+
+    model_config = _STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
+
+    model_config = _STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs 'json_schema'")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """The Tollway extension (vLLM's ``structured_outputs``): exactly one of a JSON Schema
+    (``json``), a ``regex``, a ``choice`` of strings, or a Lark ``grammar``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    json_schema: dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [f for f in ("json_schema", "regex", "choice", "grammar") if getattr(self, f)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs takes exactly one of 'json', 'regex', 'choice', 'grammar'"
+            )
+        return self
+
+
+class ConstrainedRequest(GenerationRequest):
+    """The output constraints both endpoints take (``response_format`` is an extension on
+    /v1/completions, as vLLM's)."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> ConstrainedRequest:
+        is_formatted = self.response_format is not None and self.response_format.type != "text"
+        if is_formatted and self.structured_outputs is not None:
+            raise ValueError("give either 'response_format' or 'structured_outputs', not both")
+        return self
+
+
+class CompletionRequest(ConstrainedRequest):
     prompt: str | list[int] | list[str]
     logprobs: int | None = None
 
@@ -75,39 +239,35 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
 
-class TextPart(BaseModel):
-    model_config = _STRICT
-
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = _STRICT
-
-    role: Literal["system", "user", "assistant"]
-    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
-
-    @model_validator(mode="after")
-    def _content_required(self) -> ChatMessage:
-        if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs content")
-        return self
-
-    @property
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class ChatCompletionRequest(GenerationRequest):
+class ChatCompletionRequest(ConstrainedRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and not self.tools:
+            raise ValueError("'tool_choice' is only allowed when 'tools' are specified")
+        if isinstance(choice, NamedToolChoice):
+            names = {tool.function.name for tool in self.tools or []}
+            if choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice names the function {choice.function.name!r}, "
+                    "which is not in 'tools'"
+                )
+        return self
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """OpenAI's default: ``auto`` when tools are given, else ``none``."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -117,9 +277,15 @@ class ChatCompletionRequest(GenerationRequest):
     def requested_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The conversation as the tokenizer's chat template takes it."""
-        return [{"role": m.role, "content": m.text} for m in self.messages]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The conversation as ``model_files.chat_rendering`` takes it."""
+        return [m.template_dict() for m in self.messages]
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools, as OpenAI's JSON writes them (what chat templates take), or None."""
+        if not self.tools:
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
 
 class AbortRequest(BaseModel):
