@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+
+from model_files.chat_rendering import template_chat
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -58,8 +61,8 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in the environment transformers renders it in."""
+def _template_environment() -> ImmutableSandboxedEnvironment:
+    """The environment transformers renders chat templates in."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
@@ -68,7 +71,19 @@ def compile_chat_template(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in the environment transformers renders it in."""
+    return _template_environment().from_string(source)
+
+
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a chat template reads from its caller (``messages``, ``tools``, ...),
+    found from its syntax tree."""
+    env = _template_environment()
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -132,6 +147,7 @@ class Tokenizer:
         )
         self.chat_template = chat_template
         self._compiled_template: jinja2.Template | None = None
+        self._template_takes_tools: bool | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> Tokenizer:
@@ -229,13 +245,40 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **variables
         )
 
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template reads a ``tools`` variable (computed once)."""
+        if self._template_takes_tools is None:
+            self._template_takes_tools = self.chat_template is not None and (
+                "tools" in template_variables(self.chat_template)
+            )
+        return self._template_takes_tools
+
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt for a conversation given as OpenAI's JSON, tools and tool turns included.
+
+        ``messages`` may come raw from a client (content as text parts or null);
+        ``model_files.chat_rendering`` says how they and ``tools`` reach the template. Raises
+        ``chat_rendering.ChatRenderingError`` (a ``ValueError``) for a message it cannot read.
+        """
+        chat = template_chat(messages, tools, template_takes_tools=self.template_takes_tools)
+        return self.apply_chat_template(chat.messages, add_generation_prompt, **chat.variables)
+
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Prompt token ids for ``messages``.
+        """Prompt token ids for ``messages`` (and ``tools``), as ``render_chat`` renders them.
 
         The template writes the bos token itself when the model wants one, so the rendered text
         is encoded without special tokens (no double BOS), as transformers and vLLM do.
         """
-        prompt = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        prompt = self.render_chat(messages, tools, add_generation_prompt)
         return self.encode(prompt, add_special_tokens=False)
