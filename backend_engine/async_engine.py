@@ -169,6 +169,9 @@ class AsyncEngine:
         thread, and end the prefix-cache event streams; final."""
         if hasattr(self, "kv_events"):
             self.kv_events.close()
+        engine = getattr(self, "engine", None)
+        if engine is not None and "grammars" in vars(engine):  # a structured output came
+            engine.grammars.close()
         self._stopping.set()
         self._wakeup.set()
         self._may_run.set()
@@ -186,8 +189,9 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutputDelta]:
         """Submit a request; yields deltas until one has ``finished`` set.
 
-        Raises ValueError (before yielding anything) when the prompt is empty or
-        prompt + max_tokens exceeds ``max_model_len``; the message is fit for a user.
+        Raises ValueError (before yielding anything) when the prompt is empty,
+        prompt + max_tokens exceeds ``max_model_len``, or the structured output's grammar does
+        not compile (`InvalidConstraint`, naming the field); the message is fit for a user.
         Raises EngineError, after the deltas already yielded, when the engine fails to
         run this request. Closing the iterator early aborts the request and frees its KV
         blocks.
@@ -196,6 +200,8 @@ class AsyncEngine:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if sampling_params.structured_output is not None:  # off the loop, time-bound
+            await self.engine.grammars.compile_async(sampling_params.structured_output)
         request = self.engine.make_request(
             request_id, prompt, sampling_params, tenant_id=tenant_id, priority=priority
         )

@@ -11,9 +11,11 @@ Not thread-safe: ``AsyncEngine`` drives it from one background thread.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
 from backend_engine.config import EngineConfig
 from backend_engine.core.kv_cache_manager import KVCacheManager
@@ -27,6 +29,9 @@ from backend_engine.sampling_params import SamplingParams
 from backend_engine.text.output_processor import OutputProcessor
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from backend_engine.structured_output.grammar_compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +81,13 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_requests = 0  # queued since start (`add`)
+
+    @functools.cached_property
+    def grammars(self) -> GrammarCompiler:
+        """The structured outputs' compiler (llguidance is imported with the first one)."""
+        from backend_engine.structured_output.grammar_compiler import GrammarCompiler
+
+        return GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -141,6 +153,9 @@ class LLMEngine:
                 f"the request needs up to {needed} KV blocks but the cache has only "
                 f"{self.kv_cache.num_blocks}; lower max_tokens or the prompt length"
             )
+        constraint = sampling_params.structured_output
+        # A cache hit when the server compiled it first (`GrammarCompiler.compile_async`).
+        matcher = self.grammars.compile(constraint).new_matcher() if constraint else None
         return Request(
             request_id,
             prompt_token_ids,
@@ -149,6 +164,7 @@ class LLMEngine:
             arrival_seq=next(self._arrivals),
             tenant_id=tenant_id,
             priority=priority,
+            matcher=matcher,
         )
 
     def abort(

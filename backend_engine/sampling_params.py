@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend_engine.structured_output.constraint import OutputConstraint
+
 # What the sampler can run: torch.Generator.manual_seed takes -2**63 .. 2**64 - 1 (a
 # negative seed is its two's complement), and top_k becomes an int64 tensor.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
@@ -17,6 +19,8 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` turn those
     filters off. ``logprobs`` asks for that many top alternatives per sampled token
     (the sampled token's own log-probability is always reported when it is set).
+    ``structured_output``: what the output must match (a JSON Schema, a regex...); each
+    token is then sampled among those the grammar allows, and logprobs are of that choice.
     """
 
     max_tokens: int | None = 16
@@ -29,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_output: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Protocol
 
 from backend_engine.outputs import FinishReason
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
+
+
+class OutputMatcher(Protocol):
+    """A request's structured-output state (``backend_engine.structured_output.matcher``):
+    the core carries it from the engine to the runner and asks only whether it is finished."""
+
+    mask_bytes: int
+
+    def fill_mask(self, address: int) -> None: ...
+
+    def accept(self, token_id: int) -> None: ...
+
+    @property
+    def is_finished(self) -> bool: ...
 
 
 class RequestStatus(Enum):
@@ -30,6 +45,7 @@ class Request:
         "arrival_seq",
         "block_hashes",
         "finish_reason",
+        "matcher",
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -51,6 +67,7 @@ class Request:
         arrival_seq: int,
         tenant_id: str = "default",
         priority: Priority = Priority.INTERACTIVE,
+        matcher: OutputMatcher | None = None,
     ) -> None:
         self.request_id = request_id
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -68,6 +85,9 @@ class Request:
         self.finish_reason: FinishReason | None = None
         # The eos or stop token the scheduler finished it on (see stop_rules); never shown as text.
         self.stop_token_id: int | None = None
+        # Where its output is in its grammar, for a structured output; kept across preemption
+        # (a recompute brings back the same tokens the matcher has already accepted).
+        self.matcher = matcher
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from backend_engine.config import SchedulingMode
 from backend_engine.core.kv_cache_manager import CachedPrefix, KVCacheManager
-from backend_engine.core.request import Request, RequestStatus
+from backend_engine.core.request import OutputMatcher, Request, RequestStatus
 from backend_engine.core.stop_rules import token_stop
 from backend_engine.core.waiting_queue import WaitingQueue
 from backend_engine.outputs import FinishReason
@@ -47,6 +47,7 @@ class ScheduledRequest:
     # One token against the KV already cached: computed as a decode (one query row per
     # sequence). Otherwise a prefill chunk (several query rows, causal within the chunk).
     is_decode: bool
+    matcher: OutputMatcher | None = None  # the next token's mask, for a structured output
 
     @property
     def num_tokens(self) -> int:
@@ -198,6 +199,7 @@ class Scheduler:
             sampling_params=request.sampling_params,
             do_sample=start + num_new == request.num_tokens,
             is_decode=num_new == 1,
+            matcher=request.matcher,
         )
 
     def _preempt(self, request: Request) -> None:

@@ -1,7 +1,8 @@
 """When a request stops on a token: the one rule, a pure function of the request and its new token.
 
 Where each kind of stop is decided, and why there:
-- eos, ``stop_token_ids``, ``max_tokens`` and the model length are token-level facts, known
+- eos, ``stop_token_ids``, a finished grammar (structured outputs), ``max_tokens`` and the
+  model length are token-level facts, known
   the moment a token is sampled. The scheduler applies :func:`token_stop` in
   ``update_from_output`` and finishes the request there, so its blocks are freed before the
   next step is planned. Nothing else checks these.
@@ -36,6 +37,9 @@ def token_stop(
         return TokenStop("stop", on_stop_token=True)
     if not params.ignore_eos and token_id in eos_token_ids:
         return TokenStop("stop", on_stop_token=True)
+    if request.matcher is not None and request.matcher.is_finished:
+        # The grammar ends only on eos (even with ignore_eos): nothing may follow it.
+        return TokenStop("stop", on_stop_token=token_id in eos_token_ids)
     if request.num_output_tokens >= request.max_tokens:
         return TokenStop("length", on_stop_token=False)
     if request.num_tokens >= max_model_len:

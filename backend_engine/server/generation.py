@@ -23,6 +23,7 @@ from backend_engine.outputs import RequestOutputDelta
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import invalid_request
 from backend_engine.server.request_reader import RequestMeta
+from backend_engine.structured_output.grammar_compiler import InvalidConstraint
 from openai_protocol.disconnect import run_to_end, until_client_leaves
 
 
@@ -64,6 +65,8 @@ class GenerationStream:
                 priority=meta.priority,
             )
             first = await deltas.__anext__()
+        except InvalidConstraint as exc:
+            raise invalid_request(exc.message, param=exc.param) from None
         except ValueError as exc:
             raise invalid_request(str(exc)) from None
         except BaseException:

@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 import anyio
 from starlette.requests import Request
@@ -32,7 +33,7 @@ from openai_protocol.request_models import (
     AbortRequest,
     ChatCompletionRequest,
     CompletionRequest,
-    GenerationRequest,
+    ConstrainedRequest,
 )
 from openai_protocol.sse import DONE, EventStreamResponse, event
 
@@ -68,7 +69,9 @@ async def chat_completions(request: Request) -> Response:
     meta = read_meta(request)  # bad headers are refused before the body is read
     body = await read_model(request, ChatCompletionRequest, ctx.max_body_bytes, endpoint="chat")
     _check_model(engine, body.model)
-    prompt_ids = await anyio.to_thread.run_sync(engine.tokenizer.encode_chat, body.chat_messages())
+    prompt_ids = await anyio.to_thread.run_sync(
+        partial(engine.tokenizer.encode_chat, body.chat_messages(), tools=body.tool_dicts())
+    )
     return await _generate(
         request, ctx, meta, body, prompt_ids, endpoint="chat", prompt_param="messages"
     )
@@ -99,7 +102,7 @@ async def _generate(
     request: Request,
     ctx: ServerContext,
     meta: RequestMeta,
-    body: GenerationRequest,
+    body: ConstrainedRequest,
     prompt_ids: list[int],
     *,
     endpoint: str,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import context_length_exceeded, invalid_request
-from openai_protocol.request_models import GenerationRequest
+from backend_engine.server.output_constraints import output_constraint
+from openai_protocol.request_models import ConstrainedRequest
 
 
 def completion_budget(
@@ -29,7 +30,7 @@ def completion_budget(
     return requested if requested is not None else max_model_len - num_prompt_tokens
 
 
-def sampling_params(body: GenerationRequest, max_tokens: int) -> SamplingParams:
+def sampling_params(body: ConstrainedRequest, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -40,6 +41,7 @@ def sampling_params(body: GenerationRequest, max_tokens: int) -> SamplingParams:
             stop=body.stop_strings,
             ignore_eos=body.ignore_eos,
             logprobs=body.requested_logprobs(),
+            structured_output=output_constraint(body),
         )
     except ValueError as exc:
         raise invalid_request(str(exc)) from None

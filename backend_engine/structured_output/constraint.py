@@ -1,7 +1,8 @@
 """What a request's output must match, as plain data: the form and its canonical text.
 
-Canonical means equal constraints get equal keys: a JSON Schema is re-serialized with sorted
-keys and no spaces, so the same schema sent twice (key order aside) is compiled once.
+Canonical means equal constraints get equal keys: a JSON Schema is re-serialized without
+spaces, so the same schema sent twice, however it was spaced, is compiled once. Key order is
+kept: it is the order in which the grammar generates an object's properties.
 """
 
 from __future__ import annotations
@@ -53,4 +54,4 @@ class OutputConstraint:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

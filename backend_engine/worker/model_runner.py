@@ -23,6 +23,7 @@ from backend_engine.models.packed_linear import pack_linears
 from backend_engine.outputs import TokenLogprob
 from backend_engine.worker.cpu_runtime import tune_cpu_runtime
 from backend_engine.worker.failure_isolation import isolate_failures
+from backend_engine.worker.logits_mask import accept_tokens, mask_logits
 from backend_engine.worker.sampler import choose_tokens, token_logprobs
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -185,9 +186,13 @@ class ModelRunner:
         self, logits: torch.Tensor, to_sample: list[ScheduledRequest]
     ) -> list[SampledToken | Exception]:
         """Tokens for the rows of ``logits`` (one per request in ``to_sample``), each row's
-        failure pinned on it alone."""
+        failure pinned on it alone. A structured output's row is masked to what its grammar
+        allows first (so greedy, sampling and logprobs all see the masked row), and its
+        matcher then accepts the token."""
         params = [s.sampling_params for s in to_sample]
         num_rows = len(to_sample)
+        matchers = {r: s.matcher for r, s in enumerate(to_sample) if s.matcher is not None}
+        grammar_failures = mask_logits(logits, matchers)
 
         def choose(rows: Sequence[int]) -> list[int]:
             generators = [self._generator(to_sample[r]) for r in rows]
@@ -197,7 +202,13 @@ class ModelRunner:
             )
 
         token_ids = isolate_failures(range(num_rows), choose)
-        chosen = {r: t for r, t in enumerate(token_ids) if isinstance(t, int)}
+        chosen = {
+            r: t
+            for r, t in enumerate(token_ids)
+            if isinstance(t, int) and r not in grammar_failures
+        }
+        accepting = {r: m for r, m in matchers.items() if r in chosen}
+        grammar_failures |= accept_tokens(accepting, chosen)
         wanted = [r for r in chosen if params[r].logprobs is not None]
         logprobs: dict[int, TokenLogprob | Exception] = {}
         if wanted:
@@ -213,8 +224,11 @@ class ModelRunner:
         outcomes: list[SampledToken | Exception] = []
         for r, token_id in enumerate(token_ids):
             logprob = logprobs.get(r)
+            failure = grammar_failures.get(r)
             if isinstance(token_id, Exception):
                 outcomes.append(token_id)
+            elif failure is not None:
+                outcomes.append(failure)
             elif isinstance(logprob, Exception):
                 outcomes.append(logprob)
             else:

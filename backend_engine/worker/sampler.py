@@ -56,16 +56,18 @@ def token_logprobs(
     token_ids: Sequence[int],
     num_top: Sequence[int],
 ) -> list[TokenLogprob]:
-    """Each row's chosen token's log-probability and its ``num_top`` best alternatives."""
+    """Each row's chosen token's log-probability and its ``num_top`` best alternatives
+    (only possible ones: a structured output's row may allow fewer than ``num_top``)."""
     all_logprobs = torch.log_softmax(logits, dim=-1)
     out = []
     for lp, chosen, k in zip(all_logprobs, token_ids, num_top, strict=True):
         top_values, top_ids = lp.topk(k) if k else (lp[:0], lp[:0].long())
+        top = zip(top_ids.tolist(), top_values.tolist(), strict=True)
         out.append(
             TokenLogprob(
                 token_id=chosen,
                 logprob=float(lp[chosen]),
-                top=tuple(zip(top_ids.tolist(), top_values.tolist(), strict=True)),
+                top=tuple((t, v) for t, v in top if v != float("-inf")),
             )
         )
     return out
