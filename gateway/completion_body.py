@@ -13,6 +13,7 @@ from openai_protocol.field_rules import Endpoint
 from policies.model_routing import ModelSize
 
 Messages = list[dict[str, Any]]
+Tools = list[dict[str, Any]]
 
 
 ROUTING_HINTS: tuple[ModelSize, ...] = get_args(ModelSize)  # `tollway_hint`'s values
@@ -40,6 +41,13 @@ class CompletionBody:
         return self.prompt if isinstance(self.prompt, str) else ""
 
     @property
+    def tools(self) -> Tools | None:
+        """A chat's ``tools`` (OpenAI's JSON, as the field rules passed them), or None for
+        none: the template renders them into the prompt."""
+        tools = self.raw.get("tools") if self.messages is not None else None
+        return tools if isinstance(tools, list) and tools else None
+
+    @property
     def user(self) -> str | None:
         """OpenAI's end-user id, if the request names one (its rollout versions stick to it)."""
         user = self.raw.get("user")
@@ -59,10 +67,11 @@ class CompletionBody:
     @property
     def prompt_chars(self) -> int:
         """What counting the prompt's tokens costs, in characters (0 for token ids): for a
-        chat every string of every message (roles, names, parts of any type: the counters
-        render and tokenize them all) plus a little for each message and value."""
+        chat every string of every message (roles, names, parts of any type, tool calls: the
+        counters render and tokenize them all) and of the tools, plus a little for each
+        message and value."""
         if self.messages is not None:
-            return _size_in_chars(self.messages)
+            return _size_in_chars(self.messages) + _size_in_chars(self.tools or [])
         return len(self.prompt) if isinstance(self.prompt, str) else 0
 
 

@@ -6,6 +6,8 @@ a gateway installed without the engine has all of it.
 
 - `request_models`: the completion request bodies (pydantic);
 - `field_rules`: what each request field may hold, checked by both before anything else;
+  `schema_rules` (output constraints, every JSON Schema's bounds) and `tool_rules` (tools,
+  tool_choice) are its parts, `field_errors` the refusals in OpenAI's words;
 - `json_body`: a request body as a JSON object, nested at most 64 deep;
 - `errors`: the error vocabulary (body shape, types, codes, status -> type);
 - `sse`: server-sent-events framing and the streaming response;

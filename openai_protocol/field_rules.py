@@ -8,15 +8,20 @@ gateway imports it.
 - ``null`` means "not given" for every optional field (as OpenAI treats it): the field is
   skipped here and :func:`drop_nulls` removes it before the body goes further.
 - Fields the engine does not implement are accepted only with their no-op value
-  (``n: 1``, ``presence_penalty: 0``, ``tools: []``, ``response_format: {"type": "text"}``...);
-  any other value is refused rather than silently ignored.
+  (``n: 1``, ``presence_penalty: 0``, ``logit_bias: {}``...); any other value is refused
+  rather than silently ignored.
+- Output constraints and tools have their own modules, gathered into the table here:
+  ``schema_rules`` (``response_format``, ``structured_outputs``, and the bounds of every
+  JSON Schema a request carries) and ``tool_rules`` (``tools``, ``tool_choice``). Rules across
+  fields run after each field passed its own: ``top_logprobs`` needs ``logprobs``, a
+  ``tool_choice`` needs ``tools``, and a request takes one output constraint at most.
 - Fields not in the table are ignored, as OpenAI's own API ignores them.
 
 Each rule also states itself as JSON Schema keywords (``json_schema``), which the gateway's
 OpenAPI document lays over the request models, so the document says what is checked here.
 
-Errors are raised as :class:`FieldError` (message, param, code in OpenAI's words); the gateway
-and the engine server each turn it into their own 400.
+Errors are raised as :class:`FieldError` (message, param, code in OpenAI's words, built in
+``field_errors``); the gateway and the engine server each turn it into their own 400.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from openai_protocol.field_errors import FieldError as FieldError
+from openai_protocol.field_errors import check_length, check_num_items, invalid_type
+from openai_protocol.schema_rules import ResponseFormat, StructuredOutputs, check_one_constraint
+from openai_protocol.tool_rules import ToolChoice, Tools, check_tool_choice
 
 Endpoint = Literal["chat", "completions"]
 
@@ -39,40 +49,6 @@ MAX_JSON_DEPTH = 64
 
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # the same, for JSON Schema
-
-
-class FieldError(ValueError):
-    """A client input that is refused with a 400, in OpenAI's words."""
-
-    def __init__(self, message: str, param: str | None, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _invalid_type(param: str, expected: str, value: Any) -> FieldError:
-    return FieldError(
-        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
-        param,
-        "invalid_type",
-    )
 
 
 def _unsupported_value(param: str, value: Any, default: str) -> FieldError:
@@ -111,7 +87,7 @@ class Decimal:
 
     def check(self, param: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _invalid_type(param, "a decimal", value)
+            raise invalid_type(param, "a decimal", value)
         if value < self.low or (self.is_low_open and value == self.low):
             sign = ">" if self.is_low_open else ">="
             _out_of_range(param, "decimal", value, f"{sign} {self.low:g}", None)
@@ -139,7 +115,7 @@ class Integer:
         if is_huge and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _invalid_type(param, "an integer", value)
+            raise invalid_type(param, "an integer", value)
         if value < self.low:
             _out_of_range(param, "integer", value, f">= {self.low}", None)
         if value > self.high:
@@ -157,7 +133,7 @@ class Boolean:
 
     def check(self, param: str, value: Any) -> None:
         if not isinstance(value, bool):
-            raise _invalid_type(param, "a boolean", value)
+            raise invalid_type(param, "a boolean", value)
         if self.only is not None and value != self.only:
             raise _unsupported_value(param, value, str(self.only).lower())
 
@@ -176,8 +152,8 @@ class Text:
 
     def check(self, param: str, value: Any) -> None:
         if not isinstance(value, str):
-            raise _invalid_type(param, "a string", value)
-        _check_length(param, value, self.min_chars, self.max_chars)
+            raise invalid_type(param, "a string", value)
+        check_length(param, value, self.min_chars, self.max_chars)
         if self.is_printable and _CONTROL_CHARACTERS.search(value):
             raise FieldError(
                 f"Invalid '{param}': control characters (such as NUL) are not allowed.",
@@ -192,44 +168,21 @@ class Text:
         return schema
 
 
-def _check_length(param: str, value: str, min_chars: int, max_chars: int) -> None:
-    if len(value) < min_chars:
-        raise FieldError(
-            f"Invalid '{param}': empty string. Expected a string with minimum length "
-            f"{min_chars}, but got an empty string instead.",
-            param,
-            "empty_string",
-        )
-    if len(value) > max_chars:
-        raise FieldError(
-            f"Invalid '{param}': string too long. Expected a string with maximum length "
-            f"{max_chars}, but got a string with length {len(value)} instead.",
-            param,
-            "string_above_max_length",
-        )
-
-
 @dataclass(frozen=True)
 class Stop:
     """A string or an array of up to ``MAX_STOP_STRINGS`` non-empty, bounded strings."""
 
     def check(self, param: str, value: Any) -> None:
         if isinstance(value, str):
-            _check_length(param, value, 1, MAX_STOP_CHARS)
+            check_length(param, value, 1, MAX_STOP_CHARS)
             return
         if not isinstance(value, list):
-            raise _invalid_type(param, "a string or an array of strings", value)
-        if len(value) > MAX_STOP_STRINGS:
-            raise FieldError(
-                f"Invalid '{param}': array too long. Expected an array with maximum length "
-                f"{MAX_STOP_STRINGS}, but got an array with length {len(value)} instead.",
-                param,
-                "array_above_max_length",
-            )
+            raise invalid_type(param, "a string or an array of strings", value)
+        check_num_items(param, value, 0, MAX_STOP_STRINGS)
         for n, item in enumerate(value):
             if not isinstance(item, str):
-                raise _invalid_type(f"{param}[{n}]", "a string", item)
-            _check_length(f"{param}[{n}]", item, 1, MAX_STOP_CHARS)
+                raise invalid_type(f"{param}[{n}]", "a string", item)
+            check_length(f"{param}[{n}]", item, 1, MAX_STOP_CHARS)
 
     def json_schema(self) -> dict[str, Any]:
         text = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
@@ -241,10 +194,10 @@ class Stop:
 class StreamOptions:
     def check(self, param: str, value: Any) -> None:
         if not isinstance(value, dict):
-            raise _invalid_type(param, "an object", value)
+            raise invalid_type(param, "an object", value)
         flag = value.get("include_usage")
         if flag is not None and not isinstance(flag, bool):
-            raise _invalid_type(f"{param}.include_usage", "a boolean", flag)
+            raise invalid_type(f"{param}.include_usage", "a boolean", flag)
 
     def json_schema(self) -> dict[str, Any]:
         return {}
@@ -260,7 +213,7 @@ class Unsupported:
 
     def check(self, param: str, value: Any) -> None:
         if not self.is_type(value):
-            raise _invalid_type(param, self.expected, value)
+            raise invalid_type(param, self.expected, value)
         if value not in self.accepted:
             raise FieldError(
                 f"Unsupported parameter: '{param}' is not supported on this server.",
@@ -284,7 +237,19 @@ def _is_string_or_object(value: Any) -> bool:
     return isinstance(value, str | dict)
 
 
-Rule = Decimal | Integer | Boolean | Text | Stop | StreamOptions | Unsupported
+Rule = (
+    Decimal
+    | Integer
+    | Boolean
+    | Text
+    | Stop
+    | StreamOptions
+    | Unsupported
+    | ResponseFormat
+    | StructuredOutputs
+    | Tools
+    | ToolChoice
+)
 
 _MAX_TOKENS = Integer(1, MAX_INT32)
 _COMMON: dict[str, Rule] = {
@@ -303,6 +268,8 @@ _COMMON: dict[str, Rule] = {
     "presence_penalty": Decimal(-2.0, 2.0, only=0.0),
     "frequency_penalty": Decimal(-2.0, 2.0, only=0.0),
     "logit_bias": Unsupported(({},), "an object", _is_object),
+    "response_format": ResponseFormat(),  # an extension on /v1/completions
+    "structured_outputs": StructuredOutputs(),  # an extension (as vLLM's)
 }
 RULES: dict[Endpoint, dict[str, Rule]] = {
     "chat": {
@@ -310,9 +277,10 @@ RULES: dict[Endpoint, dict[str, Rule]] = {
         "max_completion_tokens": _MAX_TOKENS,
         "logprobs": Boolean(),
         "top_logprobs": Integer(0, MAX_LOGPROBS),
-        "response_format": Unsupported(({"type": "text"},), "an object", _is_object),
-        "tools": Unsupported(([],), "an array", _is_array),
-        "tool_choice": Unsupported(("none",), "a string or an object", _is_string_or_object),
+        "tools": Tools(),
+        "tool_choice": ToolChoice(),
+        "parallel_tool_calls": Boolean(),
+        # Deprecated by OpenAI for tools and tool_choice: refused rather than half-supported.
         "functions": Unsupported(([],), "an array", _is_array),
         "function_call": Unsupported(("none",), "a string or an object", _is_string_or_object),
     },
@@ -339,6 +307,9 @@ def check_fields(data: Mapping[str, Any], endpoint: Endpoint) -> None:
             "top_logprobs",
             "invalid_value",
         )
+    if endpoint == "chat":
+        check_tool_choice(data)
+    check_one_constraint(data)
 
 
 def drop_nulls(data: dict[str, Any]) -> dict[str, Any]:

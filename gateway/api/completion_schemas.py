@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from openai_protocol.field_rules import RULES, Endpoint
-from openai_protocol.request_models import ChatCompletionRequest, CompletionRequest
+from openai_protocol.request_models import ChatCompletionRequest, CompletionRequest, ToolCall
 
 Hint = Literal["small", "large"] | None
 _HINT = "Tollway: on a routing alias (model: auto), ask for its small or large model."
@@ -77,8 +77,12 @@ class ChatLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The answer: its text, or (``finish_reason: "tool_calls"``) the calls it makes, with
+    ``content`` null."""
+
     role: Literal["assistant"]
     content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -97,9 +101,24 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None  # in a call's first delta
+    arguments: str | None = None  # the next piece of the arguments' JSON
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of the call at ``index``: its first carries ``id``, ``type`` and the name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -105,3 +105,19 @@ async def test_the_openapi_document_describes_the_completion_endpoints(
         assert schemas[body]["properties"]["temperature"]["maximum"] == 2
     assert "messages" in schemas["ChatCompletionBody"]["required"]
     assert "prompt" in schemas["CompletionBody"]["required"]
+    # The field rules on tools and output constraints, as JSON Schema (field_rules' own).
+    chat = schemas["ChatCompletionBody"]["properties"]
+    tools = chat["tools"]["anyOf"][0]
+    assert tools["maxItems"] == 128
+    name = tools["items"]["properties"]["function"]["properties"]["name"]
+    assert name["pattern"] == "^[a-zA-Z0-9_-]{1,64}$"
+    assert chat["tool_choice"]["anyOf"][0] == {"enum": ["none", "auto", "required"]}
+    for body in ("ChatCompletionBody", "CompletionBody"):
+        properties = schemas[body]["properties"]
+        extension = properties["structured_outputs"]["anyOf"][0]["properties"]
+        assert extension["choice"]["maxItems"] == 1000
+        response_format = properties["response_format"]["anyOf"][0]["properties"]
+        assert response_format["type"]["enum"] == ["json_object", "json_schema", "text"]
+    # A tool-call answer: calls in the message, pieces of them in the deltas.
+    assert "tool_calls" in schemas["AssistantMessage"]["properties"]
+    assert "tool_calls" in schemas["ChatDelta"]["properties"]

@@ -108,8 +108,13 @@ def test_bad_sampling_fields_are_400_with_their_param(
 @pytest.mark.parametrize(
     ("path", "fields", "param"),
     [
-        (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+        (CHAT, {"functions": [{"name": "f"}]}, "functions"),
+        (
+            CHAT,
+            {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+            "tools[0].function.name",
+        ),
+        (CHAT, {"response_format": {"type": "xml"}}, "response_format.type"),
         (CHAT, {"top_logprobs": 2}, "top_logprobs"),
         (CHAT, {"messages": [{"role": "user", "content": []}]}, "messages"),
         (COMPLETIONS, {"echo": True}, "echo"),

@@ -59,7 +59,13 @@ def test_the_issue_values_are_refused_at_the_door(endpoint: Any, field: str, val
         ({"n": 2}, "n"),
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"model": "tiny\x00"}, "model"),
         ({"model": "tiny\x1b[31m"}, "model"),
         ({"model": ""}, "model"),
@@ -71,6 +77,35 @@ def test_the_issue_values_are_refused_at_the_door(endpoint: Any, field: str, val
 )
 def test_bad_fields_are_400_with_their_param(fields: dict[str, Any], param: str) -> None:
     assert refusal(chat(**fields))[:2] == (400, param)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+TOOL_TURNS = [
+    {"role": "developer", "content": "Answer briefly."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+]
+
+
+def test_tool_turns_and_the_developer_role_pass_with_tools() -> None:
+    data = chat(messages=TOOL_TURNS, tools=[TOOL], tool_choice="auto", parallel_tool_calls=False)
+    body = parse_body(data, "chat")
+    assert body.messages == TOOL_TURNS
+    assert body.tools == [TOOL]
+    assert body.raw["tools"] == [TOOL]  # forwarded as given
+    assert "Weather in Paris?" in body.prompt_text
+    assert body.prompt_chars > parse_body(chat(messages=TOOL_TURNS), "chat").prompt_chars
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_schema_too_large_for_the_rules_is_400_naming_its_field(endpoint: Any) -> None:
+    """Under a body limit raised past it, a 1 MiB schema still meets the field rule."""
+    schema = {"type": "object", "description": "d" * (1 << 20)}
+    data = {"model": "tiny", "messages": MESSAGES, "prompt": "hi"}
+    data["structured_outputs"] = {"json": schema}
+    assert refusal(data, endpoint) == (400, "structured_outputs.json", "schema_above_max_length")
 
 
 @pytest.mark.parametrize("hint", ["small", "large", None])
