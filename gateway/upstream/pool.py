@@ -346,7 +346,8 @@ def _is_error(payload: str) -> bool:
 
 
 def _has_substance(payload: str) -> bool:
-    """True for anything but a chat role chunk: content, a finish reason, usage, [DONE]."""
+    """True for anything but a chat role chunk: content, a piece of a tool call (its content
+    is null), a finish reason, usage, [DONE]."""
     if payload == "[DONE]":
         return True
     try:
@@ -355,6 +356,8 @@ def _has_substance(payload: str) -> bool:
         return True
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta")
-        if delta is None or delta.get("content") or choice.get("finish_reason"):
+        if delta is None or delta.get("content") or delta.get("tool_calls"):
+            return True
+        if choice.get("finish_reason"):
             return True
     return chunk.get("usage") is not None

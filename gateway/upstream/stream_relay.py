@@ -3,8 +3,9 @@
 The gateway always asks the engine for ``stream_options.include_usage``; the relay takes the
 usage from the engine's final chunk and hands that chunk on only if the client asked for it.
 It also counts the tokens it relays (the entries of a chunk's ``logprobs`` when present,
-else one per chunk with content), which is what a request is charged for when the stream
-stops before the engine's usage arrives (client gone, engine failed). Text the engine held
+else one per chunk with content or with a piece of a tool call, whose content is null),
+which is what a request is charged for when the stream stops before the engine's usage
+arrives (client gone, engine failed). Text the engine held
 back (a partial UTF-8 character, a possible stop string) was not relayed and is not counted.
 Each chunk's ``model`` is given the name the client knows (``model_name``) where the engine's
 differs (an ``upstream_model`` id, a rollout's version).
@@ -190,7 +191,10 @@ def _tokens_in(choice: Any) -> int:
         entries = logprobs.get("content") or logprobs.get("tokens")
         if isinstance(entries, list) and entries:
             return len(entries)
-    content = (choice.get("delta") or choice.get("message") or {}).get("content")
+    said = choice.get("delta") or choice.get("message") or {}
+    if said.get("tool_calls"):
+        return 1
+    content = said.get("content")
     if content is None:
         content = choice.get("text")
     return 1 if content else 0

@@ -2,13 +2,16 @@
 
 ``/v1/chat/completions`` answers streamed (a role chunk, ``num_chunks`` content chunks, a
 finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) or as one JSON
-body, echoing the requested model; ``/v1/completions`` the same in its own shape (no role
-chunk: its first chunk is the first content). By default it answers at once; with pacing it takes as
-long as a generating engine would: ``ttft_ms`` before the first content and ``itl_ms``
-between content chunks, so a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) *
-itl_ms``. Chunks keep that schedule, counted from the request, however long each write
-takes (an engine's tokens come from its steps, not from its writes): pausing ``itl_ms``
-after each write instead let a slower reader push a stream's end later, write by write.
+body, echoing the requested model. Given ``tools`` (and a ``tool_choice`` but ``"none"``) it
+calls one, as an engine would: the named one or the first, its arguments' JSON in
+``num_chunks`` pieces (``content`` null, ``finish_reason: "tool_calls"``).
+``/v1/completions`` answers the same in its own shape (no role chunk: its first chunk is the
+first content). By default it answers at once; with pacing it takes as long as a generating
+engine would: ``ttft_ms`` before the first content and ``itl_ms`` between content chunks, so
+a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) * itl_ms``. Chunks keep that
+schedule, counted from the request, however long each write takes (an engine's tokens come
+from its steps, not from its writes): pausing ``itl_ms`` after each write instead let a
+slower reader push a stream's end later, write by write.
 ``/v1/models``, ``/metrics`` (the gauges the gateway's pool-load reader scrapes) and
 ``/health`` answer at once; anything else is a 404.
 
@@ -80,18 +83,31 @@ class StandInEngine:
         model = str(request.get("model") or MODEL)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in request["messages"])
         head = {"id": "chatcmpl-standin", "created": int(time.time()), "model": model}
+        function = _called_function(request)
+        finish_reason = "length" if function is None else "tool_calls"
+        pieces = _argument_pieces(self.num_chunks)
         if not request.get("stream"):
-            message = {"role": "assistant", "content": " ".join(["word"] * self.num_chunks)}
-            choice = {"index": 0, "message": message, "finish_reason": "length"}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": " ".join(["word"] * self.num_chunks),
+            }
+            if function is not None:
+                called = {**function, "arguments": "".join(pieces)}
+                call = {"id": _CALL_ID, "type": "function", "function": called}
+                message = {**message, "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": finish_reason}
             body = {**head, "object": "chat.completion", "choices": [choice]}
             await self._answer_whole(body, prompt_tokens, send)
             return
         head["object"] = "chat.completion.chunk"
         deltas = [{"role": "assistant", "content": ""}, *[{"content": "word "}] * self.num_chunks]
+        if function is not None:
+            deltas = [{"role": "assistant", "content": None}, *_call_deltas(function, pieces)]
         chunks = [
             {**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
         ]
-        chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        finish = {"index": 0, "delta": {}, "finish_reason": finish_reason}
+        chunks.append({**head, "choices": [finish]})
         await self._stream(request, chunks, prompt_tokens, send)
 
     async def _completion(self, request: dict[str, Any], send: Send) -> None:
@@ -147,6 +163,40 @@ class StandInEngine:
             event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+_CALL_ID = "call_standin"
+
+
+def _called_function(request: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"name": ...}`` of the function the answer calls, or None for a text answer."""
+    tools, choice = request.get("tools"), request.get("tool_choice", "auto")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return {"name": choice["function"]["name"]}
+    return {"name": tools[0]["function"]["name"]}
+
+
+def _argument_pieces(num_chunks: int) -> list[str]:
+    """``{"text": "word word ..."}`` in ``num_chunks`` pieces, one word each."""
+    pieces = ["word "] * num_chunks
+    if pieces:
+        pieces[0] = '{"text": "' + pieces[0]
+        pieces[-1] += '"}'
+    return pieces
+
+
+def _call_deltas(function: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
+    """One call's deltas: the first names it, each carries a piece of its arguments."""
+    deltas: list[dict[str, Any]] = []
+    for n, piece in enumerate(pieces):
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
+        if n == 0:
+            call = {**call, "id": _CALL_ID, "type": "function"}
+            call["function"] = {"name": function["name"], "arguments": piece}
+        deltas.append({"tool_calls": [call]})
+    return deltas
 
 
 async def _pause(seconds: float) -> None:

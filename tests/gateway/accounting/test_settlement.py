@@ -148,6 +148,89 @@ def test_a_stream_the_client_leaves_is_charged_the_tokens_relayed(
     assert _budget(base, key) == (record.prompt_tokens + record.completion_tokens, 0)
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _tool_call_deltas(response: httpx.Response, most: int | None = None) -> list[dict[str, Any]]:
+    """The streamed deltas that carry a piece of a tool call (at most ``most`` of them)."""
+    deltas = []
+    for line in response.iter_lines():
+        if line.startswith("data: {"):
+            choices = json.loads(line[6:])["choices"]
+            if choices and choices[0]["delta"].get("tool_calls"):
+                assert choices[0]["delta"].get("content") is None
+                deltas.append(choices[0]["delta"])
+            if choices and choices[0]["finish_reason"] is not None:
+                assert choices[0]["finish_reason"] == "tool_calls"
+        if len(deltas) == most:
+            break  # leaving the block closes the connection mid-stream
+    return deltas
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_answer_is_recorded_and_charged_as_any_answer(
+    stack: tuple[TappedEngine, str], sqlite_db_url: str, stream: bool
+) -> None:
+    """Its content is null and its finish reason ``tool_calls``: still a completed answer
+    with a first token, charged the engine's usage."""
+    _, base = stack
+    tenant_id, key = tenant_key(sqlite_db_url, budget_tokens=BUDGET, budget_period="total")
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 100, "stream": stream}
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={**body, "tools": TOOLS},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        if stream:
+            deltas = _tool_call_deltas(response)
+            assert len(deltas) == NUM_CHUNKS
+            assert deltas[0]["tool_calls"][0]["function"]["name"] == "get_weather"
+        else:
+            (choice,) = json.loads(response.read())["choices"]
+            assert choice["finish_reason"] == "tool_calls"
+            assert choice["message"]["content"] is None
+            assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    record = _usage_record(sqlite_db_url, tenant_id)
+    assert record.status.value == "completed"
+    assert (record.prompt_tokens, record.completion_tokens) == (ENGINE_PROMPT_TOKENS, NUM_CHUNKS)
+    assert record.ttft_ms is not None
+    assert _budget(base, key) == (ENGINE_PROMPT_TOKENS + NUM_CHUNKS, 0)
+
+
+def test_a_tool_call_the_client_leaves_is_charged_the_pieces_relayed(
+    paced_stack: tuple[TappedEngine, str], sqlite_db_url: str
+) -> None:
+    _, base = paced_stack
+    tenant_id, key = tenant_key(sqlite_db_url, budget_tokens=BUDGET, budget_period="total")
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 500, "stream": True}
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={**body, "tools": TOOLS},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert len(_tool_call_deltas(response, most=3)) == 3
+    record = _usage_record(sqlite_db_url, tenant_id)
+    assert record.status.value == "cancelled"
+    assert 3 <= record.completion_tokens < 50
+    assert record.ttft_ms is not None
+    assert _budget(base, key) == (record.prompt_tokens + record.completion_tokens, 0)
+
+
 def test_a_request_the_engine_fails_is_released_and_charged_nothing(
     stack: tuple[TappedEngine, str], sqlite_db_url: str
 ) -> None:

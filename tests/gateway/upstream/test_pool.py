@@ -119,3 +119,38 @@ async def test_the_replica_order_hook_orders_attempts_and_sees_each_one_in_fligh
     assert hook.events[-1] == ("finished", "http://b")
     assert len(hook.events) == 5
     await pool.aclose()
+
+
+ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]}
+CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+TOOL_CALL = {"choices": [{"index": 0, "delta": {"content": None, "tool_calls": [CALL]}}]}
+
+
+def sse(*chunks: object) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("broken_stream", "replica"),
+    [
+        (sse(ROLE), "http://b"),  # no token yet: tried elsewhere
+        (sse(ROLE, TOOL_CALL), "http://a"),  # a tool call's first piece is a first token
+    ],
+)
+async def test_a_stream_stays_on_its_replica_once_a_tool_call_has_begun(
+    broken_stream: bytes, replica: str
+) -> None:
+    """A stream that breaks (no ``[DONE]``) is retried on the next replica only before its
+    first token; a tool call's delta (``content`` null) is one, as content is."""
+    pool = pool_of(
+        {
+            "a": lambda _: httpx.Response(200, content=broken_stream),
+            "b": lambda _: httpx.Response(200, content=sse(ROLE, TOOL_CALL) + b"data: [DONE]\n\n"),
+        }
+    )
+    pool.replica_order = RecordingOrder(["http://a", "http://b"])
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    call = await pool.open("m", "/v1/chat/completions", body, {}, is_stream=True)
+    assert call.replica == replica
+    await call.aclose()
+    await pool.aclose()

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
-from gateway.upstream.stream_relay import UsageMeter, relay_events
+from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
 
 
 def chunk(content: str | None = None, usage: dict[str, object] | None = None) -> str:
@@ -186,3 +186,51 @@ async def test_every_chunk_carries_the_clients_model_name(include_usage: bool) -
     assert all(("usage" in c) == include_usage for c in sent)
     assert meter.usage == USAGE
     assert meter.num_relayed_tokens == 2
+
+
+def tool_call_chunk(n: int) -> str:
+    """The ``n``-th delta of a tool call: ``content`` null, a piece of the arguments."""
+    call: dict[str, object] = {"index": 0, "function": {"arguments": f"piece{n}"}}
+    if n == 0:
+        call = {**call, "id": "call_1", "type": "function"}
+        call["function"] = {"name": "get_weather", "arguments": "piece0"}
+    delta = {"content": None, "tool_calls": [call]}
+    return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+
+
+FINISH_TOOL_CALLS = json.dumps(
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": None}
+)
+
+
+async def test_a_tool_call_is_measured_as_content_is() -> None:
+    role = json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+    payloads = [role, *(tool_call_chunk(n) for n in range(4)), FINISH_TOOL_CALLS]
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    first_token_after: list[float] = []
+    meter = UsageMeter(clock=clock, started_at=0.0, on_first_token=first_token_after.append)
+    out = await collect(relay_events(call_with([*payloads, "[DONE]"]), meter, include_usage=False))
+    assert meter.status is UsageStatus.COMPLETED
+    assert meter.num_relayed_tokens == 4  # one per delta with a piece of the call
+    assert first_token_after == [1.0]  # the call's first delta, not the role chunk
+    assert meter.ttft_ms == 1000
+    received = [json.loads(e.removeprefix("data: ")) for e in split_events(out)[:-1]]
+    assert received[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert [c["choices"][0]["delta"] for c in received[1:5]] == [
+        json.loads(tool_call_chunk(n))["choices"][0]["delta"] for n in range(4)
+    ]
+
+
+def test_a_whole_answer_that_calls_a_tool_has_its_first_token() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    body = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    meter = UsageMeter()
+    measure_body({**body, "usage": USAGE}, meter)
+    assert meter.first_token_at is not None
+    assert meter.tokens(counted_prompt_tokens=99) == (7, 2, 3)
