@@ -3,6 +3,13 @@
 Two formatters share one interface so the route code is the same for both
 endpoints: ``whole`` for a non-streamed body, ``chunks`` per engine delta,
 ``role_chunk`` before the first delta and ``usage_chunk`` after the last.
+
+A chat answer to a request with tools (``parses_tool_calls``) is read by
+``tool_call_parser``: ``message.tool_calls`` whole, ``delta.tool_calls`` streamed (a call's first
+delta has its id and name, later ones pieces of its arguments), and ``finish_reason``
+``"tool_calls"`` when the answer made calls and stopped by itself. Logprobs cover every token
+once, in order: streamed, each engine delta's ride on the first chunk made from it, or on a
+chunk of their own (``"delta": {}``) when its text is all held back.
 """
 
 from __future__ import annotations
@@ -12,6 +19,13 @@ from typing import Any
 
 from backend_engine.outputs import RequestOutputDelta, TokenLogprob
 from backend_engine.server.token_text import TokenText
+from backend_engine.server.tool_call_parser import (
+    CallStart,
+    ContentDelta,
+    ParseEvent,
+    ToolCallStreamParser,
+    parse_tool_calls,
+)
 
 JSON = dict[str, Any]
 
@@ -43,10 +57,19 @@ class ChatFormatter:
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
-    def __init__(self, ident: ResponseIdentity, token_text: TokenText, want_logprobs: bool) -> None:
+    def __init__(
+        self,
+        ident: ResponseIdentity,
+        token_text: TokenText,
+        want_logprobs: bool,
+        *,
+        parses_tool_calls: bool = False,
+    ) -> None:
         self.ident = ident
         self.token_text = token_text
         self.want_logprobs = want_logprobs
+        self.parses_tool_calls = parses_tool_calls
+        self._parser = ToolCallStreamParser() if parses_tool_calls else None
 
     def _envelope(self, obj: str, choices: list[JSON]) -> JSON:
         i = self.ident
@@ -74,11 +97,26 @@ class ChatFormatter:
 
     def whole(self, deltas: list[RequestOutputDelta]) -> JSON:
         text, logprobs = _joined(deltas)
+        message: JSON = {"role": "assistant", "content": text}
+        finish_reason: str | None = deltas[-1].finish_reason
+        if self.parses_tool_calls:
+            answer = parse_tool_calls(text)
+            message["content"] = answer.content
+            if answer.tool_calls:
+                message["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                    for call in answer.tool_calls
+                ]
+            finish_reason = _finish_reason(finish_reason, num_calls=len(answer.tool_calls))
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": self._logprobs(logprobs),
-            "finish_reason": deltas[-1].finish_reason,
+            "finish_reason": finish_reason,
         }
         return {**self._envelope(self.object_whole, [choice]), "usage": usage(deltas[-1])}
 
@@ -92,6 +130,8 @@ class ChatFormatter:
         return self._envelope(self.object_chunk, [choice])
 
     def chunks(self, delta: RequestOutputDelta) -> list[JSON]:
+        if self._parser is not None:
+            return self._tool_call_chunks(delta, self._parser)
         out = []
         if delta.new_text or delta.new_logprobs:
             choice = {
@@ -108,6 +148,46 @@ class ChatFormatter:
 
     def usage_chunk(self, last: RequestOutputDelta) -> JSON:
         return {**self._envelope(self.object_chunk, []), "usage": usage(last)}
+
+    def _tool_call_chunks(
+        self, delta: RequestOutputDelta, parser: ToolCallStreamParser
+    ) -> list[JSON]:
+        events = parser.feed(delta.new_text)
+        if delta.finished:
+            events += parser.finish()
+        deltas = [_event_delta(event) for event in events]
+        if self.want_logprobs and delta.new_logprobs and not deltas:
+            deltas.append({})
+        out = []
+        for n, chunk_delta in enumerate(deltas):
+            logprobs = self._logprobs(delta.new_logprobs) if n == 0 else None
+            choice = {"index": 0, "delta": chunk_delta, "logprobs": logprobs, "finish_reason": None}
+            out.append(self._envelope(self.object_chunk, [choice]))
+        if delta.finished:
+            finish_reason = _finish_reason(delta.finish_reason, num_calls=parser.num_calls)
+            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
+            out.append(self._envelope(self.object_chunk, [last]))
+        return out
+
+
+def _event_delta(event: ParseEvent) -> JSON:
+    """One parser event as a chat chunk's ``delta``."""
+    if isinstance(event, ContentDelta):
+        return {"content": event.text}
+    if isinstance(event, CallStart):
+        call = {
+            "index": event.index,
+            "id": event.id,
+            "type": "function",
+            "function": {"name": event.name, "arguments": ""},
+        }
+        return {"tool_calls": [call]}
+    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+
+
+def _finish_reason(engine_reason: str | None, *, num_calls: int) -> str | None:
+    """``"tool_calls"`` for an answer that made calls and stopped by itself."""
+    return "tool_calls" if num_calls and engine_reason == "stop" else engine_reason
 
 
 class CompletionFormatter:

@@ -7,19 +7,12 @@ import json
 from typing import Any
 
 import pytest
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as HFTokenizer
 
 from model_files import tool_call_syntax
 from model_files.chat_rendering import ChatRenderingError, tools_section
 from model_files.tokenizer import Tokenizer
+from tests.support.byte_level_tokenizer import CHATML_TEMPLATE, byte_level_tokenizer
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 # Qwen2.5's way with tools, shortened: tools in the system turn, calls after the content,
 # tool turns under their own role.
 TOOLS_TEMPLATE = """\
@@ -107,18 +100,6 @@ CONVERSATION: list[dict[str, Any]] = [
     },
     {"role": "tool", "tool_call_id": "call_3", "content": "09:31"},
 ]
-
-
-def byte_level_tokenizer(chat_template: str) -> Tokenizer:
-    """Every byte is a token (no merges), ChatML's markers are special tokens."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(
-        [AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]
-    )
-    return Tokenizer(backend, eos_token="<|im_end|>", chat_template=chat_template)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,14 @@
 from __future__ import annotations
 
-from backend_engine.outputs import RequestOutputDelta
-from backend_engine.server.openai_format import usage
+import re
+
+import pytest
+
+from backend_engine.outputs import FinishReason, RequestOutputDelta, TokenLogprob
+from backend_engine.server.openai_format import JSON, ChatFormatter, ResponseIdentity, usage
+from backend_engine.server.token_text import TokenText
+from model_files import tool_call_syntax as syntax
+from tests.support.byte_level_tokenizer import byte_level_tokenizer
 
 
 def last_delta(num_cached_tokens: int | None) -> RequestOutputDelta:
@@ -20,3 +27,206 @@ def test_usage_reports_the_cached_tokens() -> None:
 def test_usage_says_zero_cached_tokens_while_they_are_unknown() -> None:
     """A request that never reached the prefix cache: the wire format keeps its 0."""
     assert usage(last_delta(None))["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+# Chat answers read for tool calls (``parses_tool_calls``): whole and streamed agree.
+
+CALL_ID = re.compile(r"call_[0-9a-f]{24}")
+PARIS = syntax.call_text("get_weather", '{"city": "Paris"}')
+NOW = syntax.call_text("get_time", "{}")
+ANSWERS = [
+    ("Let me look.\n" + PARIS + syntax.CALL_SEPARATOR + NOW, "stop"),
+    (PARIS, "stop"),
+    ("Just text, <tool_ and all.\n", "stop"),
+    ("Zürich 🙂\n" + syntax.call_head("get_weather") + '{"city": "Z', "length"),
+]
+
+
+@pytest.fixture(scope="module")
+def token_text() -> TokenText:
+    return TokenText(byte_level_tokenizer())
+
+
+def formatter(token_text: TokenText, want_logprobs: bool = False) -> ChatFormatter:
+    ident = ResponseIdentity("chatcmpl-1", 0, "m")
+    return ChatFormatter(ident, token_text, want_logprobs, parses_tool_calls=True)
+
+
+def engine_deltas(
+    token_text: TokenText, pieces: list[str], finish_reason: FinishReason
+) -> list[RequestOutputDelta]:
+    """One delta per piece, each token with a logprob; the last finished."""
+    tokenizer = byte_level_tokenizer()
+    deltas, num_tokens = [], 0
+    for n, piece in enumerate(pieces):
+        ids = tokenizer.encode(piece, add_special_tokens=False)
+        num_tokens += len(ids)
+        is_last = n == len(pieces) - 1
+        deltas.append(
+            RequestOutputDelta(
+                "r",
+                ids,
+                piece,
+                7,
+                num_tokens,
+                0,
+                [TokenLogprob(token_id, -0.25) for token_id in ids],
+                finished=is_last,
+                finish_reason=finish_reason if is_last else None,
+            )
+        )
+    return deltas
+
+
+def streamed_choice(chunks: list[JSON]) -> JSON:
+    """The chunks' deltas added up, as a client does, in the shape of a whole choice."""
+    content = ""
+    calls: list[JSON] = []
+    logprobs: list[JSON] = []
+    finish_reason = None
+    for chunk in chunks:
+        [choice] = chunk["choices"]
+        delta = choice["delta"]
+        content += delta.get("content", "")
+        for call in delta.get("tool_calls", []):
+            assert len(delta["tool_calls"]) == 1
+            if "id" in call:  # a call's first delta: its id and name, no arguments yet
+                assert call["index"] == len(calls)
+                assert call["function"]["arguments"] == ""
+                calls.append({k: call[k] for k in ("id", "type", "function")})
+            else:
+                assert set(call) == {"index", "function"}
+                calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
+        if choice["logprobs"] is not None:
+            logprobs += choice["logprobs"]["content"]
+        if choice["finish_reason"] is not None:
+            assert chunk is chunks[-1]
+            finish_reason = choice["finish_reason"]
+    message: JSON = {"role": "assistant", "content": None if calls and not content else content}
+    if calls:
+        message["tool_calls"] = calls
+    return {"message": message, "logprobs": {"content": logprobs}, "finish_reason": finish_reason}
+
+
+def without_ids(choice: JSON) -> JSON:
+    for call in choice["message"].get("tool_calls", []):
+        assert CALL_ID.fullmatch(call.pop("id"))
+    return choice
+
+
+def test_a_whole_answer_has_its_calls(token_text: TokenText) -> None:
+    text = "Let me look.\n" + PARIS + syntax.CALL_SEPARATOR + NOW
+    [choice] = formatter(token_text).whole(engine_deltas(token_text, [text], "stop"))["choices"]
+    assert without_ids(choice) == {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
+                {"type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+            ],
+        },
+        "logprobs": None,
+        "finish_reason": "tool_calls",
+    }
+
+
+def test_a_whole_answer_without_calls_is_text(token_text: TokenText) -> None:
+    for parses in (True, False):
+        ident = ResponseIdentity("chatcmpl-1", 0, "m")
+        chat = ChatFormatter(ident, token_text, False, parses_tool_calls=parses)
+        [choice] = chat.whole(engine_deltas(token_text, ["Hi ", "<tool_ there\n"], "stop"))[
+            "choices"
+        ]
+        assert choice["message"] == {"role": "assistant", "content": "Hi <tool_ there\n"}
+        assert choice["finish_reason"] == "stop"
+    # Not read for calls, a call is text.
+    chat = ChatFormatter(ResponseIdentity("chatcmpl-1", 0, "m"), token_text, False)
+    [choice] = chat.whole(engine_deltas(token_text, [PARIS], "stop"))["choices"]
+    assert choice["message"] == {"role": "assistant", "content": PARIS}
+
+
+def test_a_truncated_call_keeps_what_was_generated(token_text: TokenText) -> None:
+    text = PARIS + syntax.CALL_SEPARATOR + syntax.call_head("get_time") + '{"zo'
+    [choice] = formatter(token_text).whole(engine_deltas(token_text, [text], "length"))["choices"]
+    assert choice["finish_reason"] == "length"
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [
+        '{"city": "Paris"}',
+        '{"zo',
+    ]
+
+
+@pytest.mark.parametrize(("text", "finish_reason"), ANSWERS)
+def test_streamed_answers_add_up_to_the_whole_one(
+    token_text: TokenText, text: str, finish_reason: FinishReason
+) -> None:
+    whole = formatter(token_text, want_logprobs=True).whole(
+        engine_deltas(token_text, [text], finish_reason)
+    )
+    [whole_choice] = whole["choices"]
+    del whole_choice["index"]
+    expected = without_ids(whole_choice)
+    pieces_list = [[text], list(text), *([text[:n], text[n:]] for n in range(len(text) + 1))]
+    pieces_list.append([text, ""])  # the last delta only finishes
+    for pieces in pieces_list:
+        chat = formatter(token_text, want_logprobs=True)
+        chunks = [
+            c for d in engine_deltas(token_text, pieces, finish_reason) for c in chat.chunks(d)
+        ]
+        assert without_ids(streamed_choice(chunks)) == expected, pieces
+    assert len(expected["logprobs"]["content"]) == len(text.encode())
+
+
+def test_two_calls_in_one_delta_stream_whole(token_text: TokenText) -> None:
+    chat = formatter(token_text)
+    [delta] = engine_deltas(token_text, [PARIS + syntax.CALL_SEPARATOR + NOW], "stop")
+    chunks = chat.chunks(delta)
+    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"],
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]},
+        {
+            "tool_calls": [
+                {
+                    "index": 1,
+                    "id": chunks[2]["choices"][0]["delta"]["tool_calls"][0]["id"],
+                    "type": "function",
+                    "function": {"name": "get_time", "arguments": ""},
+                }
+            ]
+        },
+        {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]},
+    ]
+    assert chunks[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "tool_calls",
+    }
+
+
+def test_held_back_text_still_reports_its_logprobs(token_text: TokenText) -> None:
+    chat = formatter(token_text, want_logprobs=True)
+    [held, rest] = engine_deltas(token_text, ["Hi\n<tool", "s>"], "stop")
+    [chunk] = chat.chunks(held)
+    assert chunk["choices"][0]["delta"] == {"content": "Hi"}
+    chunks = chat.chunks(rest)
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "\n<tools>"}, {}]
+    assert [e["token"] for e in chunks[0]["choices"][0]["logprobs"]["content"]] == ["s", ">"]
+    chat = formatter(token_text, want_logprobs=True)
+    [only_held, _] = engine_deltas(token_text, ["\n<tool_", "call>"], "stop")
+    [chunk] = chat.chunks(only_held)
+    assert chunk["choices"][0]["delta"] == {}
+    assert len(chunk["choices"][0]["logprobs"]["content"]) == len("\n<tool_")
