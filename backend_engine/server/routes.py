@@ -27,8 +27,10 @@ from backend_engine.server.openai_format import (
     Formatter,
     ResponseIdentity,
 )
+from backend_engine.server.output_constraints import parses_tool_calls
 from backend_engine.server.request_reader import RequestMeta, read_meta, read_model
 from backend_engine.server.sampling import completion_budget, sampling_params
+from model_files.chat_rendering import ChatRenderingError
 from openai_protocol.request_models import (
     AbortRequest,
     ChatCompletionRequest,
@@ -69,9 +71,12 @@ async def chat_completions(request: Request) -> Response:
     meta = read_meta(request)  # bad headers are refused before the body is read
     body = await read_model(request, ChatCompletionRequest, ctx.max_body_bytes, endpoint="chat")
     _check_model(engine, body.model)
-    prompt_ids = await anyio.to_thread.run_sync(
-        partial(engine.tokenizer.encode_chat, body.chat_messages(), tools=body.tool_dicts())
-    )
+    try:
+        prompt_ids = await anyio.to_thread.run_sync(
+            partial(engine.tokenizer.encode_chat, body.chat_messages(), tools=body.tool_dicts())
+        )
+    except ChatRenderingError as exc:
+        raise invalid_request(str(exc), param=exc.param) from None
     return await _generate(
         request, ctx, meta, body, prompt_ids, endpoint="chat", prompt_param="messages"
     )
@@ -124,7 +129,7 @@ async def _generate(
     want_logprobs = body.requested_logprobs() is not None
     token_text = ctx.host.token_text
     formatter: Formatter = (
-        ChatFormatter(ident, token_text, want_logprobs)
+        ChatFormatter(ident, token_text, want_logprobs, parses_tool_calls=parses_tool_calls(body))
         if is_chat
         else CompletionFormatter(ident, token_text, want_logprobs)
     )

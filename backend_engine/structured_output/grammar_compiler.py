@@ -17,27 +17,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import llguidance
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from backend_engine.structured_output.constraint import OutputConstraint
+from backend_engine.structured_output.json_format import JSON_OPTIONS
 from backend_engine.structured_output.matcher import GrammarMatcher
 from backend_engine.structured_output.regex_size import check_regex_size
 from model_files.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
-
-# JSON is generated with one space after ',' and ':' (what models write, and it bounds the
-# output: flexible whitespace lets a small model loop on blank lines).
-JSON_OPTIONS: JsonCompileOptions = {
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "whitespace_flexible": False,
-}
-
 
 # llguidance's stop reasons for a grammar that cannot produce its first byte.
 _NOTHING_MATCHES = ("NoExtension", "NoExtensionBias")

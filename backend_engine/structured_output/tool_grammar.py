@@ -33,19 +33,15 @@ import json
 from typing import Any
 
 from backend_engine.structured_output.constraint import OutputConstraint
+from backend_engine.structured_output.json_format import JSON_OPTIONS
 from model_files import tool_call_syntax as syntax
 
 TOOLS_PARAM = "tools"
 # A function without parameters takes no arguments: exactly "{}".
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
 # llguidance reads the two separators as regexes: the syntax's are plain punctuation and a space.
-JSON_OPTIONS: dict[str, Any] = {
-    "item_separator": syntax.ITEM_SEPARATOR,
-    "key_separator": syntax.KEY_SEPARATOR,
-    "whitespace_flexible": False,
-}
-
-
 def tool_call_constraint(
     tools: list[dict[str, Any]],
     tool_choice: str | dict[str, Any],
@@ -127,7 +123,7 @@ def _functions_by_name(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any] 
 def _arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     schema = dict(parameters) if parameters else dict(NO_PARAMETERS)
     schema.setdefault("type", "object")
-    schema["x-guidance"] = JSON_OPTIONS
+    schema["x-guidance"] = dict(JSON_OPTIONS)
     return schema
 
 
