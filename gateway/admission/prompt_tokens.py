@@ -24,6 +24,7 @@ from gateway.admission.token_counter import (
 from gateway.completion_body import CompletionBody
 from gateway.errors import ApiError, invalid_request
 from gateway.settings import ModelSettings
+from model_files.chat_rendering import ChatRenderingError
 
 
 def count_prompt_tokens(
@@ -31,10 +32,11 @@ def count_prompt_tokens(
 ) -> int:
     """The prompt tokens the model's engine will report for ``body``: what is reserved.
 
-    Chats raise ``ValueError``/``TypeError``/``jinja2.TemplateError`` where the template would.
+    A chat counts its tools too. Chats raise ``ValueError``/``TypeError``/
+    ``jinja2.TemplateError`` where the engine's renderer would.
     """
     if body.messages is not None:
-        return counter.count_chat(body.messages, limit)
+        return counter.count_chat(body.messages, limit, tools=body.tools)
     if isinstance(body.prompt, list):
         return len(body.prompt)  # token ids go to the model as they are
     return counter.count_prompt(body.prompt or "", limit)
@@ -45,7 +47,7 @@ def tokenize_prompt(counter: TokenCounter, body: CompletionBody, limit: int) -> 
     if not isinstance(counter, ExactCounter):
         raise TypeError(f"{type(counter).__name__} counts tokens but has no engine ids")
     if body.messages is not None:
-        return counter.tokenize_chat(body.messages, limit)
+        return counter.tokenize_chat(body.messages, limit, tools=body.tools)
     if isinstance(body.prompt, list):
         return PromptTokens(len(body.prompt), body.prompt)
     return counter.tokenize_prompt(body.prompt or "", limit)
@@ -99,6 +101,5 @@ def _count_only(counter: TokenCounter, body: CompletionBody, limit: int) -> Prom
 
 
 def _bad_messages(exc: Exception) -> ApiError:
-    return invalid_request(
-        f"The messages cannot be rendered for this model: {exc}", param="messages"
-    )
+    param = exc.param if isinstance(exc, ChatRenderingError) else "messages"
+    return invalid_request(f"The messages cannot be rendered for this model: {exc}", param=param)

@@ -7,16 +7,21 @@ Two builders, both offline:
   renders the checkpoint's chat template with the engine's own code. It counts what the
   engine's server counts (``backend_engine/server/routes.py``): a completions prompt is
   ``Tokenizer.encode(prompt)``, so with the tokens the tokenizer's post-processor adds
-  (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of each message's role and text, the
-  template writing its own BOS. A tokenizer tiktoken cannot reproduce exactly raises
-  ``UnsupportedTokenizer`` (a ``ValueError``) saying why; ``exact_counter(path)`` then counts
-  with the engine's own tokenizer (``TokenizerCounter``) instead.
+  (Llama's BOS); a chat is ``Tokenizer.encode_chat`` of its messages and tools, rendered by
+  ``Tokenizer.render_chat`` from the client's JSON as the engine renders them (tool turns,
+  the developer role, text parts: ``model_files/chat_rendering.py``), the template writing its
+  own BOS. The tools go to the renderer as the engine's request model dumps them
+  (:func:`engine_tools`), so a client's key order or extra keys count as the engine counts.
+  A tokenizer tiktoken cannot reproduce exactly raises ``UnsupportedTokenizer`` (a
+  ``ValueError``) saying why; ``exact_counter(path)`` then counts with the engine's own
+  tokenizer (``TokenizerCounter``) instead.
 - ``for_openai_model(name)`` counts with ``cl100k_base`` or ``o200k_base``, loaded from the rank
   files shipped in ``gateway/admission/encodings`` (never downloaded), following OpenAI's
-  cookbook rules.
+  cookbook rules, tools included (its approximation: names, descriptions and top-level
+  properties).
 
-Only ``tiktoken``, ``tokenizers``, ``jinja2`` (and ``gguf`` for a GGUF file) are imported:
-never torch or transformers.
+Only ``tiktoken``, ``tokenizers``, ``jinja2``, pydantic (the request models) and ``gguf`` (for
+a GGUF file) are imported: never torch or transformers.
 """
 
 from __future__ import annotations
@@ -46,9 +51,11 @@ from gateway.admission.tiktoken_vocabulary import (
 )
 from model_files.checkpoint import load_tokenizer
 from model_files.tokenizer import Tokenizer
+from openai_protocol.request_models import Tool
 
 logger = logging.getLogger(__name__)
 Messages = list[dict[str, Any]]
+Tools = list[dict[str, Any]]
 # A prompt shorter than this is tokenized on the event loop (microseconds: a thread hand-off
 # costs more); a longer one on a worker thread (1 MiB takes tens of milliseconds).
 INLINE_TOKENIZE_CHARS = 16_384
@@ -60,6 +67,15 @@ DEFAULT_OPENAI_ENCODING = "cl100k_base"
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 TOKENS_PER_REPLY = 3
+# The same cookbook, "Counting tokens for chat completions with tool calls": an approximation
+# of how OpenAI renders ``tools`` (exact on its examples), from each function's name and
+# description and its parameters' top-level properties (name, type, description, enum).
+TOKENS_PER_FUNCTION = {"o200k_base": 7, "cl100k_base": 10}  # gpt-4o*; gpt-3.5-turbo, gpt-4
+TOKENS_PER_PROPERTIES = 3
+TOKENS_PER_PROPERTY = 3
+TOKENS_PER_ENUM = -3
+TOKENS_PER_ENUM_ITEM = 3
+TOKENS_AFTER_FUNCTIONS = 12
 
 
 class TokenCounter(Protocol):
@@ -82,9 +98,12 @@ class TokenCounter(Protocol):
         """
         ...
 
-    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
-        """A ``/v1/chat/completions`` conversation, rendered as the server renders it;
-        ``limit`` as for ``count_prompt``."""
+    def count_chat(
+        self, messages: Messages, limit: int | None = None, tools: Tools | None = None
+    ) -> int:
+        """A ``/v1/chat/completions`` conversation and its ``tools`` (OpenAI's JSON, as the
+        client sent them), rendered as the server renders them; ``limit`` as for
+        ``count_prompt``."""
         ...
 
 
@@ -170,6 +189,7 @@ class OpenAITokenCounter:
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
         self._max_chars_per_token = _longest_token_bytes(encoding)
+        self._tokens_per_function = TOKENS_PER_FUNCTION.get(encoding.name, 7)
 
     @property
     def fingerprint(self) -> str:
@@ -184,18 +204,54 @@ class OpenAITokenCounter:
             return fewest
         return self.count_text(prompt)
 
-    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
-        num_tokens = TOKENS_PER_REPLY
+    def count_chat(
+        self, messages: Messages, limit: int | None = None, tools: Tools | None = None
+    ) -> int:
+        num_tokens = TOKENS_PER_REPLY + self._count_tools(tools or [])
         for message in messages:
             num_tokens += TOKENS_PER_MESSAGE
             for key, value in message.items():
                 if value is None:
                     continue
-                text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-                num_tokens += self.count_text(text)
+                num_tokens += self.count_text(_as_text(value))
                 if key == "name":
                     num_tokens += TOKENS_PER_NAME
         return num_tokens
+
+    def _count_tools(self, tools: Tools) -> int:
+        """The cookbook's ``num_tokens_for_tools`` less the messages (nested properties, and
+        anything else a function's parameters say, are not counted: it is an estimate)."""
+        if not tools:
+            return 0
+        num_tokens = TOKENS_AFTER_FUNCTIONS
+        for tool in tools:
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict):
+                continue
+            num_tokens += self._tokens_per_function
+            description = _as_text(function.get("description") or "").removesuffix(".")
+            num_tokens += self.count_text(f"{_as_text(function.get('name'))}:{description}")
+            parameters = function.get("parameters")
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
+            if not isinstance(properties, dict) or not properties:
+                continue
+            num_tokens += TOKENS_PER_PROPERTIES
+            for name, spec in properties.items():
+                spec = spec if isinstance(spec, dict) else {}
+                num_tokens += TOKENS_PER_PROPERTY
+                enum = spec.get("enum")
+                if isinstance(enum, list):
+                    num_tokens += TOKENS_PER_ENUM
+                    for item in enum:
+                        num_tokens += TOKENS_PER_ENUM_ITEM + self.count_text(_as_text(item))
+                kind = _as_text(spec.get("type"))
+                description = _as_text(spec.get("description") or "").removesuffix(".")
+                num_tokens += self.count_text(f"{name}:{kind}:{description}")
+        return num_tokens
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def for_openai_model(model: str) -> OpenAITokenCounter:
@@ -205,18 +261,14 @@ def for_openai_model(model: str) -> OpenAITokenCounter:
 # --- Checkpoint tokenizers ---------------------------------------------------------------------
 
 
-def _engine_messages(messages: Messages) -> Messages:
-    """Messages as the engine's server hands them to the template: role and text only
-    (``ChatMessage.text``: text parts joined, no content an empty string)."""
-    return [{"role": m.get("role"), "content": _content_text(m.get("content"))} for m in messages]
-
-
-def _content_text(content: Any) -> Any:
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) if isinstance(p, dict) else "" for p in content)
-    return content  # a string, or something the engine refuses anyway
+def engine_tools(tools: Tools | None) -> Tools | None:
+    """``tools`` as the engine's server hands them to the renderer
+    (``ChatCompletionRequest.tool_dicts``): each through the request model, dumped without
+    its nulls, so key order and unknown keys are the model's, not the client's. Raises
+    ``ValueError`` (pydantic's) for a tool the model refuses (the field rules let none by)."""
+    if not tools:
+        return None
+    return [Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools]
 
 
 def _fingerprint(tokenizer: Tokenizer) -> str:
@@ -251,7 +303,7 @@ class CheckpointTokenCounter:
             )
         except ValueError as exc:  # the Rust side rejects the regex
             raise UnsupportedTokenizer(f"tiktoken cannot use the pattern: {exc}") from exc
-        self._render = tokenizer.apply_chat_template
+        self._render = tokenizer.render_chat
         self._backend = backend
         self._unencodable = (
             re.compile(vocabulary.unencodable) if vocabulary.unencodable is not None else None
@@ -314,8 +366,8 @@ class CheckpointTokenCounter:
         post-processor adds (Llama's BOS)."""
         return [*self._added_before, *self.encode_text(prompt), *self._added_after]
 
-    def encode_chat(self, messages: Messages) -> list[int]:
-        return self.encode_text(self._render(_engine_messages(messages)))
+    def encode_chat(self, messages: Messages, tools: Tools | None = None) -> list[int]:
+        return self.encode_text(self._render(messages, engine_tools(tools)))
 
     def count_text(self, text: str) -> int:
         if self._has_unencodable(text):
@@ -326,9 +378,12 @@ class CheckpointTokenCounter:
         """``len(Tokenizer.encode(prompt))``: the text and what the post-processor adds."""
         return self._count_within(prompt, limit) + self._num_added_tokens
 
-    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
-        """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
-        return self._count_within(self._render(_engine_messages(messages)), limit)
+    def count_chat(
+        self, messages: Messages, limit: int | None = None, tools: Tools | None = None
+    ) -> int:
+        """Raises ``ValueError`` (``ChatRenderingError`` naming the field) or
+        ``jinja2.TemplateError`` where the engine's renderer would."""
+        return self._count_within(self._render(messages, engine_tools(tools)), limit)
 
     def tokenize_prompt(self, prompt: str, limit: int | None = None) -> PromptTokens:
         """``count_prompt`` with the ids (``encode_prompt``) where it tokenizes."""
@@ -338,9 +393,11 @@ class CheckpointTokenCounter:
         ids = self.encode_prompt(prompt)
         return PromptTokens(len(ids), ids)
 
-    def tokenize_chat(self, messages: Messages, limit: int | None = None) -> PromptTokens:
+    def tokenize_chat(
+        self, messages: Messages, limit: int | None = None, tools: Tools | None = None
+    ) -> PromptTokens:
         """``count_chat`` with the ids (``encode_chat``) where it tokenizes."""
-        text = self._render(_engine_messages(messages))
+        text = self._render(messages, engine_tools(tools))
         fewest = self._fewest_within(text, limit)
         if fewest is not None:
             return PromptTokens(fewest, None)
@@ -377,22 +434,26 @@ class TokenizerCounter:
     def encode_prompt(self, prompt: str) -> list[int]:
         return self._tokenizer.encode(prompt)
 
-    def encode_chat(self, messages: Messages) -> list[int]:
-        return self._tokenizer.encode_chat(_engine_messages(messages))
+    def encode_chat(self, messages: Messages, tools: Tools | None = None) -> list[int]:
+        return self._tokenizer.encode_chat(messages, tools=engine_tools(tools))
 
     def count_prompt(self, prompt: str, limit: int | None = None) -> int:
         return len(self._tokenizer.encode(prompt))
 
-    def count_chat(self, messages: Messages, limit: int | None = None) -> int:
-        """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's template would."""
-        return len(self._tokenizer.encode_chat(_engine_messages(messages)))
+    def count_chat(
+        self, messages: Messages, limit: int | None = None, tools: Tools | None = None
+    ) -> int:
+        """Raises ``ValueError``/``jinja2.TemplateError`` where the engine's renderer would."""
+        return len(self.encode_chat(messages, tools))
 
     def tokenize_prompt(self, prompt: str, limit: int | None = None) -> PromptTokens:
         ids = self.encode_prompt(prompt)
         return PromptTokens(len(ids), ids)
 
-    def tokenize_chat(self, messages: Messages, limit: int | None = None) -> PromptTokens:
-        ids = self.encode_chat(messages)
+    def tokenize_chat(
+        self, messages: Messages, limit: int | None = None, tools: Tools | None = None
+    ) -> PromptTokens:
+        ids = self.encode_chat(messages, tools)
         return PromptTokens(len(ids), ids)
 
 

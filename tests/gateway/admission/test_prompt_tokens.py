@@ -5,12 +5,14 @@ engine's is ``test_prompt_tokens_match_engine.py``.)"""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.admission.prompt_tokens import PromptCounts
-from gateway.admission.token_counter import INLINE_TOKENIZE_CHARS, TokenCounter
+from gateway.admission.token_counter import INLINE_TOKENIZE_CHARS, TokenCounter, from_checkpoint
 from gateway.completion_body import CompletionBody
 from gateway.errors import ApiError
 from gateway.settings import ModelSettings
@@ -30,7 +32,7 @@ class RecordingCounter:
     def count_prompt(self, prompt: str, limit: int | None = None) -> int:
         return 7
 
-    def count_chat(self, messages: Any, limit: int | None = None) -> int:
+    def count_chat(self, messages: Any, limit: int | None = None, tools: Any = None) -> int:
         self.threads.append(threading.current_thread())
         if self.error is not None:
             raise self.error
@@ -65,3 +67,25 @@ async def test_messages_a_template_cannot_render_are_a_400() -> None:
     with pytest.raises(ApiError) as caught:
         await counts({"m": broken}).count("m")
     assert (caught.value.rejection.status, caught.value.rejection.param) == (400, "messages")
+
+
+async def test_a_tool_call_the_renderer_cannot_read_is_a_400_naming_it(
+    demo_model_files: Callable[..., Path],
+) -> None:
+    """The engine's renderer (``model_files.chat_rendering``) names the field; so does the 400."""
+    counter = from_checkpoint(demo_model_files(architecture="LlamaForCausalLM", size="tiny"))
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    body = CompletionBody("chat", {}, "m", messages, None, None, False, False)
+    models = {"m": ModelSettings("m", ("http://127.0.0.1:1",), 4096)}
+    with pytest.raises(ApiError) as caught:
+        await PromptCounts({"m": counter}, models, body, limit=4000).count("m")
+    rejection = caught.value.rejection
+    assert (rejection.status, rejection.param) == (
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+    )
+    assert "is not valid JSON" in rejection.message

@@ -1,11 +1,12 @@
 """The gateway reserves exactly the prompt tokens the engine then reports, on both endpoints.
 
 Random prompts (unicode, whitespace runs, text that looks like special tokens, token-id lists)
-and conversations go to a real engine server (tiny demo weights, or the stand-in runner where
-the engine is not installed: the count is the engine's tokenizer's either way) for one token
-each; the ``usage.prompt_tokens`` it answers must equal what admission counts for the same
-body (`gateway.admission.prompt_tokens.count_prompt_tokens`, the number its budget reservation
-is made of).
+and conversations (also with tools, tool calls, tool turns and the developer role) go to a
+real engine server (tiny demo weights, or the stand-in runner where the engine is not
+installed: the count is the engine's tokenizer's either way) for one token each; the
+``usage.prompt_tokens`` it answers must equal what admission counts for the same body
+(`gateway.admission.prompt_tokens.count_prompt_tokens`, the number its budget reservation is
+made of).
 Tokenizers: the Llama and Qwen2 demos (a post-processor BOS, a template that writes its own
 BOS; Mistral's demo tokenizer is Llama's), and two variants: no post-processor with a ChatML
 template (Qwen-like), and a post-processor adding BOS and EOS.
@@ -68,6 +69,64 @@ MESSAGES = st.lists(
     ),
     min_size=1,
     max_size=4,
+)
+
+# Tool calling: calls (content null or text), tool turns, the developer role, and tools whose
+# functions' keys come in any order (the engine renders what its request model dumps).
+NAMES = st.from_regex(r"[a-zA-Z0-9_-]{1,12}", fullmatch=True)
+ARGUMENTS = st.dictionaries(
+    st.text(max_size=6), st.integers() | st.booleans() | TEXTS, max_size=3
+).map(json.dumps)
+CALL = st.builds(
+    lambda n, name, arguments: {
+        "id": f"call_{n}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    },
+    st.integers(0, 99),
+    NAMES,
+    ARGUMENTS,
+)
+TOOL_TURNS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "developer", "user", "assistant"]),
+            "content": TEXTS | PARTS,
+        }
+    )
+    | st.fixed_dictionaries(
+        {
+            "role": st.just("assistant"),
+            "content": st.none() | TEXTS,
+            "tool_calls": st.lists(CALL, min_size=1, max_size=2),
+        }
+    )
+    | st.fixed_dictionaries(
+        {"role": st.just("tool"), "tool_call_id": st.just("call_1"), "content": TEXTS | PARTS}
+    ),
+    min_size=1,
+    max_size=5,
+)
+PROPERTY = st.fixed_dictionaries(
+    {"type": st.just("string")},
+    optional={"description": TEXTS, "enum": st.lists(TEXTS, min_size=1, max_size=3)},
+)
+FUNCTION = st.fixed_dictionaries(
+    {"name": NAMES},
+    optional={
+        "description": st.none() | TEXTS,
+        "parameters": st.builds(
+            lambda properties: {"type": "object", "properties": properties},
+            st.dictionaries(NAMES, PROPERTY, max_size=3),
+        ),
+        "strict": st.booleans(),
+    },
+).flatmap(lambda function: st.permutations(list(function.items())).map(dict))
+TOOLS = st.lists(
+    st.builds(lambda function: {"type": "function", "function": function}, FUNCTION),
+    min_size=1,
+    max_size=3,
+    unique_by=lambda tool: str(tool["function"]["name"]),
 )
 
 
@@ -171,4 +230,19 @@ def test_completions_token_ids(served: Served, data: st.DataObject) -> None:
 def test_chat(served: Served, messages: list[dict[str, Any]]) -> None:
     body = parse_body({"model": MODEL, "messages": messages}, "chat")
     reported = served.engine_prompt_tokens("/v1/chat/completions", {"messages": messages})
+    assert count_prompt_tokens(served.counter, body) == reported
+
+
+@_SETTINGS
+@given(messages=TOOL_TURNS, tools=st.none() | TOOLS)
+def test_chat_with_tools_and_tool_turns(
+    served: Served, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> None:
+    """``tool_choice: none`` keeps the answer free (a constrained one is the structured-output
+    tests' business); the tools are in the prompt whatever the choice."""
+    fields: dict[str, Any] = {"messages": messages}
+    if tools is not None:
+        fields.update(tools=tools, tool_choice="none")
+    body = parse_body({"model": MODEL, **fields}, "chat")
+    reported = served.engine_prompt_tokens("/v1/chat/completions", fields)
     assert count_prompt_tokens(served.counter, body) == reported

@@ -31,6 +31,7 @@ from gateway.app import token_counters
 from gateway.settings import ModelSettings
 from model_files.checkpoint import load_tokenizer
 from model_files.tokenizer import Tokenizer
+from openai_protocol.request_models import ChatCompletionRequest
 from tests.model_files.gguf_tokenizer_files import (
     AWKWARD_TEXTS,
     write_sentencepiece_gguf,
@@ -76,6 +77,75 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
         {"role": "user", "content": ""},
     ],
 ]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_current_weather",
+        "description": "Get the current weather in a given location",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "location": {
+                    "type": "string",
+                    "description": "The city and state, e.g. San Francisco, CA",
+                },
+                "unit": {
+                    "type": "string",
+                    "description": "The unit of temperature to return",
+                    "enum": ["celsius", "fahrenheit"],
+                },
+            },
+            "required": ["location"],
+        },
+    },
+}
+# Keys in another order than the engine's request model dumps them, a null and a key it does
+# not know: the engine renders what its model keeps, and so must the counter.
+UNTIDY_TOOL = {
+    "function": {
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "x-vendor": {"ignored": True},
+        "description": None,
+        "name": "search",
+    },
+    "type": "function",
+}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": 1}'}}
+# (messages, tools) with tool turns, the developer role, text parts and calls with null content.
+TOOL_CONVERSATIONS: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = [
+    ([{"role": "user", "content": "Weather in Paris?"}], [WEATHER_TOOL]),
+    (
+        [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Find "}, {"type": "text", "text": "cats"}],
+            },
+            {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "call_2"}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"hits": 3}'},
+            {
+                "role": "tool",
+                "tool_call_id": "call_2",
+                "content": [{"type": "text", "text": "none"}],
+            },
+            {"role": "assistant", "content": "Three <|eot_id|> hits."},
+        ],
+        [UNTIDY_TOOL, WEATHER_TOOL],
+    ),
+    ([{"role": "developer", "content": "No tools here."}, {"role": "user", "content": "hi"}], None),
+]
+
+
+def engine_prompt(
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
+    """The ids the engine's server makes of a chat (``routes.py``): through its request model."""
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": messages, **({"tools": tools} if tools else {})}
+    )
+    return tokenizer.encode_chat(request.chat_messages(), tools=request.tool_dicts())
 
 
 def _random_texts(num_texts: int, seed: int) -> list[str]:
@@ -132,6 +202,21 @@ def test_chat_matches_encode_chat(pair: tuple[CheckpointTokenCounter, Tokenizer]
         assert counter.encode_chat(messages) == expected
         assert counter.count_chat(messages) == len(expected)
         assert counter.tokenize_chat(messages, limit=10**9) == PromptTokens(len(expected), expected)
+
+
+def test_tools_and_tool_turns_count_as_the_engine_renders_them(
+    pair: tuple[CheckpointTokenCounter, Tokenizer],
+) -> None:
+    counter, tokenizer = pair
+    for messages, tools in TOOL_CONVERSATIONS:
+        expected = engine_prompt(tokenizer, messages, tools)
+        assert counter.encode_chat(messages, tools) == expected
+        assert counter.count_chat(messages, tools=tools) == len(expected)
+        assert counter.tokenize_chat(messages, 10**9, tools) == PromptTokens(
+            len(expected), expected
+        )
+    messages, tools = TOOL_CONVERSATIONS[0]
+    assert counter.count_chat(messages, tools=tools) > counter.count_chat(messages)
 
 
 def test_tokenize_is_the_count_with_the_ids(pair: tuple[CheckpointTokenCounter, Tokenizer]) -> None:
@@ -344,6 +429,22 @@ def test_openai_chat_counts_follow_the_cookbook() -> None:
     assert counter.count_text("<|endoftext|>") > 1  # plain text, not the special token
 
 
+@pytest.mark.parametrize(("model", "expected"), [("gpt-4", 105), ("gpt-4o", 101)])
+def test_openai_tools_count_as_the_cookbook_estimates(model: str, expected: int) -> None:
+    """The cookbook's example, whose counts it checked against OpenAI's API."""
+    messages = [
+        {
+            "role": "system",
+            "content": "You are a helpful assistant that can answer to questions about the "
+            "weather.",
+        },
+        {"role": "user", "content": "What's the weather like in San Francisco?"},
+    ]
+    counter = for_openai_model(model)
+    assert counter.count_chat(messages, tools=[WEATHER_TOOL]) == expected
+    assert counter.count_chat(messages, tools=[]) == counter.count_chat(messages)
+
+
 def test_gateway_module_imports_neither_torch_nor_transformers() -> None:
     code = (
         "import sys, gateway.admission.token_counter; "
@@ -473,6 +574,10 @@ def test_a_tokenizer_tiktoken_cannot_reproduce_is_counted_with_the_engines_own(
         assert counter.encode_chat(messages) == tokenizer.encode_chat(messages)
         expected = tokenizer.encode_chat(messages)
         assert counter.tokenize_chat(messages, limit=1) == PromptTokens(len(expected), expected)
+    for messages, tools in TOOL_CONVERSATIONS:
+        expected = engine_prompt(tokenizer, messages, tools)
+        assert counter.count_chat(messages, tools=tools) == len(expected)
+        assert counter.tokenize_chat(messages, 1, tools) == PromptTokens(len(expected), expected)
 
 
 def test_models_on_one_checkpoint_share_one_counter(tmp_path: Path) -> None:

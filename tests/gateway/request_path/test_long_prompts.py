@@ -93,11 +93,11 @@ def test_health_is_answered_while_a_long_prompt_is_tokenized(
     counter = type(exact_counter(engines.checkpoint))  # the class counting this checkpoint
 
     def held(tokenize: Callable[..., Any]) -> Callable[..., Any]:
-        def tokenize_held(self: Any, text: Any, limit: int | None = None) -> Any:
+        def tokenize_held(self: Any, text: Any, *args: Any, **kwargs: Any) -> Any:
             if len(str(text)) >= ONE_MIB:  # only the long prompt waits for the test
                 tokenizing.set()
                 held_too_long.append(not release.wait(HANG_S))
-            return tokenize(self, text, limit)
+            return tokenize(self, text, *args, **kwargs)
 
         return tokenize_held
 
