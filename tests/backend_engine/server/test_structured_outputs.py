@@ -141,11 +141,15 @@ BAD_INPUTS: dict[str, tuple[dict[str, Any], str, str]] = {
         "response_format.json_schema.schema",
         "$ref",
     ),
-    "10,000-value enum": (_json_schema({"enum": list(range(10_000))}), "response_format", "enum"),
+    "10,000-value enum": (
+        _json_schema({"enum": list(range(10_000))}),
+        "response_format.json_schema.schema",
+        "enum",
+    ),
     "1 MiB schema": (
         _json_schema({"type": "object", "description": "x" * (1 << 20)}),
-        "response_format",
-        "",
+        "response_format.json_schema.schema",
+        "maximum length 100000",
     ),
     "exploding regex": (
         {"structured_outputs": {"regex": "((a{100}){100}){100}"}},
