@@ -143,3 +143,49 @@ def test_every_405_says_what_is_allowed(
     error = assert_openai_error(response, 405, "http_405")
     assert error["type"] == "invalid_request_error"
     assert {m.strip() for m in response.headers["allow"].split(",")} == allowed
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+TOOL_TURNS = [
+    {"role": "developer", "content": "Answer briefly."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+]
+
+
+def test_tool_turns_and_the_developer_role_reach_the_engine(
+    client: httpx.Client, db_url: str
+) -> None:
+    """The tools are rendered into the prompt whatever ``tool_choice``; ``none`` keeps the
+    answer free text (the tool grammar is the engine's own tests' business)."""
+    tenant_id, key = tenant_key(db_url)
+    plain = post(client, key, CHAT, body(CHAT, messages=TOOL_TURNS))
+    completed(plain)
+    with_tools = post(
+        client, key, CHAT, body(CHAT, messages=TOOL_TURNS, tools=[TOOL], tool_choice="none")
+    )
+    completed(with_tools)
+    assert with_tools.json()["usage"]["prompt_tokens"] > plain.json()["usage"]["prompt_tokens"]
+    records = usage_records(db_url, tenant_id, 2)
+    assert sorted(r.prompt_tokens for r in records) == sorted(
+        a.json()["usage"]["prompt_tokens"] for a in (plain, with_tools)
+    )
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_a_schema_past_the_cap_is_400_naming_its_field_under_the_body_limit(
+    client: httpx.Client, db_url: str, path: str
+) -> None:
+    tenant_id, key = tenant_key(db_url)
+    schema = {"type": "object", "description": "d" * 200_000}  # 200 kB: a body the gateway reads
+    response_format = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
+    response = post(client, key, path, body(path, response_format=response_format))
+    error = assert_openai_error(response, 400, "schema_above_max_length")
+    assert error["param"] == "response_format.json_schema.schema"
+    enum = {"type": "string", "enum": [str(n) for n in range(10_000)]}
+    response = post(client, key, path, body(path, structured_outputs={"json": enum}))
+    error = assert_openai_error(response, 400, "schema_above_max_enum_values")
+    assert error["param"] == "structured_outputs.json"
+    assert all(r.status.value == "rejected" for r in usage_records(db_url, tenant_id, 2))
