@@ -2,10 +2,15 @@
 
 The body is read up to ``max_body_bytes`` (413 beyond), uncompressed only (415 for any
 ``Content-Encoding``), and parsed with a nesting cap (``openai_protocol.json_body``).
-The sampling fields are checked against the table the engine server checks too
-(``openai_protocol.field_rules``): ranges, integer widths, counts and lengths, so a
-value the engine could not run is a 400 here. ``null`` is "not given" for every optional
-field and is not forwarded. Fields outside the table are passed to the engine untouched.
+The fields are checked against the table the engine server checks too
+(``openai_protocol.field_rules``): ranges, integer widths, counts and lengths, tools and
+output constraints with the bounds of their JSON Schemas, so a value the engine could not
+run is a 400 here. Messages are only checked for their shape here (an object with a string
+``role``, content a string, parts or null: tool turns, the developer role and an assistant's
+``tool_calls`` with null content pass); the engine's request model checks the turns, and the
+token counter renders them as the engine does, a message it cannot read a 400 naming it.
+``null`` is "not given" for every optional field and is not forwarded. Fields outside the
+table are passed to the engine untouched.
 The result is a `gateway.completion_body.CompletionBody`, the type admission reads.
 """
 
