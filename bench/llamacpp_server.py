@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -199,6 +200,15 @@ class LlamaServer:
             prompt_ms=float(timings.get("prompt_ms", 0.0)),
             decode_tokens_per_s=float(timings.get("predicted_per_second", 0.0) or 0.0),
         )
+
+    def post_completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The native ``/completion`` endpoint with any of its fields (``json_schema``...):
+        its JSON reply. Raises ``RuntimeError`` with the server's words on an error status."""
+        response = self._client.post("/completion", json=body)
+        if response.status_code != 200:
+            raise RuntimeError(f"llama-server answered {response.status_code}: {response.text}")
+        reply: dict[str, Any] = response.json()
+        return reply
 
 
 def _free_port() -> int:
