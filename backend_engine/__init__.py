@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncEngine
     from backend_engine.config import EngineConfig
-    from backend_engine.llm import LLM
+    from backend_engine.llm import LLM, ChatOutput
     from backend_engine.outputs import RequestOutput, RequestOutputDelta, TokenLogprob
     from backend_engine.request_priority import Priority
     from backend_engine.sampling_params import SamplingParams
+    from backend_engine.structured_output.constraint import OutputConstraint
 
 _EXPORTS = {
     "LLM": "backend_engine.llm",
+    "ChatOutput": "backend_engine.llm",
+    "OutputConstraint": "backend_engine.structured_output.constraint",
     "AsyncEngine": "backend_engine.async_engine",
     "EngineConfig": "backend_engine.config",
     "Priority": "backend_engine.request_priority",
@@ -31,7 +34,9 @@ _EXPORTS = {
 __all__ = [
     "LLM",
     "AsyncEngine",
+    "ChatOutput",
     "EngineConfig",
+    "OutputConstraint",
     "Priority",
     "RequestOutput",
     "RequestOutputDelta",

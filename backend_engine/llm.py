@@ -1,15 +1,18 @@
-"""The offline API: ``LLM(...).generate(prompts, sampling_params)``."""
+"""The offline API: ``LLM(...).generate(prompts, sampling_params)`` and ``LLM(...).chat(...)``."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from backend_engine.config import EngineConfig, SchedulingMode
 from backend_engine.llm_engine import LLMEngine
 from backend_engine.outputs import RequestOutput, TokenLogprob
 from backend_engine.sampling_params import SamplingParams
+from backend_engine.structured_output.tool_grammar import tool_call_constraint
+from backend_engine.text.tool_call_parser import ParsedToolCall, parse_tool_calls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -41,6 +44,13 @@ class LLM:
 
     >>> llm = LLM(model="ckpt_dir", device="cpu", dtype="float32")
     >>> [out.text for out in llm.generate(["Hello"], SamplingParams(temperature=0))]
+
+    Structured outputs take the server's constraints, without a server::
+
+        person = OutputConstraint.json_schema(schema, "response_format")
+        llm.generate(["..."], SamplingParams(structured_output=person))
+        llm.chat([{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+                 tool_choice="required")[0].tool_calls
     """
 
     def __init__(self, model: str, **options: Unpack[EngineOptions]) -> None:
@@ -111,5 +121,67 @@ class LLM:
                     )
         return [results[rid] for rid in order]
 
+    def chat(
+        self,
+        conversations: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
+    ) -> list[ChatOutput]:
+        """Answer one conversation (a list of OpenAI-shaped messages) or several, as the
+        server's /v1/chat/completions does: the chat template renders the messages and
+        ``tools``; ``tool_choice`` (OpenAI's values; ``"auto"`` when tools are given) constrains
+        the answer to tool calls, which come back parsed. A ``structured_output`` in the
+        sampling params constrains it instead (not both)."""
+        batch = _conversations(conversations)
+        choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+        tool_constraint = (
+            tool_call_constraint(tools, choice, parallel_tool_calls) if tools else None
+        )
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(batch)
+        else:
+            params_list = list(sampling_params)
+        if tool_constraint is not None:
+            if any(p.structured_output is not None for p in params_list):
+                raise ValueError("give either tools (with a tool_choice) or a structured_output")
+            params_list = [replace(p, structured_output=tool_constraint) for p in params_list]
+        prompts = [self.tokenizer.encode_chat(messages, tools=tools) for messages in batch]
+        outputs = self.generate(prompts, params_list)
+        reads_calls = tool_constraint is not None
+        return [_chat_output(out, reads_calls) for out in outputs]
 
-__all__ = ["LLM"]
+
+@dataclass(frozen=True)
+class ChatOutput:
+    """A conversation's answer: the engine's output, and the message it makes (``content``
+    None when the answer is only tool calls; ``finish_reason`` "tool_calls" when it made
+    calls and ended on its own)."""
+
+    output: RequestOutput
+    content: str | None
+    tool_calls: tuple[ParsedToolCall, ...]
+    finish_reason: str | None
+
+
+def _conversations(
+    conversations: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+) -> list[list[dict[str, Any]]]:
+    """One conversation (messages) or several, as a list of conversations."""
+    if conversations and isinstance(conversations[0], Mapping):
+        return [[dict(m) for m in conversations if isinstance(m, Mapping)]]
+    return [[dict(m) for m in c] for c in conversations if not isinstance(c, Mapping)]
+
+
+def _chat_output(output: RequestOutput, reads_calls: bool) -> ChatOutput:
+    if not reads_calls:
+        return ChatOutput(output, output.text, (), output.finish_reason)
+    answer = parse_tool_calls(output.text)
+    made_calls = bool(answer.tool_calls) and output.finish_reason == "stop"
+    finish_reason = "tool_calls" if made_calls else output.finish_reason
+    return ChatOutput(output, answer.content, answer.tool_calls, finish_reason)
+
+
+__all__ = ["LLM", "ChatOutput"]

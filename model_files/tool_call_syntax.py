@@ -2,7 +2,7 @@
 
 The prompt that asks for calls (``chat_rendering``), the grammar that holds the model to them
 (``backend_engine.structured_output.tool_grammar``) and the parser that reads them back
-(``backend_engine.server.tool_call_parser``) all build on these constants, so the three cannot
+(``backend_engine.text.tool_call_parser``) all build on these constants, so the three cannot
 drift apart. The format is Hermes' (Qwen2.5, Hermes 2/3 and SmolLM3 are trained on it)::
 
     <tool_call>

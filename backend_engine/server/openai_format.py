@@ -19,7 +19,7 @@ from typing import Any
 
 from backend_engine.outputs import RequestOutputDelta, TokenLogprob
 from backend_engine.server.token_text import TokenText
-from backend_engine.server.tool_call_parser import (
+from backend_engine.text.tool_call_parser import (
     CallStart,
     ContentDelta,
     ParseEvent,

@@ -148,3 +148,69 @@ def test_a_failing_matcher_fails_only_its_own_request(llm: LLM) -> None:
     assert finished["free"].finish_reason == "length"
     alone = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0))[0]
     assert texts["free"] == alone.text
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_chat_calls_a_tool_and_answers_its_result(llm: LLM) -> None:
+    greedy = SamplingParams(max_tokens=60, temperature=0)
+    asked = llm.chat(
+        WEATHER_QUESTION,
+        greedy,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )[0]
+    assert asked.finish_reason == "tool_calls"
+    assert asked.content is None
+    assert len(asked.tool_calls) == 1
+    for call in asked.tool_calls:
+        assert call.name == "get_weather"
+        assert call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.arguments), WEATHER_TOOL["function"]["parameters"])
+    call = asked.tool_calls[0]
+    history = [
+        *WEATHER_QUESTION,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
+    ]
+    answered = llm.chat(history, greedy, tools=[WEATHER_TOOL], tool_choice="none")[0]
+    assert answered.tool_calls == ()
+    assert answered.content
+    assert len(answered.output.prompt_token_ids) > len(asked.output.prompt_token_ids)
+
+
+def test_chat_takes_a_structured_output_or_tools_but_not_both(llm: LLM) -> None:
+    person = SamplingParams(max_tokens=150, temperature=0, structured_output=PERSON_JSON)
+    out = llm.chat([QUESTION, QUESTION], person)
+    assert len(out) == 2
+    jsonschema.validate(json.loads(out[0].content or ""), PERSON)
+    with pytest.raises(ValueError, match="either tools"):
+        llm.chat(QUESTION, person, tools=[WEATHER_TOOL], tool_choice="required")

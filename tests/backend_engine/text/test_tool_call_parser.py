@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from backend_engine.server.tool_call_parser import (
+from backend_engine.text.tool_call_parser import (
     ArgumentsDelta,
     CallStart,
     ContentDelta,
