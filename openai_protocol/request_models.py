@@ -167,7 +167,14 @@ class JsonSchemaFormat(BaseModel):
 
     name: str
     description: str | None = None
-    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    # A JSON Schema; ``true`` (or ``{}``) admits any JSON value. ``null`` is "not given".
+    json_schema: dict[str, Any] | bool = Field(default_factory=dict, alias="schema")
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _null_is_not_given(cls, value: Any) -> Any:
+        return {} if value is None else value
+
     strict: bool | None = None
 
 
@@ -192,14 +199,15 @@ class StructuredOutputs(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
 
-    json_schema: dict[str, Any] | None = Field(default=None, alias="json")
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: Annotated[list[str], Field(min_length=1)] | None = None
     grammar: str | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
-        given = [f for f in ("json_schema", "regex", "choice", "grammar") if getattr(self, f)]
+        fields = ("json_schema", "regex", "choice", "grammar")
+        given = [f for f in fields if getattr(self, f) is not None]
         if len(given) != 1:
             raise ValueError(
                 "structured_outputs takes exactly one of 'json', 'regex', 'choice', 'grammar'"

@@ -34,7 +34,8 @@ class OutputConstraint:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | bool, param: str) -> OutputConstraint:
-        return cls("json_schema", canonical_json(schema), param)
+        """``true`` is the schema ``{}`` (any JSON value); ``false`` admits nothing."""
+        return cls("json_schema", canonical_json({} if schema is True else schema), param)
 
     @classmethod
     def json_object(cls, param: str) -> OutputConstraint:

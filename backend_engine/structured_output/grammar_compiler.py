@@ -155,6 +155,8 @@ def _grammar_text(constraint: OutputConstraint) -> str:
     """llguidance's grammar for a constraint. Raises ValueError for a malformed one."""
     kind = constraint.kind
     if kind == "json_schema":
+        if constraint.source == "false":
+            raise ValueError("the schema false admits no output at all")
         for pattern in _schema_patterns(json.loads(constraint.source)):
             check_regex_size(pattern)
         return str(llguidance.LLMatcher.grammar_from_json_schema(constraint.source, JSON_OPTIONS))

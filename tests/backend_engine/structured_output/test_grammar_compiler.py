@@ -156,3 +156,9 @@ def test_compile_async_refuses_a_grammar_past_its_time_bound_and_the_loop_goes_o
     assert "took longer than 0.05 s" in error.message
     assert ticks > 0  # the event loop kept running meanwhile
     compiler.close()
+
+
+def test_boolean_schemas(compiler: GrammarCompiler) -> None:
+    assert _accepts(compiler, OutputConstraint.json_schema(True, "s"), "[1, 2]")
+    with pytest.raises(InvalidConstraint, match="admits no output"):
+        compiler.compile(OutputConstraint.json_schema(False, "s"))
