@@ -61,6 +61,14 @@ class EngineConfig:
     show_progress: bool = field(
         default=True, metadata={HELP: "Show progress bars while loading the model."}
     )
+    # A JSON-schema grammar takes about 0.1 to 1 MB; 256 of them hold a large app's schemas.
+    grammar_cache_size: int = field(
+        default=256, metadata={HELP: "Compiled structured-output grammars kept (an LRU cache)."}
+    )
+    grammar_compile_timeout_s: float = field(
+        default=10.0,
+        metadata={HELP: "Seconds a structured output's grammar may take to compile (else a 400)."},
+    )
     # Kubernetes' default terminationGracePeriodSeconds is 30 s: the drain ends before it.
     drain_grace_s: float = field(
         default=25.0,
@@ -86,6 +94,12 @@ class EngineConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.grammar_cache_size < 1:
+            raise ValueError(f"grammar_cache_size must be positive, got {self.grammar_cache_size}")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError(
+                f"grammar_compile_timeout_s must be positive, got {self.grammar_compile_timeout_s}"
+            )
         if not self.drain_grace_s >= 0:
             raise ValueError(f"drain_grace_s must be 0 or more, got {self.drain_grace_s}")
         if self.scheduling not in ("continuous", "static"):

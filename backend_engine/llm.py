@@ -36,6 +36,8 @@ class EngineOptions(TypedDict, total=False):
     seed: int
     num_threads: int | None
     show_progress: bool
+    grammar_cache_size: int
+    grammar_compile_timeout_s: float
     drain_grace_s: float  # a server's setting: an LLM has no drain
 
 

@@ -85,9 +85,16 @@ class LLMEngine:
     @functools.cached_property
     def grammars(self) -> GrammarCompiler:
         """The structured outputs' compiler (llguidance is imported with the first one)."""
-        from backend_engine.structured_output.grammar_compiler import GrammarCompiler
+        from backend_engine.structured_output.grammar_compiler import (
+            GrammarCompiler,
+            GrammarCompilerSettings,
+        )
 
-        return GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        settings = GrammarCompilerSettings(
+            cache_size=self.config.grammar_cache_size,
+            compile_timeout_s=self.config.grammar_compile_timeout_s,
+        )
+        return GrammarCompiler(self.tokenizer, self.model_config.vocab_size, settings)
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -42,9 +42,13 @@ class InvalidConstraint(ValueError):
 
 @dataclass(frozen=True)
 class GrammarCompilerSettings:
-    cache_size: int = 256  # compiled grammars kept (a JSON-schema grammar is ~100 KB to 1 MB)
-    compile_timeout_s: float = 10.0  # past this a request's constraint is refused (400)
-    num_threads: int = 2  # compiles run at once; more wait their turn
+    """From the engine's settings (``EngineConfig.grammar_*``, where the defaults live)."""
+
+    cache_size: int  # compiled grammars kept
+    compile_timeout_s: float  # past this a request's constraint is refused (400)
+
+
+COMPILE_THREADS = 2  # compiles that run at once; more wait their turn
 
 
 class CompiledGrammar:
@@ -63,10 +67,10 @@ class GrammarCompiler:
         self,
         tokenizer: Tokenizer,
         vocab_size: int,
-        settings: GrammarCompilerSettings | None = None,
+        settings: GrammarCompilerSettings,
     ) -> None:
         """``vocab_size``: the model's logits width (at least the tokenizer's vocabulary)."""
-        self.settings = settings or GrammarCompilerSettings()
+        self.settings = settings
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.mask_bytes = (vocab_size + 31) // 32 * 4
@@ -75,7 +79,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(
-            self.settings.num_threads, thread_name_prefix="grammar-compile"
+            COMPILE_THREADS, thread_name_prefix="grammar-compile"
         )
         self.num_compiled = 0  # cache misses: grammars compiled since start
 

@@ -34,6 +34,8 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "seed": (["--seed", "7"], 7),
     "num_threads": (["--num-threads", "3"], 3),
     "show_progress": (["--no-show-progress"], False),
+    "grammar_cache_size": (["--grammar-cache-size", "16"], 16),
+    "grammar_compile_timeout_s": (["--grammar-compile-timeout-s", "1.5"], 1.5),
     "drain_grace_s": (["--drain-grace-s", "2.5"], 2.5),
 }
 

@@ -10,10 +10,10 @@ import pytest
 from backend_engine.structured_output.constraint import OutputConstraint
 from backend_engine.structured_output.grammar_compiler import (
     GrammarCompiler,
-    GrammarCompilerSettings,
     InvalidConstraint,
 )
 from model_files.tokenizer import Tokenizer
+from tests.backend_engine.structured_output.conftest import engine_settings
 
 PERSON = {
     "type": "object",
@@ -55,7 +55,7 @@ def test_each_form_accepts_what_it_describes_and_nothing_else(
 
 def test_a_schema_is_compiled_once_and_the_cache_is_bounded(smollm2_tokenizer: Tokenizer) -> None:
     compiler = GrammarCompiler(
-        smollm2_tokenizer, smollm2_tokenizer.vocab_size, GrammarCompilerSettings(cache_size=2)
+        smollm2_tokenizer, smollm2_tokenizer.vocab_size, engine_settings(cache_size=2)
     )
     first = compiler.compile(OutputConstraint.json_schema(PERSON, "a"))
     again = compiler.compile(OutputConstraint.json_schema(dict(PERSON), "b"))  # equal, elsewhere
@@ -129,7 +129,7 @@ def test_compile_async_refuses_a_grammar_past_its_time_bound_and_the_loop_goes_o
     compiler = GrammarCompiler(
         smollm2_tokenizer,
         smollm2_tokenizer.vocab_size,
-        GrammarCompilerSettings(compile_timeout_s=0.05),
+        engine_settings(compile_timeout_s=0.05),
     )
     compiler.compile(OutputConstraint.regex("a", "warm"))  # the tokenizer is built once, first
     slow = OutputConstraint.regex("(x{1000}){100}", "structured_outputs.regex")  # ~0.7 s
