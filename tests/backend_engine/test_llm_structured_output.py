@@ -214,3 +214,13 @@ def test_chat_takes_a_structured_output_or_tools_but_not_both(llm: LLM) -> None:
     jsonschema.validate(json.loads(out[0].content or ""), PERSON)
     with pytest.raises(ValueError, match="either tools"):
         llm.chat(QUESTION, person, tools=[WEATHER_TOOL], tool_choice="required")
+
+
+def test_a_stop_string_stops_a_constrained_answer(llm: LLM) -> None:
+    params = SamplingParams(
+        max_tokens=150, temperature=0, stop=['"age"'], structured_output=PERSON_JSON
+    )
+    out = llm.generate([_prompt(llm)], params)[0]
+    assert out.finish_reason == "stop"
+    assert out.text.startswith('{"name": ')
+    assert '"age"' not in out.text
