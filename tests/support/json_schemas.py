@@ -30,7 +30,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "maxItems": 3,
                 "items": {
                     "type": "object",
-                    "properties": {"sku": NAME, "quantity": {"type": "integer", "minimum": 1, "maximum": 9}},
+                    "properties": {
+                        "sku": NAME,
+                        "quantity": {"type": "integer", "minimum": 1, "maximum": 9},
+                    },
                     "required": ["sku", "quantity"],
                     "additionalProperties": False,
                 },
@@ -44,13 +47,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "anyOf": [
             {
                 "type": "object",
-                "properties": {"kind": {"const": "circle"}, "radius": {"type": "number", "exclusiveMinimum": 0, "maximum": 100}},
+                "properties": {
+                    "kind": {"const": "circle"},
+                    "radius": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+                },
                 "required": ["kind", "radius"],
                 "additionalProperties": False,
             },
             {
                 "type": "object",
-                "properties": {"kind": {"const": "square"}, "side": {"type": "number", "minimum": 0, "maximum": 100}},
+                "properties": {
+                    "kind": {"const": "square"},
+                    "side": {"type": "number", "minimum": 0, "maximum": 100},
+                },
                 "required": ["kind", "side"],
                 "additionalProperties": False,
             },
@@ -64,7 +73,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "tags": {"type": "array", "items": {"enum": ["work", "home", "travel"]}, "maxItems": 2},
             "location": {
                 "type": "object",
-                "properties": {"city": NAME, "country": {"type": "string", "pattern": "^[A-Z]{2}$"}},
+                "properties": {
+                    "city": NAME,
+                    "country": {"type": "string", "pattern": "^[A-Z]{2}$"},
+                },
                 "required": ["city"],
                 "additionalProperties": False,
             },

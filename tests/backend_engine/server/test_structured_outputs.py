@@ -39,7 +39,9 @@ def _body(endpoint: str, schema_name: str, seed: int | None, stream: bool) -> di
     return body
 
 
-async def _answer(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -> tuple[str, str]:
+async def _answer(
+    client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]
+) -> tuple[str, str]:
     """(text, finish_reason) of one request, streamed or not."""
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     key = "content" if endpoint == "chat" else "text"
@@ -47,7 +49,9 @@ async def _answer(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]
         response = await client.post(path, json=body)
         assert response.status_code == 200, response.text
         choice = response.json()["choices"][0]
-        return (choice["message"][key] if endpoint == "chat" else choice[key]), choice["finish_reason"]
+        return (choice["message"][key] if endpoint == "chat" else choice[key]), choice[
+            "finish_reason"
+        ]
     text, finish_reason = "", ""
     async with client.stream("POST", path, json=body) as response:
         assert response.status_code == 200
@@ -74,15 +78,15 @@ def test_every_answer_validates_greedy_and_sampled_plain_and_streamed_on_both_en
 
     async def run() -> list[tuple[str, str]]:
         async with httpx.AsyncClient(base_url=smollm2_url, timeout=600) as client:
-            return await asyncio.gather(
-                *(_answer(client, c[0], _body(*c)) for c in cases)
-            )
+            return await asyncio.gather(*(_answer(client, c[0], _body(*c)) for c in cases))
 
     answers = asyncio.run(run())
     for (endpoint, name, seed, stream), (text, finish_reason) in zip(cases, answers, strict=True):
         where = f"{endpoint} {name} seed={seed} stream={stream}: {text!r}"
         assert finish_reason == "stop", where
-        jsonschema.validate(json.loads(text), SCHEMAS[name], format_checker=jsonschema.FormatChecker())
+        jsonschema.validate(
+            json.loads(text), SCHEMAS[name], format_checker=jsonschema.FormatChecker()
+        )
     # Streamed and whole answers are the same answer (greedy, and per seed).
     half = {c: a for c, a in zip(cases, answers, strict=True)}
     for endpoint, name, seed, stream in cases:
@@ -94,10 +98,20 @@ def test_every_answer_validates_greedy_and_sampled_plain_and_streamed_on_both_en
     ("constraint", "check"),
     [
         ({"response_format": {"type": "json_object"}}, lambda t: isinstance(json.loads(t), dict)),
-        ({"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}}, lambda t: re.fullmatch("[0-9]{3}-[0-9]{4}", t)),
-        ({"structured_outputs": {"choice": ["red", "green", "blue"]}}, lambda t: t in ("red", "green", "blue")),
         (
-            {"structured_outputs": {"grammar": 'start: "The answer is " NUMBER "."\nNUMBER: /[0-9]+/'}},
+            {"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+            lambda t: re.fullmatch("[0-9]{3}-[0-9]{4}", t),
+        ),
+        (
+            {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+            lambda t: t in ("red", "green", "blue"),
+        ),
+        (
+            {
+                "structured_outputs": {
+                    "grammar": 'start: "The answer is " NUMBER "."\nNUMBER: /[0-9]+/'
+                }
+            },
             lambda t: re.fullmatch(r"The answer is [0-9]+\.", t),
         ),
     ],
@@ -125,12 +139,18 @@ def test_a_truncated_answer_ends_with_length(smollm2_url: str) -> None:
 
 
 def _json_schema(schema: Any) -> dict[str, Any]:
-    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    }
 
 
 BAD_INPUTS: dict[str, tuple[dict[str, Any], str, str]] = {
     # name: (fields, the param named, words the message holds)
-    "invalid schema": (_json_schema({"type": "strin"}), "response_format.json_schema.schema", "strin"),
+    "invalid schema": (
+        _json_schema({"type": "strin"}),
+        "response_format.json_schema.schema",
+        "strin",
+    ),
     "unsupported keyword": (
         _json_schema({"type": "array", "uniqueItems": True}),
         "response_format.json_schema.schema",
