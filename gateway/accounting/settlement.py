@@ -12,7 +12,10 @@ When a reservation is settled, and to what::
     engine never answered / refused the request                  -> released: nothing is used
 
 A record's ``prompt_tokens + completion_tokens`` is always exactly what was settled (zero for
-rejected and released requests), so summing the records rebuilds the ledger.
+rejected and released requests), so summing the records rebuilds the ledger. Its
+``finish_reason`` is the last one the engine sent, as the relay measured it ("stop",
+"length", "tool_calls"; "abort" for a request the engine was asked to stop); null where none
+came: refused, no engine answered, a stream whose client left before its finish chunk.
 
 A settle (or release) that fails because Redis cannot answer never delays the response or
 loses the record: it is tried again in the background (``settle_retries``).
@@ -102,8 +105,10 @@ class Accountant:
         """
         status = meter.status if meter.is_finished else UsageStatus.CANCELLED
         prompt, cached, completion = meter.tokens(admission.prompt_tokens)
+        finish_reason = meter.finish_reason
         if not was_answered:
             prompt = cached = completion = 0
+            finish_reason = None
         model, version = admission.served_model, admission.version
         prices = self._settings.models[version].prices  # each version is priced on its own
         metrics = self._metrics
@@ -122,6 +127,7 @@ class Accountant:
             completion_tokens=completion,
             cost_micros=prices.cost_micros(prompt, cached, completion),
             ttft_ms=meter.ttft_ms,
+            finish_reason=finish_reason,
         )
         span = info.span
         span.set_attribute("gen_ai.response.model", model)
@@ -166,6 +172,7 @@ class Accountant:
         completion_tokens: int = 0,
         cost_micros: int = 0,
         ttft_ms: int | None = None,
+        finish_reason: str | None = None,
     ) -> None:
         entry = UsageEntry(
             request_id=info.request_id,
@@ -185,6 +192,7 @@ class Accountant:
             created_at=info.created_at,
             finished_at=datetime.now(timezone.utc),
             ttft_ms=ttft_ms,
+            finish_reason=finish_reason,
         )
         try:
             self._writer.submit(entry)

@@ -85,6 +85,11 @@ class JsonDict(TypeDecorator[dict[str, Any]]):
         return loaded
 
 
+# The longest finish reason a usage record keeps: OpenAI's and our engine's are at most 14
+# characters ("content_filter"); an upstream that sends a longer one has it recorded as null.
+MAX_FINISH_REASON_LENGTH = 32
+
+
 class UsageStatus(str, enum.Enum):
     COMPLETED = "completed"
     CANCELLED = "cancelled"  # the client went away before the end
@@ -165,3 +170,6 @@ class UsageRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     ttft_ms: Mapped[int | None] = mapped_column(Integer)
+    # The answer's finish reason as the engine sent it ("stop", "length", "tool_calls"...);
+    # null when none came back (migration 0003).
+    finish_reason: Mapped[str | None] = mapped_column(String(MAX_FINISH_REASON_LENGTH))

@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from gateway.storage.models import UsageRecord, UsageStatus
+from gateway.storage.models import MAX_FINISH_REASON_LENGTH, UsageRecord, UsageStatus
 
 MAX_PAGE_SIZE = 1000
 _DATETIME_FIELDS = ("created_at", "finished_at")
@@ -44,6 +44,9 @@ class UsageEntry:
     finished_at: datetime | None = None
     ttft_ms: int | None = None
     model_version: str | None = None  # the version of a rollout that served it (see models)
+    # The answer's finish reason as the engine sent it ("stop", "length", "tool_calls",
+    # "abort"...); None when none came back (refused, failed, the client gone first).
+    finish_reason: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id or len(self.request_id) > 64:
@@ -57,6 +60,10 @@ class UsageEntry:
             raise ValueError("reject_reason is required for, and only for, rejected requests")
         if self.created_at.tzinfo is None:
             raise ValueError("created_at must be timezone-aware")
+        if self.finish_reason is not None and not 0 < len(self.finish_reason) <= (
+            MAX_FINISH_REASON_LENGTH
+        ):
+            raise ValueError(f"finish_reason must be 1 to {MAX_FINISH_REASON_LENGTH} characters")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name (a shallow ``dataclasses.asdict``: every field is immutable)."""

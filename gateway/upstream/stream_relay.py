@@ -8,10 +8,13 @@ which is what a request is charged for when the stream stops before the engine's
 arrives (client gone, engine failed). Text the engine held
 back (a partial UTF-8 character, a possible stop string) was not relayed and is not counted.
 Each chunk's ``model`` is given the name the client knows (``model_name``) where the engine's
-differs (an ``upstream_model`` id, a rollout's version).
+differs (an ``upstream_model`` id, a rollout's version). The meter keeps the last non-null
+``finish_reason`` the engine sent (a stream's finish chunk, a whole answer's choice): none for
+a stream the client left before its finish chunk arrived.
 
     engine SSE ──► relay_events ──► client
-                     │ UsageMeter: usage, num_relayed_tokens, first/last token times, outcome
+                     │ UsageMeter: usage, num_relayed_tokens, first/last token times,
+                     │             finish_reason, outcome
                      ▼
                  before_end (the request path records the usage: before [DONE] is sent)
 """
@@ -27,7 +30,7 @@ import httpx
 import orjson
 
 from gateway.errors import MID_STREAM_ERROR
-from gateway.storage.models import UsageStatus
+from gateway.storage.models import MAX_FINISH_REASON_LENGTH, UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from openai_protocol.sse import DONE, event
 
@@ -46,6 +49,7 @@ class UsageMeter:
     num_relayed_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
+    finish_reason: str | None = None
     status: UsageStatus = UsageStatus.CANCELLED
     is_finished: bool = False
 
@@ -61,7 +65,12 @@ class UsageMeter:
     def observe_chunk(self, chunk: dict[str, Any]) -> None:
         num_tokens = 0
         for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
             num_tokens += _tokens_in(choice)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                self.finish_reason = _storable_finish_reason(reason)
         if num_tokens == 0:
             return
         now = self.clock()
@@ -170,7 +179,8 @@ def _relayed(
 
 
 def measure_body(body: dict[str, Any], meter: UsageMeter) -> None:
-    """A whole (non-streamed) answer: its usage, and its completion as relayed tokens."""
+    """A whole (non-streamed) answer: its usage, its finish reason, and its completion as
+    relayed tokens."""
     meter.observe_usage(body.get("usage"))
     meter.observe_chunk(body)
 
@@ -183,9 +193,22 @@ def _parse(payload: str) -> dict[str, Any] | None:
     return chunk if isinstance(chunk, dict) else None
 
 
-def _tokens_in(choice: Any) -> int:
-    if not isinstance(choice, dict):
-        return 0
+def _storable_finish_reason(reason: Any) -> str | None:
+    """``reason`` as the usage record keeps it: a string of 1 to MAX_FINISH_REASON_LENGTH
+    printable ASCII characters, as OpenAI's and our engine's all are. Anything else (an
+    upstream that is not ours may send anything) is recorded as None rather than cut short:
+    a truncated reason would be one the engine never sent."""
+    if (
+        isinstance(reason, str)
+        and 0 < len(reason) <= MAX_FINISH_REASON_LENGTH
+        and reason.isascii()
+        and reason.isprintable()
+    ):
+        return reason
+    return None
+
+
+def _tokens_in(choice: dict[str, Any]) -> int:
     logprobs = choice.get("logprobs")
     if isinstance(logprobs, dict):
         entries = logprobs.get("content") or logprobs.get("tokens")

@@ -6,6 +6,8 @@ and nothing left reserved.
     engine usage arrived                 -> prompt + completion, as the engine reported them
     stream stopped early (client gone)   -> the gateway's prompt count + tokens relayed
     engine never answered / refused      -> released: nothing used
+
+and the record keeps the finish reason the engine sent (none where none came).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def test_an_answered_request_is_charged_the_engine_usage(
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "completed"
     assert record.streamed is stream
+    assert record.finish_reason == "length"  # the stand-in's: its answer ends at NUM_CHUNKS
     assert (record.prompt_tokens, record.completion_tokens) == (ENGINE_PROMPT_TOKENS, NUM_CHUNKS)
     # prices per million tokens: input 1,000,000 and output 2,000,000 micros
     assert record.cost_micros == ENGINE_PROMPT_TOKENS * 1 + NUM_CHUNKS * 2
@@ -143,6 +146,7 @@ def test_a_stream_the_client_leaves_is_charged_the_tokens_relayed(
                 break  # leaving the block closes the connection mid-stream
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "cancelled"
+    assert record.finish_reason is None  # the client left before the finish chunk
     assert record.prompt_tokens == GATEWAY_PROMPT_TOKENS  # no engine usage came
     assert 3 <= record.completion_tokens < 50
     assert _budget(base, key) == (record.prompt_tokens + record.completion_tokens, 0)
@@ -204,6 +208,7 @@ def test_a_tool_call_answer_is_recorded_and_charged_as_any_answer(
             assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "completed"
+    assert record.finish_reason == "tool_calls"
     assert (record.prompt_tokens, record.completion_tokens) == (ENGINE_PROMPT_TOKENS, NUM_CHUNKS)
     assert record.ttft_ms is not None
     assert _budget(base, key) == (ENGINE_PROMPT_TOKENS + NUM_CHUNKS, 0)
@@ -226,6 +231,7 @@ def test_a_tool_call_the_client_leaves_is_charged_the_pieces_relayed(
         assert len(_tool_call_deltas(response, most=3)) == 3
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "cancelled"
+    assert record.finish_reason is None
     assert 3 <= record.completion_tokens < 50
     assert record.ttft_ms is not None
     assert _budget(base, key) == (record.prompt_tokens + record.completion_tokens, 0)
@@ -248,6 +254,7 @@ def test_a_request_the_engine_fails_is_released_and_charged_nothing(
     assert engine.requests  # it did reach the engine
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "upstream_error"
+    assert record.finish_reason is None
     assert (record.prompt_tokens, record.completion_tokens, record.cost_micros) == (0, 0, 0)
     assert _budget(base, key) == (0, 0)
 
@@ -267,6 +274,7 @@ def test_a_refused_request_is_recorded_and_holds_nothing(
     record = _usage_record(sqlite_db_url, tenant_id)
     assert record.status.value == "rejected"
     assert record.reject_reason == "insufficient_quota"
+    assert record.finish_reason is None
     assert (record.prompt_tokens, record.completion_tokens) == (0, 0)
     assert engine.requests == []
     assert _budget(base, key) == (0, 0)

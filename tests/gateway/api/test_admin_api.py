@@ -502,9 +502,11 @@ async def test_usage_records_carry_every_field(client: httpx.AsyncClient, db: Da
         finished_at=T0 + timedelta(seconds=61),
         ttft_ms=12,
     )
-    insert(db, [record])
+    answered = entry(2, finish_reason="tool_calls")
+    insert(db, [record, answered])
     as_json = (await client.get("/admin/usage")).json()["data"]
-    assert as_json == [jsonable(record)]
+    assert as_json == [jsonable(record), jsonable(answered)]
+    assert [r["finish_reason"] for r in as_json] == [None, "tool_calls"]
     as_jsonl = (await client.get("/admin/usage?format=jsonl")).text
     assert [json.loads(line) for line in as_jsonl.splitlines()] == as_json
     rows = list(csv.DictReader(io.StringIO((await client.get("/admin/usage?format=csv")).text)))
@@ -515,9 +517,11 @@ async def test_usage_records_carry_every_field(client: httpx.AsyncClient, db: Da
             else str(value).lower()
             if isinstance(value, bool)
             else str(value)
-            for name, value in jsonable(record).items()
+            for name, value in jsonable(stored).items()
         }
+        for stored in (record, answered)
     ]
+    assert rows[1]["finish_reason"] == "tool_calls"
 
 
 @pytest.mark.parametrize("format_", ["jsonl", "csv"])
@@ -669,6 +673,8 @@ async def test_the_openapi_document_lists_every_endpoint(
         if method in ("post", "put", "patch") and path != "/admin/tenants/{tenant_id}/keys":
             assert operation["requestBody"]["required"] is True
     assert "text/csv" in operations[("/v1/usage", "get")]["responses"]["200"]["content"]
+    record = document["components"]["schemas"]["UsageEntry"]["properties"]
+    assert record["finish_reason"]["anyOf"] == [{"type": "string"}, {"type": "null"}]
     assert_refs_resolve(document, document)
 
 

@@ -107,6 +107,28 @@ def request_ids(response: httpx.Response) -> list[str]:
     return [row["request_id"] for row in csv.DictReader(io.StringIO(response.text))]
 
 
+@pytest.mark.parametrize("format_", ["json", "jsonl", "csv"])
+async def test_records_carry_the_finish_reason(
+    client: httpx.AsyncClient, db: Database, keys: dict[str, str], format_: str
+) -> None:
+    reasons = ["tool_calls", "stop", "length", None]
+    with db.transaction() as session:
+        insert_usage(
+            session,
+            [entry(n, "a", NOW, finish_reason=r) for n, r in enumerate(reasons)],
+        )
+    response = await client.get(f"/v1/usage?format={format_}", headers=bearer(keys["a"]))
+    assert response.status_code == 200, response.text
+    if format_ == "json":
+        rows = response.json()["data"]
+    elif format_ == "jsonl":
+        rows = [json.loads(line) for line in response.text.splitlines()]
+    else:  # CSV has no null: an empty cell
+        rows = list(csv.DictReader(io.StringIO(response.text)))
+        reasons[-1] = ""
+    assert [row["finish_reason"] for row in rows] == reasons
+
+
 @pytest.mark.usefixtures("records")
 @pytest.mark.parametrize("format_", ["json", "jsonl", "csv"])
 async def test_a_key_sees_only_its_own_tenants_usage(

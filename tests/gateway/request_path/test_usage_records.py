@@ -74,6 +74,7 @@ async def test_disconnect_mid_stream_settles_to_the_tokens_relayed(
 
     (record,) = usage_records(db_url, tenant_id, 1)
     assert record.status.value == "cancelled"
+    assert record.finish_reason is None  # it left before the engine's finish chunk
     assert num_read <= record.completion_tokens < 1500
     await assert_settled_to(record, redis_url, tenant_id)
     # The engine was told: its request is aborted, not generated to the end.
@@ -138,6 +139,7 @@ async def test_disconnect_before_a_non_streamed_answer_charges_what_the_engine_g
             )
     (record,) = usage_records(db_url, tenant_id, 1)
     assert record.status.value == "cancelled"
+    assert record.finish_reason == "abort"  # the engine's answer once asked to stop
     # The engine was asked to stop and answered with its usage: every token it generated
     # for the request is charged, and it stopped well before max_tokens.
     generated = (
@@ -147,3 +149,55 @@ async def test_disconnect_before_a_non_streamed_answer_charges_what_the_engine_g
     assert 0 < record.completion_tokens == generated < 1500
     await assert_settled_to(record, redis_url, tenant_id)
     await eventually(lambda: engine_is_idle(engines), 10, "the engine to stop generating")
+
+
+def finish_reason_sent(response: httpx.Response, stream: bool) -> str | None:
+    """The finish reason the client got: a whole answer's, or a stream's finish chunk's."""
+    assert response.status_code == 200, response.text
+    if not stream:
+        return str(response.json()["choices"][0]["finish_reason"])
+    reasons = [
+        choice["finish_reason"]
+        for line in response.text.splitlines()
+        if line.startswith("data: {")
+        for choice in json.loads(line[6:])["choices"]
+        if choice["finish_reason"] is not None
+    ]
+    assert len(reasons) == 1
+    return str(reasons[0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_record_keeps_the_finish_reason_the_engine_sent(
+    engines: Engines, gateway: Callable[..., str], db_url: str, tmp_path: Path, stream: bool
+) -> None:
+    """A max_tokens cut is "length"; an answer that reaches a stop string is "stop"."""
+    base = gateway(settings_for(engines, tmp_path / "gw", db_url))
+    tenant_id, key = tenant_key(db_url)
+    headers = {"authorization": f"Bearer {key}"}
+    body = {
+        "model": SMALL,
+        "messages": [{"role": "user", "content": "Say something"}],
+        "temperature": 0,
+        "ignore_eos": True,
+        "max_tokens": 6,
+    }
+    url = base + "/v1/chat/completions"
+    first = httpx.post(url, json=body, headers=headers, timeout=60)  # the greedy answer's text
+    text = first.json()["choices"][0]["message"]["content"]
+    assert text
+    cut = httpx.post(url, json={**body, "stream": stream}, headers=headers, timeout=60)
+    stopped = httpx.post(
+        url,
+        json={**body, "stream": stream, "max_tokens": 12, "stop": [text]},
+        headers=headers,
+        timeout=60,
+    )
+    assert finish_reason_sent(cut, stream) == "length"
+    assert finish_reason_sent(stopped, stream) == "stop"
+    records = usage_records(db_url, tenant_id, 3)
+    assert [(r.streamed, r.finish_reason) for r in records] == [
+        (False, "length"),
+        (stream, "length"),
+        (stream, "stop"),
+    ]

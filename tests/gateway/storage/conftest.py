@@ -145,6 +145,7 @@ def make_entry() -> Callable[..., UsageEntry]:
             "created_at": T0 + timedelta(seconds=n),
             "finished_at": T0 + timedelta(seconds=n, milliseconds=500),
             "ttft_ms": 42,
+            "finish_reason": "stop",
         }
         values.update(fields)
         return UsageEntry(**values)

@@ -1,6 +1,6 @@
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, pool, text
+from sqlalchemy import Engine, create_engine, inspect, pool, text
 from sqlalchemy.exc import IntegrityError
 
 from gateway.storage.migrate import (
@@ -119,5 +119,41 @@ def test_0002_backfills_model_version_with_the_served_model(database_url):
         assert "model_version" not in {
             column["name"] for column in inspect(engine).get_columns("usage_records")
         }
+    finally:
+        engine.dispose()
+
+
+def usage_columns(engine: Engine) -> set[str]:
+    return {column["name"] for column in inspect(engine).get_columns("usage_records")}
+
+
+def test_0003_adds_finish_reason_null_for_rows_before_it(database_url):
+    """Rows from before 0003 never had their finish reason recorded: null, not a guess."""
+    upgrade(database_url, "0002")
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    insert = (
+        "INSERT INTO usage_records (request_id, tenant_id, requested_model, prompt_tokens,"
+        " cached_tokens, completion_tokens, cost_micros, status, streamed, created_at{column})"
+        " VALUES (:request_id, 't', 'm', 1, 0, 1, 3, 'completed', false, CURRENT_TIMESTAMP"
+        "{value})"
+    )
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(insert.format(column="", value="")), {"request_id": "before"})
+        upgrade(database_url, "0003")
+        with engine.begin() as connection:
+            connection.execute(
+                text(insert.format(column=", finish_reason", value=", :finish_reason")),
+                {"request_id": "after", "finish_reason": "tool_calls"},
+            )
+            rows = connection.execute(
+                text("SELECT request_id, finish_reason FROM usage_records ORDER BY id")
+            ).all()
+        assert [tuple(row) for row in rows] == [("before", None), ("after", "tool_calls")]
+        downgrade(database_url, "0002")
+        assert "finish_reason" not in usage_columns(engine)
+        with engine.connect() as connection:
+            ids = connection.execute(text("SELECT request_id FROM usage_records ORDER BY id"))
+            assert [row[0] for row in ids] == ["before", "after"]  # the rows stay
     finally:
         engine.dispose()

@@ -2,7 +2,7 @@ from datetime import timedelta
 
 import pytest
 
-from gateway.storage.models import UsageStatus
+from gateway.storage.models import MAX_FINISH_REASON_LENGTH, UsageStatus
 from gateway.storage.usage_store import (
     MAX_PAGE_SIZE,
     UsageEntry,
@@ -41,12 +41,15 @@ def test_a_record_round_trips_every_field(database, make_entry):
         streamed=False,
         finished_at=None,
         ttft_ms=None,
+        finish_reason=None,
     )
     big = make_entry(8, cost_micros=5_000_000_000_000, status=UsageStatus.UPSTREAM_ERROR)
+    tool_call = make_entry(9, finish_reason="tool_calls")
+    longest = make_entry(10, finish_reason="r" * MAX_FINISH_REASON_LENGTH)  # the column holds it
     with database.transaction() as session:
-        insert_usage(session, [rejected, big])
+        insert_usage(session, [rejected, big, tool_call, longest])
     with database.session() as session:
-        assert list_usage(session).records == [rejected, big]
+        assert list_usage(session).records == [rejected, big, tool_call, longest]
 
 
 def test_pages_return_every_record_exactly_once(database, make_entry):
@@ -147,3 +150,13 @@ def test_entries_validate_and_round_trip_through_json(make_entry, t0):
         make_entry(1, cost_micros=-1)
     with pytest.raises(ValueError, match="timezone"):
         make_entry(1, created_at=t0.replace(tzinfo=None))
+    for finish_reason in ("", "r" * (MAX_FINISH_REASON_LENGTH + 1)):
+        with pytest.raises(ValueError, match="finish_reason"):
+            make_entry(1, finish_reason=finish_reason)
+
+
+def test_a_spilled_record_from_before_finish_reasons_reads_as_none(make_entry):
+    """A spill file written by a gateway before migration 0003 replays without the key."""
+    data = make_entry(1).to_json_dict()
+    del data["finish_reason"]
+    assert UsageEntry.from_json_dict(data) == make_entry(1, finish_reason=None)

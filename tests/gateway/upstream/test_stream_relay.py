@@ -216,6 +216,7 @@ async def test_a_tool_call_is_measured_as_content_is() -> None:
     meter = UsageMeter(clock=clock, started_at=0.0, on_first_token=first_token_after.append)
     out = await collect(relay_events(call_with([*payloads, "[DONE]"]), meter, include_usage=False))
     assert meter.status is UsageStatus.COMPLETED
+    assert meter.finish_reason == "tool_calls"
     assert meter.num_relayed_tokens == 4  # one per delta with a piece of the call
     assert first_token_after == [1.0]  # the call's first delta, not the role chunk
     assert meter.ttft_ms == 1000
@@ -233,4 +234,60 @@ def test_a_whole_answer_that_calls_a_tool_has_its_first_token() -> None:
     meter = UsageMeter()
     measure_body({**body, "usage": USAGE}, meter)
     assert meter.first_token_at is not None
+    assert meter.finish_reason == "tool_calls"
     assert meter.tokens(counted_prompt_tokens=99) == (7, 2, 3)
+
+
+def finish_chunk(reason: object) -> str:
+    return json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+
+
+@pytest.mark.parametrize("reason", ["stop", "length", "tool_calls", "content_filter", "abort"])
+async def test_the_meter_keeps_the_finish_reason_the_engine_sent(reason: str) -> None:
+    """The finish chunk's reason, not erased by the usage chunk after it."""
+    payloads = [chunk("a"), chunk("b"), finish_chunk(reason), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    await collect(relay_events(call_with(payloads), meter, include_usage=False))
+    assert meter.finish_reason == reason
+    assert meter.num_relayed_tokens == 2
+
+
+async def test_a_stream_left_before_its_finish_chunk_has_no_finish_reason() -> None:
+    payloads = [chunk("a"), chunk("b"), finish_chunk("length"), chunk(usage=USAGE), "[DONE]"]
+    meter = UsageMeter()
+    events = relay_events(call_with(payloads), meter, include_usage=False)
+    for _ in range(2):
+        await events.__anext__()
+    await events.aclose()
+    assert meter.finish_reason is None
+
+
+async def test_an_engine_failure_before_the_finish_chunk_has_no_finish_reason() -> None:
+    meter = UsageMeter()
+    payloads = [chunk("a"), chunk("b"), finish_chunk("stop")]
+    await collect(relay_events(call_with(payloads, fail_after=2), meter, include_usage=True))
+    assert meter.status is UsageStatus.UPSTREAM_ERROR
+    assert meter.finish_reason is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "kept"),
+    [
+        ("r" * 32, "r" * 32),
+        ("r" * 33, None),  # not cut short: a truncated reason is one nobody sent
+        ("", None),
+        ("stop\x00", None),  # PostgreSQL's text refuses NUL: the record would be lost
+        ("stop\n", None),
+        ("arrêt", None),
+        (7, None),
+        (["stop"], None),
+    ],
+)
+def test_a_finish_reason_the_record_cannot_keep_as_sent_is_none(
+    reason: object, kept: str | None
+) -> None:
+    body = {"choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": reason}]}
+    meter = UsageMeter()
+    measure_body(body, meter)
+    assert meter.finish_reason == kept
+    assert meter.num_relayed_tokens == 1
