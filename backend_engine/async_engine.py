@@ -200,10 +200,16 @@ class AsyncEngine:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
+        grammar = None
         if sampling_params.structured_output is not None:  # off the loop, time-bound
-            await self.engine.grammars.compile_async(sampling_params.structured_output)
+            grammar = await self.engine.grammars.compile_async(sampling_params.structured_output)
         request = self.engine.make_request(
-            request_id, prompt, sampling_params, tenant_id=tenant_id, priority=priority
+            request_id,
+            prompt,
+            sampling_params,
+            tenant_id=tenant_id,
+            priority=priority,
+            grammar=grammar,
         )
         stream: asyncio.Queue[RequestOutputDelta | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream

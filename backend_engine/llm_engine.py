@@ -31,7 +31,7 @@ from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from backend_engine.structured_output.grammar_compiler import GrammarCompiler
+    from backend_engine.structured_output.grammar_compiler import CompiledGrammar, GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,12 @@ class LLMEngine:
         sampling_params: SamplingParams,
         tenant_id: str = "default",
         priority: Priority = Priority.INTERACTIVE,
+        grammar: CompiledGrammar | None = None,
     ) -> Request:
-        """Tokenize and validate without touching engine state (safe from any thread)."""
+        """Tokenize and validate without touching engine state (safe from any thread).
+
+        ``grammar``: the structured output's, already compiled (`AsyncEngine` compiles it off
+        its event loop first); otherwise it is compiled here, or found in the cache."""
         prompt_token_ids = self.tokenize(prompt)
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
@@ -161,8 +165,9 @@ class LLMEngine:
                 f"{self.kv_cache.num_blocks}; lower max_tokens or the prompt length"
             )
         constraint = sampling_params.structured_output
-        # A cache hit when the server compiled it first (`GrammarCompiler.compile_async`).
-        matcher = self.grammars.compile(constraint).new_matcher() if constraint else None
+        if constraint is not None and grammar is None:
+            grammar = self.grammars.compile(constraint)
+        matcher = grammar.new_matcher() if constraint is not None and grammar else None
         return Request(
             request_id,
             prompt_token_ids,
