@@ -14,10 +14,21 @@ from dataclasses import dataclass
 
 import torch
 
+from backend_engine.config import EngineConfig
 from backend_engine.structured_output.constraint import OutputConstraint
-from backend_engine.structured_output.grammar_compiler import CompiledGrammar, GrammarCompiler
+from backend_engine.structured_output.grammar_compiler import (
+    CompiledGrammar,
+    GrammarCompiler,
+    GrammarCompilerSettings,
+)
 from backend_engine.worker.logits_mask import accept_tokens, mask_logits
 from model_files.tokenizer import Tokenizer
+
+_DEFAULTS = EngineConfig(model="unused")  # the engine's own grammar settings
+_ENGINE_SETTINGS = GrammarCompilerSettings(
+    cache_size=_DEFAULTS.grammar_cache_size,
+    compile_timeout_s=_DEFAULTS.grammar_compile_timeout_s,
+)
 
 # A constraint unlike any schema's, compiled first on a fresh compiler: its time is mostly
 # building llguidance's tokenizer (once per compiler), so the schema's compile after it is cold
@@ -47,7 +58,7 @@ def compile_times(
     times = CompileTimes([], [], [], [], {name: [] for name in constraints})
     for _ in range(repeats):
         for name, constraint in constraints.items():
-            compiler = GrammarCompiler(tokenizer, vocab_size)
+            compiler = GrammarCompiler(tokenizer, vocab_size, _ENGINE_SETTINGS)
             try:
                 times.first_compile.append(_timed(lambda c=compiler: c.compile(_TOKENIZER_PRIMER)))
                 cold = _timed(lambda c=compiler, k=constraint: c.compile(k))
