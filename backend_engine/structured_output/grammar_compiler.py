@@ -22,7 +22,7 @@ import llguidance
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from backend_engine.structured_output.constraint import OutputConstraint
-from backend_engine.structured_output.json_format import JSON_OPTIONS
+from backend_engine.structured_output.json_format import JSON_OPTIONS, closed_objects
 from backend_engine.structured_output.matcher import GrammarMatcher
 from backend_engine.structured_output.regex_size import check_regex_size
 from model_files.tokenizer import Tokenizer
@@ -163,7 +163,8 @@ def _grammar_text(constraint: OutputConstraint) -> str:
             raise ValueError("the schema false admits no output at all")
         for pattern in _schema_patterns(json.loads(constraint.source)):
             check_regex_size(pattern)
-        return str(llguidance.LLMatcher.grammar_from_json_schema(constraint.source, JSON_OPTIONS))
+        schema = closed_objects(json.loads(constraint.source))
+        return str(llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS))
     if kind == "json_object":
         return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, JSON_OPTIONS))
     if kind == "regex":

@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from backend_engine.structured_output.constraint import OutputConstraint
-from backend_engine.structured_output.json_format import JSON_OPTIONS
+from backend_engine.structured_output.json_format import JSON_OPTIONS, closed_objects
 from model_files import tool_call_syntax as syntax
 
 TOOLS_PARAM = "tools"
@@ -121,7 +121,7 @@ def _functions_by_name(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any] 
 
 
 def _arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
-    schema = dict(parameters) if parameters else dict(NO_PARAMETERS)
+    schema = closed_objects(dict(parameters)) if parameters else dict(NO_PARAMETERS)
     schema.setdefault("type", "object")
     schema["x-guidance"] = dict(JSON_OPTIONS)
     return schema

@@ -162,3 +162,14 @@ def test_boolean_schemas(compiler: GrammarCompiler) -> None:
     assert _accepts(compiler, OutputConstraint.json_schema(True, "s"), "[1, 2]")
     with pytest.raises(InvalidConstraint, match="admits no output"):
         compiler.compile(OutputConstraint.json_schema(False, "s"))
+
+
+def test_an_object_that_lists_properties_generates_only_those(compiler: GrammarCompiler) -> None:
+    open_schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    constraint = OutputConstraint.json_schema(open_schema, "s")
+    assert _accepts(compiler, constraint, '{"a": 1}')
+    assert not _accepts(compiler, constraint, '{"a": 1, "b": 2}')
+    free = OutputConstraint.json_schema({"type": "object"}, "s")  # lists none: any keys
+    assert _accepts(compiler, free, '{"b": 2}')
+    declared = {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}}
+    assert _accepts(compiler, OutputConstraint.json_schema(declared, "s"), '{"b": 2}')
