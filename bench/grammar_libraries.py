@@ -95,7 +95,7 @@ def measure_llguidance(
 ) -> tuple[float, dict[str, SchemaResult]]:
     import llguidance
 
-    from backend_engine.structured_output.grammar_compiler import JSON_OPTIONS
+    from backend_engine.structured_output.json_format import JSON_OPTIONS
 
     start = time.perf_counter()
     lltokenizer = llguidance.LLTokenizer(

@@ -24,11 +24,12 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -125,6 +126,9 @@ class LlamaServer:
         ]
         self.settings = f"-np {slots} -fa {'on' if flash_attention else 'off'} -t {num_threads}"
         self._process: subprocess.Popen[bytes] | None = None
+        # Its log goes to a file: a pipe nobody reads fills (64 KiB, a few hundred requests'
+        # timing lines) and then blocks the server on its next log write.
+        self._log: IO[bytes] | None = None
         self._client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.port}",
             timeout=_REQUEST_TIMEOUT_S,
@@ -132,21 +136,20 @@ class LlamaServer:
         )
 
     def __enter__(self) -> LlamaServer:
-        self._process = subprocess.Popen(
-            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        self._log = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
             status = self._process.poll()
             if status in _AMX_DEATHS and "--no-repack" not in self.command:
-                if self._process.stderr is not None:
-                    self._process.stderr.close()
+                self._log.close()
                 self.command.append("--no-repack")  # see the module docstring
                 self.settings += f" --no-repack (AMX: {_AMX_DEATHS[status]})"
                 return self.__enter__()
             if status is not None:
-                stderr = self._process.stderr.read() if self._process.stderr else b""
-                tail = stderr.decode(errors="replace")[-2000:]
+                self._log.seek(0)
+                tail = self._log.read().decode(errors="replace")[-2000:]
+                self._log.close()
                 raise RuntimeError(f"llama-server exited at start ({status}): {tail}")
             try:
                 if self._client.get("/health").status_code == 200:
@@ -171,8 +174,8 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-            if self._process.stderr is not None:
-                self._process.stderr.close()
+            if self._log is not None:
+                self._log.close()
             self._process = None
 
     def complete(

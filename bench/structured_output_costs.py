@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import TracebackType
+from typing import ParamSpec, TypeVar
 
 import torch
 
@@ -21,6 +23,7 @@ from backend_engine.structured_output.grammar_compiler import (
     GrammarCompiler,
     GrammarCompilerSettings,
 )
+from backend_engine.worker import model_runner
 from backend_engine.worker.logits_mask import accept_tokens, mask_logits
 from model_files.tokenizer import Tokenizer
 
@@ -34,6 +37,43 @@ _ENGINE_SETTINGS = GrammarCompilerSettings(
 # building llguidance's tokenizer (once per compiler), so the schema's compile after it is cold
 # for the grammar alone.
 _TOKENIZER_PRIMER = OutputConstraint.regex("[0-9]", "bench")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class RunnerGrammarTime:
+    """Seconds the model runner spends in ``mask_logits`` and ``accept_tokens`` inside real
+    engine steps while this context is open: the names ``model_runner`` calls are wrapped
+    with a timer and put back on exit. ``seconds`` holds the last span's total."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> RunnerGrammarTime:
+        self.seconds = 0.0
+        self._saved = (model_runner.mask_logits, model_runner.accept_tokens)
+        model_runner.mask_logits = self._timed(model_runner.mask_logits)
+        model_runner.accept_tokens = self._timed(model_runner.accept_tokens)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        model_runner.mask_logits, model_runner.accept_tokens = self._saved
+
+    def _timed(self, fn: Callable[P, R]) -> Callable[P, R]:
+        def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 @dataclass(frozen=True)
