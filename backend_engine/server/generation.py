@@ -23,7 +23,7 @@ from backend_engine.outputs import RequestOutputDelta
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import invalid_request
 from backend_engine.server.request_reader import RequestMeta
-from backend_engine.structured_output.grammar_compiler import InvalidConstraint
+from backend_engine.structured_output.constraint import InvalidConstraint
 from openai_protocol.disconnect import run_to_end, until_client_leaves
 
 

@@ -7,7 +7,7 @@ become one :class:`OutputConstraint`; the request models refuse two at once.
 
 from __future__ import annotations
 
-from backend_engine.structured_output.constraint import OutputConstraint
+from backend_engine.structured_output.constraint import InvalidConstraint, OutputConstraint
 from backend_engine.structured_output.tool_grammar import tool_call_constraint
 from openai_protocol.request_models import ChatCompletionRequest, ConstrainedRequest
 
@@ -32,11 +32,14 @@ def output_constraint(body: ConstrainedRequest) -> OutputConstraint | None:
             return OutputConstraint.grammar(extension.grammar, "structured_outputs.grammar")
     if isinstance(body, ChatCompletionRequest) and body.tools:
         choice = body.effective_tool_choice
-        return tool_call_constraint(
-            body.tool_dicts() or [],
-            choice if isinstance(choice, str) else choice.model_dump(),
-            body.parallel_tool_calls,
-        )
+        try:
+            return tool_call_constraint(
+                body.tool_dicts() or [],
+                choice if isinstance(choice, str) else choice.model_dump(),
+                body.parallel_tool_calls,
+            )
+        except ValueError as exc:
+            raise InvalidConstraint(f"Invalid 'tools': {exc}", "tools") from None
     return None
 
 

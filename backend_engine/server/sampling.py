@@ -5,6 +5,7 @@ from __future__ import annotations
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import context_length_exceeded, invalid_request
 from backend_engine.server.output_constraints import output_constraint
+from backend_engine.structured_output.constraint import InvalidConstraint
 from openai_protocol.request_models import ConstrainedRequest
 
 
@@ -43,5 +44,7 @@ def sampling_params(body: ConstrainedRequest, max_tokens: int) -> SamplingParams
             logprobs=body.requested_logprobs(),
             structured_output=output_constraint(body),
         )
+    except InvalidConstraint as exc:
+        raise invalid_request(exc.message, param=exc.param) from None
     except ValueError as exc:
         raise invalid_request(str(exc)) from None

@@ -56,3 +56,12 @@ class OutputConstraint:
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class InvalidConstraint(ValueError):
+    """A constraint that cannot be compiled: the message names the problem, ``param`` the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param

@@ -15,29 +15,19 @@ import concurrent.futures
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import llguidance
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
-from backend_engine.structured_output.constraint import OutputConstraint
+from backend_engine.structured_output.constraint import InvalidConstraint, OutputConstraint
 from backend_engine.structured_output.json_format import JSON_OPTIONS, closed_objects
 from backend_engine.structured_output.matcher import GrammarMatcher
-from backend_engine.structured_output.regex_size import check_regex_size
+from backend_engine.structured_output.regex_size import check_regex_size, check_schema_patterns
 from model_files.tokenizer import Tokenizer
 
 # llguidance's stop reasons for a grammar that cannot produce its first byte.
 _NOTHING_MATCHES = ("NoExtension", "NoExtensionBias")
-
-
-class InvalidConstraint(ValueError):
-    """A constraint that cannot be compiled: the message names the problem, ``param`` the field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -161,8 +151,7 @@ def _grammar_text(constraint: OutputConstraint) -> str:
     if kind == "json_schema":
         if constraint.source == "false":
             raise ValueError("the schema false admits no output at all")
-        for pattern in _schema_patterns(json.loads(constraint.source)):
-            check_regex_size(pattern)
+        check_schema_patterns(json.loads(constraint.source))
         schema = closed_objects(json.loads(constraint.source))
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS))
     if kind == "json_object":
@@ -179,20 +168,6 @@ def _grammar_text(constraint: OutputConstraint) -> str:
     except GbnfToLarkError as exc:
         raise ValueError(f"the GBNF grammar does not parse: {exc}") from None
     return str(llguidance.LLMatcher.grammar_from_lark(lark))
-
-
-def _schema_patterns(schema: object) -> Iterator[str]:
-    """Every ``pattern`` (and ``patternProperties`` key) in a schema, however nested."""
-    if isinstance(schema, dict):
-        for key, value in schema.items():
-            if key == "pattern" and isinstance(value, str):
-                yield value
-            elif key == "patternProperties" and isinstance(value, dict):
-                yield from (k for k in value if isinstance(k, str))
-            yield from _schema_patterns(value)
-    elif isinstance(schema, list):
-        for item in schema:
-            yield from _schema_patterns(item)
 
 
 def _described(error: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 
 if sys.version_info >= (3, 11):
     from re import _constants as sre_constants
@@ -46,6 +47,26 @@ def check_regex_size(pattern: str) -> None:
             f"the regex {_shortened(pattern)!r} has nested counted repetitions that expand to "
             f"{size:,} copies (at most {MAX_EXPANDED_SIZE:,})"
         )
+
+
+def check_schema_patterns(schema: object) -> None:
+    """``check_regex_size`` on every ``pattern`` and ``patternProperties`` key in a schema."""
+    for pattern in _schema_patterns(schema):
+        check_regex_size(pattern)
+
+
+def _schema_patterns(schema: object) -> Iterator[str]:
+    """Every ``pattern`` (and ``patternProperties`` key) in a schema, however nested."""
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            elif key == "patternProperties" and isinstance(value, dict):
+                yield from (k for k in value if isinstance(k, str))
+            yield from _schema_patterns(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from _schema_patterns(item)
 
 
 def _size(items: object) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 
 from backend_engine.structured_output.constraint import OutputConstraint
 from backend_engine.structured_output.json_format import JSON_OPTIONS, closed_objects
+from backend_engine.structured_output.regex_size import check_schema_patterns
 from model_files import tool_call_syntax as syntax
 
 TOOLS_PARAM = "tools"
@@ -121,6 +122,8 @@ def _functions_by_name(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any] 
 
 
 def _arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    if parameters:
+        check_schema_patterns(parameters)
     schema = closed_objects(dict(parameters)) if parameters else dict(NO_PARAMETERS)
     schema.setdefault("type", "object")
     schema["x-guidance"] = dict(JSON_OPTIONS)

@@ -176,6 +176,25 @@ BAD_INPUTS: dict[str, tuple[dict[str, Any], str, str]] = {
         "structured_outputs.regex",
         "1,000,000 copies",
     ),
+    "exploding pattern in a tool": (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"a": {"type": "string", "pattern": "(x{1000}){1000}"}},
+                        },
+                    },
+                }
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+        "1,000,000 copies",
+    ),
     "invalid tool name": (
         {"tools": [{"type": "function", "function": {"name": "get weather!"}}]},
         "tools[0].function.name",

@@ -7,11 +7,8 @@ import time
 
 import pytest
 
-from backend_engine.structured_output.constraint import OutputConstraint
-from backend_engine.structured_output.grammar_compiler import (
-    GrammarCompiler,
-    InvalidConstraint,
-)
+from backend_engine.structured_output.constraint import InvalidConstraint, OutputConstraint
+from backend_engine.structured_output.grammar_compiler import GrammarCompiler
 from model_files.tokenizer import Tokenizer
 from tests.backend_engine.structured_output.conftest import engine_settings
 
