@@ -19,8 +19,10 @@ at once). Greedy throughout. It measures:
    most 10% slower at 1 stream and at most 5% at 32.
 2. The mask's cost per token: ``mask_logits`` and ``accept_tokens`` timed directly, on fresh
    matchers replaying the answers the warm-up generated, one row at a time (p50/p99 per
-   token) and as one batch per step, against the run's time (the fraction of a step that
-   computing the next masks during the forward pass could hide).
+   token) and as one batch per step, against the run's time; and the model runner's own
+   calls of the two inside the constrained runs' real steps (the names it calls wrapped with
+   a timer), as a share of each run: what computing the next masks during the forward pass
+   could at most hide.
 3. Compile time over the schemas, each on a fresh ``GrammarCompiler``: its first compile
    builds llguidance's tokenizer (reported apart), the schema's compile after it is cold,
    and the same schema again is a cache hit.
