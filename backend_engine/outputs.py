@@ -36,6 +36,10 @@ class RequestOutputDelta:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None  # with finish_reason "error": what failed
+    index: int = 0  # which of the request's ``n`` choices this delta belongs to
+    # With ``prompt_logprobs``, on a choice's first delta: one entry per prompt token, the
+    # first None (nothing comes before it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class RequestOutput:
     num_cached_tokens: int | None  # None: it never reached the prefix cache (e.g. it failed first)
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # with finish_reason "error": what failed
+    index: int = 0  # which of the request's ``n`` choices
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)

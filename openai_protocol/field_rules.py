@@ -8,7 +8,7 @@ gateway imports it.
 - ``null`` means "not given" for every optional field (as OpenAI treats it): the field is
   skipped here and :func:`drop_nulls` removes it before the body goes further.
 - Fields the engine does not implement are accepted only with their no-op value
-  (``n: 1``, ``presence_penalty: 0``, ``logit_bias: {}``...); any other value is refused
+  (``best_of: 1``, ``suffix: ""``, the deprecated ``functions``); any other value is refused
   rather than silently ignored.
 - Output constraints and tools have their own modules, gathered into the table here:
   ``schema_rules`` (``response_format``, ``structured_outputs``, and the bounds of every
@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from openai_protocol.field_errors import FieldError as FieldError
 from openai_protocol.field_errors import check_length, check_num_items, invalid_type
+from openai_protocol.prompt_rules import MAX_CHOICES, Prompt, check_content_parts, num_prompts
 from openai_protocol.schema_rules import ResponseFormat, StructuredOutputs, check_one_constraint
 from openai_protocol.tool_rules import ToolChoice, Tools, check_tool_choice
 
@@ -46,6 +47,10 @@ MAX_STOP_CHARS = 1024  # each stop string is held back from a stream until decid
 MAX_MODEL_CHARS = 200  # the usage record's requested_model column
 MAX_USER_CHARS = 256
 MAX_JSON_DEPTH = 64
+MAX_TOKEN_ID = MAX_INT32
+MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's bounds
+MAX_LOGIT_BIAS = 100
+MAX_REPETITION_PENALTY = 100.0
 
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # the same, for JSON Schema
@@ -210,13 +215,15 @@ class Unsupported:
     accepted: tuple[Any, ...]
     expected: str  # the accepted JSON type, for a wrong type
     is_type: Callable[[Any], bool]
+    why: str = ""  # a sentence after the refusal: why not, and what to do instead
 
     def check(self, param: str, value: Any) -> None:
         if not self.is_type(value):
             raise invalid_type(param, self.expected, value)
         if value not in self.accepted:
+            why = f" {self.why}" if self.why else ""
             raise FieldError(
-                f"Unsupported parameter: '{param}' is not supported on this server.",
+                f"Unsupported parameter: '{param}' is not supported on this server.{why}",
                 param,
                 "unsupported_parameter",
             )
@@ -225,8 +232,48 @@ class Unsupported:
         return {}
 
 
+@dataclass(frozen=True)
+class LogitBias:
+    """OpenAI's ``logit_bias``: an object of at most ``MAX_LOGIT_BIAS_TOKENS`` token ids (as
+    strings of digits) to a bias in [-100, 100]. Whether an id is in the model's vocabulary is
+    the engine's to say."""
+
+    def check(self, param: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise invalid_type(param, "an object", value)
+        if len(value) > MAX_LOGIT_BIAS_TOKENS:
+            raise FieldError(
+                f"Invalid '{param}': too many tokens. Expected at most {MAX_LOGIT_BIAS_TOKENS} "
+                f"token ids, but got {len(value)} instead.",
+                param,
+                "invalid_value",
+            )
+        for key, bias in value.items():
+            if not (key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+                raise FieldError(
+                    f"Invalid '{param}': {key[:32]!r} is not a token id (an integer from 0 "
+                    f"to {MAX_TOKEN_ID}, written as a string).",
+                    param,
+                    "invalid_value",
+                )
+            Decimal(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS).check(f"{param}.{key}", bias)
+
+    def json_schema(self) -> dict[str, Any]:
+        bias = {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}
+        return {
+            "type": "object",
+            "maxProperties": MAX_LOGIT_BIAS_TOKENS,
+            "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+            "additionalProperties": bias,
+        }
+
+
 def _is_object(value: Any) -> bool:
     return isinstance(value, dict)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_array(value: Any) -> bool:
@@ -249,6 +296,8 @@ Rule = (
     | StructuredOutputs
     | Tools
     | ToolChoice
+    | LogitBias
+    | Prompt
 )
 
 _MAX_TOKENS = Integer(1, MAX_INT32)
@@ -260,14 +309,15 @@ _COMMON: dict[str, Rule] = {
     "top_k": Integer(-1, MAX_INT32),  # an extension (as vLLM's): -1 and 0 both disable it
     "seed": Integer(MIN_SEED, MAX_SEED),
     "stop": Stop(),
-    "n": Integer(1, 128, only=1),
+    "n": Integer(1, MAX_CHOICES),
     "stream": Boolean(),
     "stream_options": StreamOptions(),
     "ignore_eos": Boolean(),  # an extension
     "user": Text(MAX_USER_CHARS),
-    "presence_penalty": Decimal(-2.0, 2.0, only=0.0),
-    "frequency_penalty": Decimal(-2.0, 2.0, only=0.0),
-    "logit_bias": Unsupported(({},), "an object", _is_object),
+    "presence_penalty": Decimal(-2.0, 2.0),
+    "frequency_penalty": Decimal(-2.0, 2.0),
+    "repetition_penalty": Decimal(0.0, MAX_REPETITION_PENALTY, is_low_open=True),  # extension
+    "logit_bias": LogitBias(),
     "response_format": ResponseFormat(),  # an extension on /v1/completions
     "structured_outputs": StructuredOutputs(),  # an extension (as vLLM's)
 }
@@ -286,10 +336,21 @@ RULES: dict[Endpoint, dict[str, Rule]] = {
     },
     "completions": {
         **_COMMON,
+        "prompt": Prompt(),
         "logprobs": Integer(0, MAX_LOGPROBS),
-        "echo": Boolean(only=False),
-        "best_of": Integer(1, 20, only=1),
-        "suffix": Unsupported(("",), "a string", lambda v: isinstance(v, str)),
+        "echo": Boolean(),
+        "best_of": Unsupported(
+            (1,),
+            "an integer",
+            _is_integer,
+            "Ask for 'n' choices and pick among them (vLLM's V1 dropped best_of too).",
+        ),
+        "suffix": Unsupported(
+            ("",),
+            "a string",
+            lambda v: isinstance(v, str),
+            "This server has no fill-in-the-middle.",
+        ),
     },
 }
 
@@ -309,7 +370,24 @@ def check_fields(data: Mapping[str, Any], endpoint: Endpoint) -> None:
         )
     if endpoint == "chat":
         check_tool_choice(data)
+        check_content_parts(data.get("messages"))
     check_one_constraint(data)
+    if data.get("stream_options") is not None and data.get("stream") is not True:
+        raise FieldError(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+            "invalid_value",
+        )
+    if endpoint == "completions":
+        choices = num_prompts(data.get("prompt")) * data.get("n", 1)
+        if choices > MAX_CHOICES:
+            raise FieldError(
+                f"Invalid 'n': {data.get('n', 1)} choices for each of "
+                f"{num_prompts(data.get('prompt'))} prompts make {choices}; at most "
+                f"{MAX_CHOICES} choices per request.",
+                "n",
+                "invalid_value",
+            )
 
 
 def drop_nulls(data: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,10 @@ class GenerationRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # extension (transformers' formula, as vLLM's)
+    logit_bias: dict[str, float] | None = None  # token id (a string of digits) -> bias
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension
@@ -52,6 +56,10 @@ class GenerationRequest(BaseModel):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` keyed by token id (the field rules checked each key is one)."""
+        return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
 
     def requested_logprobs(self) -> int | None:
         """How many top alternatives to report per token; None for no logprobs."""
@@ -230,18 +238,35 @@ class ConstrainedRequest(GenerationRequest):
         return self
 
 
+Prompt = str | list[int]
+
+
 class CompletionRequest(ConstrainedRequest):
-    prompt: str | list[int] | list[str]
+    """``prompt``: one prompt (a string or token ids) or a list of them, one choice each
+    (times ``n``); ``echo`` puts each prompt's text (and, with ``logprobs``, its tokens'
+    logprobs) before its completion."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
+    echo: bool = False
 
     @field_validator("prompt")
     @classmethod
-    def _single_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int] | list[str]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) != 1:
-            raise ValueError(f"only one prompt per request is supported, got {len(prompt)}")
-        if not prompt:
+    def _not_empty(
+        cls, prompt: str | list[int] | list[str] | list[list[int]]
+    ) -> str | list[int] | list[str] | list[list[int]]:
+        if isinstance(prompt, list) and (not prompt or any(p == [] for p in prompt)):
             raise ValueError("prompt must not be empty")
         return prompt
+
+    def prompts(self) -> list[Prompt]:
+        """Each prompt of the request, in order (a token-id list is one prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [[int(t) for t in prompt if isinstance(t, int)]]
+        return [p if isinstance(p, str) else list(p) for p in prompt if isinstance(p, str | list)]
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
