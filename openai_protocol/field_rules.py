@@ -249,9 +249,11 @@ class LogitBias:
                 "invalid_value",
             )
         for key, bias in value.items():
-            if not (key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+            # At most 10 digits before int(): Python refuses to convert very long digit strings.
+            is_digits = isinstance(key, str) and key.isascii() and key.isdigit()
+            if not (is_digits and len(key) <= 10 and int(key) <= MAX_TOKEN_ID):
                 raise FieldError(
-                    f"Invalid '{param}': {key[:32]!r} is not a token id (an integer from 0 "
+                    f"Invalid '{param}': {str(key)[:32]!r} is not a token id (an integer from 0 "
                     f"to {MAX_TOKEN_ID}, written as a string).",
                     param,
                     "invalid_value",
@@ -379,10 +381,11 @@ def check_fields(data: Mapping[str, Any], endpoint: Endpoint) -> None:
             "invalid_value",
         )
     if endpoint == "completions":
-        choices = num_prompts(data.get("prompt")) * data.get("n", 1)
+        n = data.get("n") or 1  # null is "not given"
+        choices = num_prompts(data.get("prompt")) * n
         if choices > MAX_CHOICES:
             raise FieldError(
-                f"Invalid 'n': {data.get('n', 1)} choices for each of "
+                f"Invalid 'n': {n} choices for each of "
                 f"{num_prompts(data.get('prompt'))} prompts make {choices}; at most "
                 f"{MAX_CHOICES} choices per request.",
                 "n",

@@ -26,9 +26,9 @@ class Prompt:
         expected = "a string, an array of strings, of token ids, or of token-id arrays"
         if not isinstance(value, list):
             raise invalid_type(param, expected, value)
+        if value and all(_is_token_id(t) for t in value):
+            return  # one prompt of token ids, as long as the context window allows
         check_num_items(param, value, 1, MAX_CHOICES)
-        if all(_is_token_id(t) for t in value):
-            return
         for n, item in enumerate(value):
             if isinstance(item, str):
                 continue

@@ -18,6 +18,7 @@ from openai_protocol.field_rules import (
     drop_nulls,
 )
 from openai_protocol.json_body import parse_json_object
+from openai_protocol.prompt_rules import MAX_CHOICES as MAX_N
 from openai_protocol.schema_rules import (
     MAX_CHOICES,
     MAX_ENUM_VALUES,
@@ -59,6 +60,8 @@ GOOD: list[tuple[str, Any, tuple[Endpoint, ...]]] = [
     ("max_tokens", 2**31 - 1, BOTH),
     ("max_completion_tokens", 1, ("chat",)),
     ("n", 1, BOTH),
+    ("n", 2, BOTH),
+    ("n", MAX_N, BOTH),
     ("stop", "x" * MAX_STOP_CHARS, BOTH),
     ("stop", ["a", "b", "c", "d"], BOTH),
     ("stop", [], BOTH),
@@ -66,8 +69,18 @@ GOOD: list[tuple[str, Any, tuple[Endpoint, ...]]] = [
     ("logprobs", 20, ("completions",)),
     ("user", "u" * 256, BOTH),
     ("presence_penalty", 0, BOTH),
+    ("presence_penalty", -2, BOTH),
+    ("presence_penalty", 2.0, BOTH),
     ("frequency_penalty", 0.0, BOTH),
+    ("frequency_penalty", -2.0, BOTH),
+    ("frequency_penalty", 1.5, BOTH),
+    ("repetition_penalty", 1.0, BOTH),
+    ("repetition_penalty", 1e-6, BOTH),
+    ("repetition_penalty", 100, BOTH),
     ("logit_bias", {}, BOTH),
+    ("logit_bias", {"50256": -100, "0": 100, "7": 0.5}, BOTH),
+    ("logit_bias", {"2147483647": 1}, BOTH),
+    ("logit_bias", {str(token): 1 for token in range(300)}, BOTH),
     ("response_format", {"type": "text"}, BOTH),
     ("response_format", {"type": "json_object"}, BOTH),
     ("response_format", {"type": "json_schema", "json_schema": JSON_SCHEMA_FORMAT}, BOTH),
@@ -99,8 +112,17 @@ GOOD: list[tuple[str, Any, tuple[Endpoint, ...]]] = [
     ("tool_choice", "none", ("chat",)),
     ("parallel_tool_calls", False, ("chat",)),
     ("echo", False, ("completions",)),
+    ("echo", True, ("completions",)),
     ("best_of", 1, ("completions",)),
-    ("stream_options", {"include_usage": None}, BOTH),
+    ("suffix", "", ("completions",)),
+    ("prompt", "", ("completions",)),
+    ("prompt", "Once upon a time", ("completions",)),
+    ("prompt", ["a", "b", ""], ("completions",)),
+    ("prompt", ["p"] * MAX_N, ("completions",)),
+    ("prompt", [1, 2, 3], ("completions",)),
+    ("prompt", list(range(5_000)), ("completions",)),  # one prompt: no bound on its items
+    ("prompt", [[1, 2], [3]], ("completions",)),
+    ("prompt", [[0]] * MAX_N, ("completions",)),
     ("model", "m" * 200, BOTH),
     ("model", "meta-llama/Llama-3.1-8B-Instruct", BOTH),
     ("unknown_field", {"anything": [1, 2]}, BOTH),  # unknown fields are ignored, as OpenAI does
@@ -129,8 +151,9 @@ BAD: list[tuple[str, Any, tuple[Endpoint, ...], str]] = [
     ("max_tokens", 2**31, BOTH, "integer_above_max_value"),
     ("max_tokens", 10.0, BOTH, "invalid_type"),
     ("max_completion_tokens", -1, ("chat",), "integer_below_min_value"),
-    ("n", 2, BOTH, "unsupported_value"),
+    ("n", MAX_N + 1, BOTH, "integer_above_max_value"),
     ("n", 0, BOTH, "integer_below_min_value"),
+    ("n", 2.0, BOTH, "invalid_type"),
     ("stop", "", BOTH, "empty_string"),
     ("stop", ["a", ""], BOTH, "empty_string"),
     ("stop", "x" * (MAX_STOP_CHARS + 1), BOTH, "string_above_max_length"),
@@ -150,10 +173,30 @@ BAD: list[tuple[str, Any, tuple[Endpoint, ...], str]] = [
     ("user", "u" * 257, BOTH, "string_above_max_length"),
     ("user", 7, BOTH, "invalid_type"),
     ("presence_penalty", 2.5, BOTH, "decimal_above_max_value"),
-    ("presence_penalty", 0.5, BOTH, "unsupported_value"),
-    ("frequency_penalty", -1, BOTH, "unsupported_value"),
-    ("logit_bias", {"50256": -100}, BOTH, "unsupported_parameter"),
+    ("presence_penalty", -2.01, BOTH, "decimal_below_min_value"),
+    ("presence_penalty", "0.5", BOTH, "invalid_type"),
+    ("frequency_penalty", 2.01, BOTH, "decimal_above_max_value"),
+    ("frequency_penalty", -3, BOTH, "decimal_below_min_value"),
+    ("frequency_penalty", True, BOTH, "invalid_type"),
+    ("repetition_penalty", 0, BOTH, "decimal_below_min_value"),
+    ("repetition_penalty", -1.0, BOTH, "decimal_below_min_value"),
+    ("repetition_penalty", 100.5, BOTH, "decimal_above_max_value"),
+    ("repetition_penalty", "1.1", BOTH, "invalid_type"),
+    ("logit_bias", {str(token): 1 for token in range(301)}, BOTH, "invalid_value"),
+    ("logit_bias", {"abc": 1}, BOTH, "invalid_value"),
+    ("logit_bias", {"-1": 1}, BOTH, "invalid_value"),
+    ("logit_bias", {"1.5": 1}, BOTH, "invalid_value"),
+    ("logit_bias", {"": 1}, BOTH, "invalid_value"),
+    ("logit_bias", {"\u0661": 1}, BOTH, "invalid_value"),  # a digit, but not an ASCII one
+    ("logit_bias", {"2147483648": 1}, BOTH, "invalid_value"),
+    ("logit_bias", {"1" * 5_000: 1}, BOTH, "invalid_value"),  # past int()'s digit limit
+    ("logit_bias", {"50256": 100.5}, BOTH, "decimal_above_max_value"),
+    ("logit_bias", {"50256": -101}, BOTH, "decimal_below_min_value"),
+    ("logit_bias", {"50256": "-100"}, BOTH, "invalid_type"),
+    ("logit_bias", {"50256": True}, BOTH, "invalid_type"),
+    ("logit_bias", {"50256": None}, BOTH, "invalid_type"),
     ("logit_bias", [], BOTH, "invalid_type"),
+    ("logit_bias", "{}", BOTH, "invalid_type"),
     ("response_format", "json", BOTH, "invalid_type"),
     ("response_format", {}, BOTH, "missing_required_parameter"),
     ("response_format", {"type": "xml"}, BOTH, "invalid_value"),
@@ -262,9 +305,27 @@ BAD: list[tuple[str, Any, tuple[Endpoint, ...], str]] = [
     ("parallel_tool_calls", "true", ("chat",), "invalid_type"),
     ("functions", [{"name": "f"}], ("chat",), "unsupported_parameter"),
     ("function_call", "auto", ("chat",), "unsupported_parameter"),
-    ("echo", True, ("completions",), "unsupported_value"),
-    ("best_of", 2, ("completions",), "unsupported_value"),
+    ("echo", "true", ("completions",), "invalid_type"),
+    ("best_of", 2, ("completions",), "unsupported_parameter"),
+    ("best_of", 1.0, ("completions",), "invalid_type"),
     ("suffix", "end", ("completions",), "unsupported_parameter"),
+    ("suffix", 1, ("completions",), "invalid_type"),
+    ("prompt", [], ("completions",), "empty_array"),
+    ("prompt", 5, ("completions",), "invalid_type"),
+    ("prompt", {"text": "a"}, ("completions",), "invalid_type"),
+    ("prompt", ["p"] * (MAX_N + 1), ("completions",), "array_above_max_length"),
+    ("prompt", [[1]] * (MAX_N + 1), ("completions",), "array_above_max_length"),
+    ("prompt", ["a", [1]], ("completions",), "invalid_type"),  # strings and token lists mixed
+    ("prompt", [[1], "a"], ("completions",), "invalid_type"),
+    ("prompt", [1, "a"], ("completions",), "invalid_type"),  # token ids and strings mixed
+    ("prompt", [1, [2]], ("completions",), "invalid_type"),  # token ids and lists mixed
+    ("prompt", [[1, "a"]], ("completions",), "invalid_type"),
+    ("prompt", [[]], ("completions",), "empty_array"),
+    ("prompt", [-1], ("completions",), "invalid_type"),
+    ("prompt", [2**31], ("completions",), "invalid_type"),
+    ("prompt", [True], ("completions",), "invalid_type"),
+    ("prompt", [1.0], ("completions",), "invalid_type"),
+    ("prompt", [None], ("completions",), "invalid_type"),
     ("model", "", BOTH, "empty_string"),
     ("model", "m" * 201, BOTH, "string_above_max_length"),
     ("model", "tiny\x00", BOTH, "invalid_value"),
@@ -311,9 +372,11 @@ def test_bad_values_are_refused_with_the_field_as_param(
 
 
 def test_null_is_not_given() -> None:
-    data = {"model": "m", "temperature": None, "stream": None, "stream_options": {"x": None}}
+    data = {"model": "m", "temperature": None, "stream": True, "stream_options": {"x": None}}
     check_fields(data, "chat")
-    assert drop_nulls(data) == {"model": "m", "stream_options": {}}
+    assert drop_nulls(data) == {"model": "m", "stream": True, "stream_options": {}}
+    check_fields({"prompt": ["a", "b"], "n": None}, "completions")
+    check_fields({"stream_options": None}, "chat")
     plain = {"model": "m", "temperature": 0.5}
     assert drop_nulls(plain) is plain  # nothing to drop: no copy
 
@@ -383,6 +446,101 @@ def test_tool_choice_needs_tools_and_names_one_of_them() -> None:
     assert caught.value.message == (
         "Invalid value for 'tool_choice': function 'g' is not one of the functions in 'tools'."
     )
+
+
+@pytest.mark.parametrize("endpoint", BOTH)
+def test_stream_options_need_stream(endpoint: Endpoint) -> None:
+    options = {"include_usage": True}
+    check_fields({"stream": True, "stream_options": options}, endpoint)
+    check_fields({"stream": True, "stream_options": {"include_usage": None}}, endpoint)
+    for stream in (False, None, "absent"):
+        data: dict[str, Any] = {"stream_options": options}
+        if stream != "absent":
+            data["stream"] = stream
+        with pytest.raises(FieldError) as caught:
+            check_fields(data, endpoint)
+        assert (caught.value.param, caught.value.code) == ("stream_options", "invalid_value")
+        assert caught.value.message == (
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+        )
+
+
+def test_n_times_the_prompts_is_at_most_the_choice_bound() -> None:
+    check_fields({"prompt": ["a"] * 64, "n": 2}, "completions")
+    check_fields({"prompt": [[1]] * 2, "n": 64}, "completions")
+    check_fields({"prompt": list(range(1_000)), "n": MAX_N}, "completions")  # one prompt
+    for prompt in (["a"] * 43, [[1]] * 43):
+        with pytest.raises(FieldError) as caught:
+            check_fields({"prompt": prompt, "n": 3}, "completions")
+        assert (caught.value.param, caught.value.code) == ("n", "invalid_value")
+        assert caught.value.message == (
+            "Invalid 'n': 3 choices for each of 43 prompts make 129; at most 128 choices per "
+            "request."
+        )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("best_of", 3, "Ask for 'n' choices and pick among them"),
+        ("suffix", "}", "This server has no fill-in-the-middle."),
+    ],
+)
+def test_best_of_and_suffix_say_why_not(field: str, value: Any, why: str) -> None:
+    with pytest.raises(FieldError) as caught:
+        check_fields({field: value}, "completions")
+    assert caught.value.message.startswith(
+        f"Unsupported parameter: '{field}' is not supported on this server. {why}"
+    )
+
+
+def test_logit_bias_names_the_token_it_refuses() -> None:
+    with pytest.raises(FieldError) as caught:
+        check_fields({"logit_bias": {"12": 1, "x7": 1}}, "chat")
+    assert caught.value.param == "logit_bias"
+    assert caught.value.message == (
+        "Invalid 'logit_bias': 'x7' is not a token id (an integer from 0 to 2147483647, "
+        "written as a string)."
+    )
+    with pytest.raises(FieldError) as caught:
+        check_fields({"logit_bias": {"12": -250}}, "chat")
+    assert caught.value.param == "logit_bias.12"
+    assert caught.value.message == (
+        "Invalid 'logit_bias.12': decimal below minimum value. Expected a value >= -100, but "
+        "got -250 instead."
+    )
+    with pytest.raises(FieldError) as caught:
+        check_fields({"logit_bias": {str(t): 0 for t in range(301)}}, "chat")
+    assert "at most 300 token ids, but got 301" in caught.value.message
+
+
+MEDIA_PARTS = [
+    ({"type": "image_url", "image_url": {"url": "https://x/cat.png"}}, "images"),
+    ({"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}}, "audio"),
+    ({"type": "file", "file": {"file_id": "file-1"}}, "files"),
+]
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool"])
+@pytest.mark.parametrize(("part", "media"), MEDIA_PARTS)
+def test_media_parts_are_refused_in_every_role(role: str, part: dict[str, Any], media: str) -> None:
+    text = {"type": "text", "text": "look"}
+    messages = [
+        {"role": "user", "content": [text]},
+        {"role": role, "content": [text, part], "tool_call_id": "call_1"},
+    ]
+    with pytest.raises(FieldError) as caught:
+        check_fields({"messages": messages}, "chat")
+    assert caught.value.param == "messages[1].content[1]"
+    assert caught.value.code == "invalid_value"
+    assert f"this model takes no {media}" in caught.value.message
+    assert f"'{part['type']}'" in caught.value.message
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool"])
+def test_text_parts_pass_in_every_role(role: str) -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    check_fields({"messages": [{"role": role, "content": parts}]}, "chat")
 
 
 @pytest.mark.parametrize("endpoint", BOTH)
