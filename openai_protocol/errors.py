@@ -2,7 +2,8 @@
 the type each status has, and the codes the engine and the gateway share.
 
 Every error body is ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
-``type`` is OpenAI's broad class of error and follows from the status (:func:`type_for`);
+``type`` is OpenAI's broad class of error and follows from the status (:func:`type_for`),
+but for ``model_not_found`` (OpenAI's 404 ``invalid_request_error``);
 ``code`` names the reason, machine-readable. The engine server builds its errors from this
 table and the gateway builds its own from the same one, so an engine's ``engine_error`` and
 the gateway's ``upstream_error`` are both ``server_error``s, and a code means the same thing
@@ -80,7 +81,9 @@ def _kind(code: str, status: int) -> ErrorKind:
 INVALID_REQUEST: Final = _kind("invalid_request", 400)
 INVALID_JSON: Final = _kind("invalid_json", 400)
 CONTEXT_LENGTH_EXCEEDED: Final = _kind("context_length_exceeded", 400)
-MODEL_NOT_FOUND: Final = _kind("model_not_found", 404)
+# OpenAI's one exception to "the type follows from the status": an unknown model is a 404 of
+# type ``invalid_request_error`` (clients map the status, some read the type).
+MODEL_NOT_FOUND: Final = ErrorKind("model_not_found", 404, INVALID_REQUEST_ERROR)
 REQUEST_TOO_LARGE: Final = _kind("request_too_large", 413)
 UNSUPPORTED_CONTENT_ENCODING: Final = _kind("unsupported_content_encoding", 415)
 INTERNAL_ERROR: Final = _kind("internal_error", 500)  # a bug: nothing more is said
@@ -115,6 +118,11 @@ VOCABULARY: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         )
     }
 )
+
+
+def model_not_found_message(model: str) -> str:
+    """OpenAI's sentence for a model that does not exist, or that the caller may not use."""
+    return f"The model `{model}` does not exist or you do not have access to it."
 
 
 def http_error_kind(status: int) -> ErrorKind:

@@ -2,7 +2,9 @@
 the ledger reports.
 
 A request is charged in two steps. Before forwarding, the gateway *reserves* its
-worst case, ``prompt_tokens + max_tokens`` (`reservation_tokens`); when the
+worst case, ``prompt_tokens + num_choices * max_tokens`` (`reservation_tokens`: every
+prompt of the request once, and each of its choices, ``n`` per prompt, running to
+``max_tokens``, as OpenAI's usage counts them); when the
 stream ends the ledger settles the reservation to the tokens actually used. The
 invariant this policy keeps, for the budget window in force::
 
@@ -11,7 +13,8 @@ invariant this policy keeps, for the budget window in force::
 where ``used`` is what settled requests consumed in the window and ``reserved``
 the sum of reservations of requests still in flight. Admitting only requests
 that keep it means concurrent requests can never overspend the budget, even if
-every one of them runs to its ``max_tokens``. Exactly at the limit is admitted.
+every choice of every one of them runs to its ``max_tokens``. Exactly at the limit is
+admitted.
 
 `fits_budget` is that inequality, and the in-process ledger (``gateway/ledger/memory_ledger.py``)
 calls it; the Redis ledger's Lua spells it again. One table of cases,
@@ -24,14 +27,18 @@ from policies.budget_period import BudgetWindow
 from policies.decision import Rejection
 
 
-def reservation_tokens(prompt_tokens: int, max_tokens: int) -> int:
-    """The worst case a request can cost: its prompt plus its whole output allowance."""
+def reservation_tokens(prompt_tokens: int, max_tokens: int, num_choices: int = 1) -> int:
+    """The worst case a request can cost: its prompts (``prompt_tokens``, all of them, each
+    counted once however many choices it has) plus the whole output allowance of each of its
+    ``num_choices`` choices."""
     if prompt_tokens < 0 or max_tokens < 0:
         raise ValueError(
             f"token counts must be non-negative, got prompt_tokens={prompt_tokens}, "
             f"max_tokens={max_tokens}"
         )
-    return prompt_tokens + max_tokens
+    if num_choices < 1:
+        raise ValueError(f"num_choices must be at least 1, got {num_choices}")
+    return prompt_tokens + num_choices * max_tokens
 
 
 def fits_budget(*, used: int, reserved: int, request_tokens: int, limit: int | None) -> bool:
@@ -68,7 +75,7 @@ def admit_budget(
     else:
         detail = (
             f"Used {used} and {reserved} reserved by requests in flight; this request needs "
-            f"up to {request_tokens} more (prompt plus max_tokens), limit {limit}; "
+            f"up to {request_tokens} more (prompt plus max_tokens for each choice), limit {limit}; "
             "lower max_tokens or wait."
         )
         if window is not None and window.end is not None:

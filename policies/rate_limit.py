@@ -7,9 +7,10 @@ step, so replicas cannot race past a limit; it reports what it saw as a
 
 - The window holds the admitted hits with ``now - window_s < ts``: a hit stops
   counting exactly ``window_s`` after it was recorded.
-- A hit costs 1 request and ``request_tokens`` tokens (prompt plus max_tokens, the
-  figure the budget reserves). It is admitted iff in every limited dimension
-  ``count + cost <= limit`` (`within_limit`); exactly at the limit is admitted.
+- A hit costs 1 request and ``request_tokens`` tokens (the prompts plus max_tokens for
+  each choice: the figure the budget reserves, `reservation_tokens`). It is admitted iff
+  in every limited dimension ``count + cost <= limit`` (`within_limit`); exactly at the
+  limit is admitted.
 - ``num_requests`` / ``num_tokens``: the window after the hit (including it only if
   admitted). ``oldest_at`` / ``newest_at``: its oldest and newest hits (None if empty).
 - ``requests_fit_at`` / ``tokens_fit_at``: the earliest time at which this hit would

@@ -11,7 +11,10 @@ from openai_protocol import errors as vocabulary
 def test_each_kind_has_the_type_of_its_status(kind: vocabulary.ErrorKind) -> None:
     assert vocabulary.VOCABULARY[kind.code] is kind
     assert kind.type in vocabulary.ERROR_TYPES
-    assert kind.type == vocabulary.type_for(kind.status)
+    if kind is vocabulary.MODEL_NOT_FOUND:  # OpenAI's 404 invalid_request_error
+        assert kind.type == vocabulary.INVALID_REQUEST_ERROR
+    else:
+        assert kind.type == vocabulary.type_for(kind.status)
     assert 400 <= kind.status <= 599
 
 
@@ -49,3 +52,11 @@ def test_error_body_has_openais_shape() -> None:
 def test_routing_errors_are_named_by_status() -> None:
     kind = vocabulary.http_error_kind(405)
     assert (kind.code, kind.status, kind.type) == ("http_405", 405, "invalid_request_error")
+
+
+def test_model_not_found_is_in_openais_words() -> None:
+    kind = vocabulary.MODEL_NOT_FOUND
+    assert (kind.status, kind.type, kind.code) == (404, "invalid_request_error", "model_not_found")
+    assert vocabulary.model_not_found_message("gpt-9") == (
+        "The model `gpt-9` does not exist or you do not have access to it."
+    )

@@ -13,6 +13,14 @@ def test_reservation_is_prompt_plus_max_tokens():
         reservation_tokens(-1, 5)
 
 
+def test_reservation_counts_the_prompts_once_and_max_tokens_per_choice():
+    assert reservation_tokens(100, 50, num_choices=1) == 150
+    assert reservation_tokens(100, 50, num_choices=4) == 300  # n=4: the prompt once
+    assert reservation_tokens(30, 16, num_choices=128) == 30 + 128 * 16
+    with pytest.raises(ValueError, match="num_choices"):
+        reservation_tokens(100, 50, num_choices=0)
+
+
 def test_one_over_limit_is_refused():
     r = admit_budget(used=600, reserved=300, request_tokens=101, limit=1000)
     assert r is not None

@@ -11,10 +11,10 @@ def test_unknown_model_is_404_even_if_allowed_list_names_it():
     assert (r.status, r.code, r.type, r.param) == (
         404,
         "model_not_found",
-        "not_found_error",
+        "invalid_request_error",  # OpenAI's type for it
         "model",
     )
-    assert "`ghost`" in r.message
+    assert r.message == "The model `ghost` does not exist or you do not have access to it."
 
 
 def test_none_allows_every_known_model():

@@ -19,6 +19,10 @@ def test_missing_max_tokens_gets_tenant_default():
 def test_missing_default_falls_back_to_cap_then_room():
     assert resolve(None, TenantQuota(max_output_tokens=1000)) == 1000
     assert resolve(None, TenantQuota(), prompt_tokens=100, context_window=8192) == 8092
+    # No default: an answer may run to the context's end, capped by the tenant's output cap.
+    capped = TenantQuota(max_output_tokens=4096)
+    assert resolve(None, capped, prompt_tokens=100, context_window=2048) == 1948
+    assert resolve(None, capped, prompt_tokens=100, context_window=32768) == 4096
 
 
 def test_default_cut_to_room_silently():
