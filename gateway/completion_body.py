@@ -1,7 +1,11 @@
 """`CompletionBody`: one validated completion request, as admission and the request path read it.
 
 `gateway.api.request_body` reads and validates the client's JSON into one; admission counts
-its prompt and asks the policies about it; the request path forwards its ``raw`` object.
+its prompts and asks the policies about it; the request path forwards its ``raw`` object.
+
+A chat has one prompt (its messages); a completion has one or more (``prompt`` as a string or
+token ids, or a list of them). Each prompt gets ``n`` choices: `num_choices` is what the
+budget reserves ``max_tokens`` for.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from policies.model_routing import ModelSize
 
 Messages = list[dict[str, Any]]
 Tools = list[dict[str, Any]]
+Prompt = str | list[int]  # one completion prompt: text, or the token ids it is made of
 
 
 ROUTING_HINTS: tuple[ModelSize, ...] = get_args(ModelSize)  # `tollway_hint`'s values
@@ -28,17 +33,24 @@ class CompletionBody:
     raw: dict[str, Any]
     model: str
     messages: Messages | None  # chat
-    prompt: str | list[int] | None  # completions
+    prompts: tuple[Prompt, ...] | None  # completions: each prompt of the request, in order
     max_tokens: int | None
     is_stream: bool
     include_usage: bool
+    n: int = 1  # choices per prompt
+
+    @property
+    def num_choices(self) -> int:
+        """How many answers the request asks for: ``n`` for each of its prompts."""
+        num_prompts = len(self.prompts) if self.prompts is not None else 1
+        return self.n * max(num_prompts, 1)
 
     @property
     def prompt_text(self) -> str:
         """The user-visible text, for routing heuristics (never logged)."""
         if self.messages is not None:
             return "\n".join(_content_text(m.get("content")) for m in self.messages)
-        return self.prompt if isinstance(self.prompt, str) else ""
+        return "\n".join(p for p in self.prompts or () if isinstance(p, str))
 
     @property
     def tools(self) -> Tools | None:
@@ -66,13 +78,13 @@ class CompletionBody:
 
     @property
     def prompt_chars(self) -> int:
-        """What counting the prompt's tokens costs, in characters (0 for token ids): for a
+        """What counting the prompts' tokens costs, in characters (0 for token ids): for a
         chat every string of every message (roles, names, parts of any type, tool calls: the
         counters render and tokenize them all) and of the tools, plus a little for each
         message and value."""
         if self.messages is not None:
             return _size_in_chars(self.messages) + _size_in_chars(self.tools or [])
-        return len(self.prompt) if isinstance(self.prompt, str) else 0
+        return sum(len(p) for p in self.prompts or () if isinstance(p, str))
 
 
 _VALUE_CHARS = 8  # what a template or a JSON rendering adds around each value

@@ -9,8 +9,13 @@ An alias (``auto``) is routed to a public model first; a rollout then picks the 
 (`gateway.rollouts`) whose model entry serves it: its tokenizer counts the prompt, its context
 window bounds it. ``served_model`` stays the public name (what the client is answered with).
 The policies decide from the caller's cached quota; the only work beyond them is counting the
-prompt (`PromptCounts`) and, for an alias, reading the large pool's load. Nothing is counted
+prompts (`PromptCounts`) and, for an alias, reading the large pool's load. Nothing is counted
 against the tenant here: that is the `gateway.admission.counting_step`'s.
+
+A completion may carry several prompts, each answered with ``n`` choices: each prompt must
+fit (the longest is checked against the context window and the tenant's
+``max_prompt_tokens``, and leaves the room ``max_tokens`` is cut to), and the plan's
+`AdmissionPlan.tokens` reserves every prompt once plus ``max_tokens`` for every choice.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.admission.outcomes import Admission, Refusal
-from gateway.admission.prompt_tokens import PromptCounts
+from gateway.admission.prompt_tokens import PromptCounts, PromptSizes
 from gateway.admission.token_counter import TokenCounter
 from gateway.auth.bearer_keys import Caller
 from gateway.completion_body import CompletionBody
@@ -57,15 +62,17 @@ class AdmissionPlan:
     served_model: str
     version: str
     route: RoutingDecision | None
-    prompt_tokens: int
-    max_tokens: int
+    prompt_tokens: int  # every prompt's
+    max_tokens: int  # each choice's
     priority: PriorityClass
     prompt_token_ids: Sequence[int] | None = field(default=None, repr=False)
+    num_choices: int = 1  # n for each prompt
 
     @property
     def tokens(self) -> int:
-        """What the budget reserves for it: the prompt and the most it may generate."""
-        return reservation_tokens(self.prompt_tokens, self.max_tokens)
+        """What the budget reserves for it (and what rate limits count): the prompts and the
+        most every choice may generate."""
+        return reservation_tokens(self.prompt_tokens, self.max_tokens, self.num_choices)
 
     def admit(
         self, reservation: Reservation | None, headers: Mapping[str, str] | None = None
@@ -120,13 +127,14 @@ class PlanningStep:
         # No candidate admits a longer prompt: one longer by its length alone is not tokenized.
         limit = max(self._longest_prompt(version_of(m), quota) for m in candidates)
         counts = PromptCounts(self._counters, self._settings.models, body, limit)
-        prompt_tokens = await counts.count(version) if version in self._counters else 0
+        uncounted = PromptSizes(0, 0)
+        prompts = await counts.count(version) if version in self._counters else uncounted
         if routing is not None and pair is not None:
             small = version_of(pair.small)
-            prompt_tokens = await counts.count(small)
+            prompts = await counts.count(small)
             has_code, has_math = detect_code_or_math(body.prompt_text)  # bounded, linear
             features = RequestFeatures(
-                prompt_tokens=prompt_tokens,
+                prompt_tokens=prompts.total,
                 max_tokens=body.max_tokens or quota.default_max_output_tokens or 0,
                 num_turns=body.num_turns,
                 has_code=has_code,
@@ -139,7 +147,8 @@ class PlanningStep:
             served = decision.model
             version = version_of(served)
             if version != small:
-                prompt_tokens = await counts.count(version)
+                prompts = await counts.count(version)
+        prompt_tokens = prompts.total
 
         def refuse(rejection: Rejection) -> Refusal:
             return Refusal(rejection, served, decision, prompt_tokens, version)
@@ -149,17 +158,26 @@ class PlanningStep:
             return refuse(priority)
         context_window = self._settings.models[version].context_window
         rejection = check_prompt_length(
-            prompt_tokens, quota, context_window, is_lower_bound=prompt_tokens > limit
+            prompts.longest, quota, context_window, is_lower_bound=prompts.longest > limit
         )
         if rejection is not None:
             return refuse(rejection)
         max_tokens = resolve_max_tokens(
-            body.max_tokens, quota, prompt_tokens=prompt_tokens, context_window=context_window
+            body.max_tokens, quota, prompt_tokens=prompts.longest, context_window=context_window
         )
         if isinstance(max_tokens, Rejection):
             return refuse(max_tokens)
         ids = counts.ids(version) if version in self._counters else None
-        return AdmissionPlan(served, version, decision, prompt_tokens, max_tokens, priority, ids)
+        return AdmissionPlan(
+            served,
+            version,
+            decision,
+            prompt_tokens,
+            max_tokens,
+            priority,
+            ids,
+            body.num_choices,
+        )
 
     def _longest_prompt(self, model: str, quota: TenantQuota) -> int:
         """The most prompt tokens ``check_prompt_length`` admits on ``model``."""

@@ -10,7 +10,9 @@ run is a 400 here. Messages are only checked for their shape here (an object wit
 ``tool_calls`` with null content pass); the engine's request model checks the turns, and the
 token counter renders them as the engine does, a message it cannot read a 400 naming it.
 ``null`` is "not given" for every optional field and is not forwarded. Fields outside the
-table are passed to the engine untouched.
+table are passed to the engine untouched. A completion's ``prompt`` (a string, token ids, or
+a list of either, as the field rules allow) becomes its list of prompts, each answered with
+``n`` choices.
 The result is a `gateway.completion_body.CompletionBody`, the type admission reads.
 """
 
@@ -20,8 +22,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.completion_body import ROUTING_HINTS, CompletionBody, Messages
+from gateway.completion_body import ROUTING_HINTS, CompletionBody, Messages, Prompt
 from gateway.errors import ApiError, body_too_large, invalid_request, unsupported_encoding
+from openai_protocol.field_errors import missing_parameter
 from openai_protocol.field_rules import (
     RULES,
     Endpoint,
@@ -82,12 +85,12 @@ def parse_body(data: dict[str, Any], endpoint: Endpoint) -> CompletionBody:
             code="unsupported_value",
         )
     messages: Messages | None = None
-    prompt: str | list[int] | None = None
+    prompts: tuple[Prompt, ...] | None = None
     if endpoint == "chat":
         messages = _messages(data.get("messages"))
         max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     else:
-        prompt = _prompt(data.get("prompt"))
+        prompts = _prompts(data.get("prompt"))
         max_tokens = data.get("max_tokens")
     options = data.get("stream_options") or {}
     return CompletionBody(
@@ -95,10 +98,11 @@ def parse_body(data: dict[str, Any], endpoint: Endpoint) -> CompletionBody:
         data,
         model,
         messages,
-        prompt,
+        prompts,
         max_tokens,
         data.get("stream", False),
         options.get("include_usage", False),
+        data.get("n", 1),
     )
 
 
@@ -129,15 +133,19 @@ def _messages(value: Any) -> Messages:
     return value
 
 
-def _prompt(value: Any) -> str | list[int]:
+def _prompts(value: Any) -> tuple[Prompt, ...]:
+    """Each prompt of ``prompt``, whose shape the field rules checked: a string, token ids,
+    or a list of strings or of token-id lists (never mixed, never empty)."""
+    if value is None:
+        raise _refusal(missing_parameter("prompt"))
     if isinstance(value, str):
-        return value
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        return str(value[0])
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    ):
-        return [int(t) for t in value]
-    raise _type_error("prompt", "a string or an array of token ids")
+        return (value,)
+    if not isinstance(value, list) or not value:  # the field rule refused these already
+        raise _type_error("prompt", "a string, an array of strings or of token ids")
+    if all(_is_token_id(t) for t in value):
+        return ([int(t) for t in value],)
+    return tuple(p if isinstance(p, str) else [int(t) for t in p] for p in value)
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -3,6 +3,7 @@ rollout table and the pool load given; nothing is counted against the tenant."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -110,3 +111,57 @@ async def test_an_unknown_priority_is_refused() -> None:
     refusal = await planner().plan(caller(), chat("small"), "urgent-please")
     assert isinstance(refusal, Refusal)
     assert refusal.rejection.status == 400
+
+
+def completion(*prompts: str | list[int], n: int = 1, max_tokens: int | None = 8) -> CompletionBody:
+    fields = {"model": "small", "prompt": list(prompts), "n": n}
+    return CompletionBody(
+        "completions", fields, "small", None, prompts, max_tokens, False, False, n
+    )
+
+
+async def test_n_choices_reserve_max_tokens_each_and_the_prompt_once() -> None:
+    plan = await planner().plan(caller(), replace(chat("small"), n=4), None)
+    assert isinstance(plan, AdmissionPlan)
+    assert (plan.prompt_tokens, plan.num_choices) == (PROMPT_TOKENS, 4)
+    assert plan.tokens == PROMPT_TOKENS + 4 * 8
+
+
+async def test_a_prompt_list_reserves_every_prompt_and_n_choices_for_each() -> None:
+    texts = ("one two", "three four five six", "seven")
+    each = [COUNTER.count_prompt(t) for t in texts]
+    plan = await planner().plan(caller(), completion(*texts, [1, 2, 3], n=3), None)
+    assert isinstance(plan, AdmissionPlan)
+    assert plan.prompt_tokens == sum(each) + 3
+    assert plan.num_choices == 3 * 4
+    assert plan.tokens == sum(each) + 3 + 12 * 8
+
+
+async def test_each_prompt_must_fit_the_longest_bounds_max_tokens() -> None:
+    short, long = [1] * 10, [1] * 60  # the context window is 64
+    plan = await planner().plan(caller(), completion(short, long, max_tokens=None), None)
+    assert isinstance(plan, AdmissionPlan)
+    assert plan.max_tokens == 64 - 60  # the room the longest prompt leaves
+    assert plan.tokens == 70 + 2 * 4
+    refusal = await planner().plan(caller(max_prompt_tokens=40), completion(short, long), None)
+    assert isinstance(refusal, Refusal)
+    assert refusal.rejection.code == "context_length_exceeded"
+    assert "60 tokens" in refusal.rejection.message  # the longest, not the sum (70)
+    too_long = await planner().plan(caller(), completion(short, [1] * 64), None)
+    assert isinstance(too_long, Refusal)
+    assert too_long.rejection.code == "context_length_exceeded"
+    fits_alone = await planner().plan(caller(), completion(*[[1] * 40] * 3, max_tokens=20), None)
+    assert isinstance(fits_alone, AdmissionPlan)  # 120 tokens in all: each prompt fits
+    assert fits_alone.tokens == 120 + 3 * 20
+
+
+async def test_without_max_tokens_an_answer_may_run_to_the_context_end_under_the_cap() -> None:
+    plan = await planner().plan(caller(), chat("small", None), None)
+    assert isinstance(plan, AdmissionPlan)
+    assert plan.max_tokens == 64 - PROMPT_TOKENS
+    capped = await planner().plan(
+        caller(max_output_tokens=10), replace(chat("small", None), n=2), None
+    )
+    assert isinstance(capped, AdmissionPlan)
+    assert capped.max_tokens == 10
+    assert capped.tokens == PROMPT_TOKENS + 2 * 10

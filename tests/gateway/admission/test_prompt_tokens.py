@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.admission.prompt_tokens import PromptCounts
+from gateway.admission.prompt_tokens import PromptCounts, PromptSizes, count_prompts
 from gateway.admission.token_counter import INLINE_TOKENIZE_CHARS, TokenCounter, from_checkpoint
 from gateway.completion_body import CompletionBody
 from gateway.errors import ApiError
@@ -49,7 +49,7 @@ def counts(counters: dict[str, TokenCounter], text: str = "hi") -> PromptCounts:
 async def test_models_sharing_a_tokenizer_count_the_prompt_once() -> None:
     shared, other = RecordingCounter("shared"), RecordingCounter("other")
     prompt = counts({"a": shared, "b": shared, "c": other})
-    assert [await prompt.count(m) for m in ("a", "b", "c", "a")] == [7, 7, 7, 7]
+    assert [(await prompt.count(m)).total for m in ("a", "b", "c", "a")] == [7, 7, 7, 7]
     assert (len(shared.threads), len(other.threads)) == (1, 1)
     assert prompt.ids("a") is None  # an estimating counter keeps no engine ids
 
@@ -89,3 +89,51 @@ async def test_a_tool_call_the_renderer_cannot_read_is_a_400_naming_it(
         "messages[1].tool_calls[0].function.arguments",
     )
     assert "is not valid JSON" in rejection.message
+
+
+def completion(*prompts: str | list[int], n: int = 1) -> CompletionBody:
+    return CompletionBody("completions", {}, "m", None, prompts, None, False, False, n)
+
+
+async def test_every_prompt_of_a_list_is_counted_and_the_longest_kept(
+    demo_model_files: Callable[..., Path],
+) -> None:
+    counter = from_checkpoint(demo_model_files(architecture="LlamaForCausalLM", size="tiny"))
+    texts = ["Once upon a time", "The sea", "A much longer prompt than the other two are"]
+    each = [counter.count_prompt(t) for t in texts]
+    body = completion(*texts, [5, 6, 7], n=4)
+    sizes = count_prompts(counter, body)
+    assert sizes == PromptSizes(total=sum(each) + 3, longest=max(each))
+    assert sizes.ids is None  # none asked for
+    with_ids = count_prompts(counter, body, wants_ids=True)
+    assert with_ids.total == sizes.total
+    assert with_ids.ids == counter.encode_prompt(texts[0])  # the first prompt's, for routing
+    assert count_prompts(counter, completion([9] * 50, "hi")).longest == 50
+
+
+async def test_a_prompt_above_the_limit_is_a_lower_bound_whatever_its_place(
+    demo_model_files: Callable[..., Path],
+) -> None:
+    counter = from_checkpoint(demo_model_files(architecture="LlamaForCausalLM", size="tiny"))
+    body = completion("short", "x " * 5_000)
+    sizes = count_prompts(counter, body, limit=100)
+    assert sizes.longest > 100
+    assert sizes.total >= sizes.longest + counter.count_prompt("short")
+
+
+async def test_long_prompt_lists_are_counted_off_the_event_loop() -> None:
+    threads: list[threading.Thread] = []
+
+    class Recording(RecordingCounter):
+        def count_prompt(self, prompt: str, limit: int | None = None) -> int:
+            threads.append(threading.current_thread())
+            return len(prompt)
+
+    models = {"m": ModelSettings("m", ("http://127.0.0.1:1",), 4096)}
+    half = "x" * (INLINE_TOKENIZE_CHARS // 2 + 1)  # each prompt short, together long
+    sizes = await PromptCounts({"m": Recording("r")}, models, completion(half, half), 10**9).count(
+        "m"
+    )
+    assert (sizes.total, sizes.longest) == (2 * len(half), len(half))
+    assert len(threads) == 2
+    assert all(t is not threading.main_thread() for t in threads)

@@ -56,9 +56,17 @@ def test_the_issue_values_are_refused_at_the_door(endpoint: Any, field: str, val
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": 2**31}, "max_completion_tokens"),
         ({"stop": "s" * 100_000}, "stop"),
-        ({"n": 2}, "n"),
+        ({"n": 129}, "n"),
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # needs stream
+        ({"stream": False, "stream_options": {}}, "stream_options"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+        ),
         ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -115,15 +123,17 @@ def test_a_routing_hint_is_small_large_or_not_given(hint: str | None) -> None:
 
 def test_null_is_not_given_and_not_forwarded() -> None:
     body = parse_body(
-        chat(
-            temperature=None, stream=None, max_tokens=None, stream_options={"include_usage": None}
-        ),
+        chat(temperature=None, stream=None, max_tokens=None, stream_options=None, n=None),
         "chat",
     )
     assert body.is_stream is False
     assert body.include_usage is False
     assert body.max_tokens is None
-    assert body.raw == {"model": "tiny", "messages": MESSAGES, "stream_options": {}}
+    assert body.n == body.num_choices == 1
+    assert body.raw == {"model": "tiny", "messages": MESSAGES}
+    body = parse_body(chat(stream=True, stream_options={"include_usage": None}), "chat")
+    assert (body.is_stream, body.include_usage) == (True, False)
+    assert body.raw["stream_options"] == {}
 
 
 def test_max_completion_tokens_wins_and_edges_pass() -> None:
@@ -131,7 +141,56 @@ def test_max_completion_tokens_wins_and_edges_pass() -> None:
     assert body.max_tokens == 7
     body = parse_body({"model": "tiny", "prompt": [1, 2], "max_tokens": 2**31 - 1}, "completions")
     assert body.max_tokens == 2**31 - 1
-    assert body.prompt == [1, 2]
+    assert body.prompts == ([1, 2],)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [
+        ("Once", ("Once",)),
+        ("", ("",)),
+        (["Once"], ("Once",)),
+        (["Once", "Twice", ""], ("Once", "Twice", "")),
+        ([5, 6, 7], ([5, 6, 7],)),  # one prompt of token ids
+        ([[5, 6], [7]], ([5, 6], [7])),
+    ],
+)
+def test_every_prompt_shape_becomes_its_list_of_prompts(prompt: Any, prompts: Any) -> None:
+    body = parse_body({"model": "tiny", "prompt": prompt, "n": 3}, "completions")
+    assert body.prompts == prompts
+    assert body.n == 3
+    assert body.num_choices == 3 * len(prompts)
+    assert body.raw["prompt"] == prompt  # forwarded as the client sent it
+
+
+def test_prompt_text_and_chars_cover_every_prompt() -> None:
+    body = parse_body({"model": "tiny", "prompt": ["ab", "cde"]}, "completions")
+    assert body.prompt_text == "ab\ncde"
+    assert body.prompt_chars == 5
+    ids = parse_body({"model": "tiny", "prompt": [[1, 2], [3]]}, "completions")
+    assert (ids.prompt_text, ids.prompt_chars) == ("", 0)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param", "code"),
+    [
+        (None, "prompt", "missing_required_parameter"),
+        ([], "prompt", "empty_array"),
+        (["a", [1]], "prompt", "invalid_type"),
+        ([1, "a"], "prompt[0]", "invalid_type"),
+        ([[]], "prompt[0]", "empty_array"),
+        (["p"] * 129, "prompt", "array_above_max_length"),
+    ],
+)
+def test_bad_prompts_are_400_naming_them(prompt: Any, param: str, code: str) -> None:
+    data = {"model": "tiny"} if prompt is None else {"model": "tiny", "prompt": prompt}
+    assert refusal(data, "completions") == (400, param, code)
+
+
+def test_n_times_the_prompts_is_bounded() -> None:
+    assert parse_body({"model": "tiny", "prompt": ["a"] * 2, "n": 64}, "completions")
+    data = {"model": "tiny", "prompt": ["a"] * 2, "n": 65}
+    assert refusal(data, "completions") == (400, "n", "invalid_value")
 
 
 def test_requested_model_is_only_what_a_record_can_hold() -> None:
