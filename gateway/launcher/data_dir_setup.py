@@ -33,11 +33,12 @@ from policies.quota import TenantQuota
 ADMIN_KEY_FILENAME = "admin_key.sha256"
 ADMIN_KEY_PREFIX = "tw-admin-"
 DEFAULT_TENANT_ID = "default"
+# No default_max_output_tokens: an answer without max_tokens may run to the context's end
+# (OpenAI's chat does), under the output cap; the reservation holds that bound.
 DEFAULT_TENANT_QUOTA = TenantQuota(
     budget_tokens=1_000_000,
     budget_period="day",
-    max_output_tokens=1024,
-    default_max_output_tokens=256,
+    max_output_tokens=4096,
     rpm=600,
 )
 DEMO_MODEL_SIZES: Mapping[str, str] = {"small": "small", "large": "large"}

@@ -127,6 +127,9 @@ def test_first_run_creates_keys_that_work_and_a_second_run_creates_nothing(
             assert found is not None
             assert found.tenant.id == "default"
             assert TenantQuota.from_dict(found.tenant.quota) == DEFAULT_TENANT_QUOTA
+            # Answers without max_tokens run to the context's end, under a 4,096 cap.
+            assert found.tenant.quota["max_output_tokens"] == 4096
+            assert found.tenant.quota.get("default_max_output_tokens") is None
 
         second = ensure_credentials(tmp_path, url)
         assert not second.is_new
