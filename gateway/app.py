@@ -41,11 +41,12 @@ from gateway.admission.token_counter import TokenCounter, exact_counter, for_ope
 from gateway.api.admin_api import admin_routes
 from gateway.api.completions import chat_completions, completions
 from gateway.api.handler_context import GatewayContext
+from gateway.api.model_cards import list_models, retrieve_model
 from gateway.api.openapi import openapi_route
 from gateway.api.readiness import Readiness, readiness_route
 from gateway.api.request_id import IssuedIdServerErrorMiddleware
 from gateway.api.tenant_api import tenant_routes
-from gateway.auth.bearer_keys import authenticate_request, bearer_matches
+from gateway.auth.bearer_keys import bearer_matches
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
 from gateway.errors import EXCEPTION_HANDLERS, ApiError
@@ -185,6 +186,7 @@ def build_gateway(
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     ]
     routes: list[BaseRoute] = [
         *completion_routes,
@@ -247,21 +249,6 @@ def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounte
             by_checkpoint[model.checkpoint] = exact_counter(model.checkpoint)
         counters[name] = by_checkpoint[model.checkpoint]
     return counters
-
-
-async def list_models(request: Request) -> Response:
-    """List the models, rollouts and routing aliases this key may use (a rollout's versions
-    are not listed: clients ask for the rollout).
-    ---
-    {200: ModelList}
-    """
-    ctx = GatewayContext.of(request)
-    caller = await authenticate_request(ctx.database, request)
-    allowed = caller.quota.allowed_models
-    public = ctx.settings.public_models(ctx.rollouts.table)
-    names = sorted(m for m in public if allowed is None or m in allowed)
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "tollway"} for name in names]
-    return JSONResponse({"object": "list", "data": data})
 
 
 def metrics_route(settings: GatewaySettings) -> Route:

@@ -74,6 +74,7 @@ class TokenLogprob(TopLogprob):
 
 class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None  # OpenAI's; always null here
 
 
 class AssistantMessage(BaseModel):
@@ -82,6 +83,7 @@ class AssistantMessage(BaseModel):
 
     role: Literal["assistant"]
     content: str | None
+    refusal: str | None = None  # OpenAI's; always null here (the models served never refuse)
     tool_calls: list[ToolCall] | None = None
 
 
@@ -93,10 +95,14 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletion(BaseModel):
+    """One choice per ``n``, each with its ``index``; ``usage`` counts the prompt once and
+    every choice's completion tokens."""
+
     id: str
     object: Literal["chat.completion"]
     created: int
     model: str
+    system_fingerprint: str | None = None  # the engine build and weights that answered
     choices: list[ChatChoice]
     usage: Usage
 
@@ -118,6 +124,7 @@ class ToolCallDelta(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    refusal: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -129,21 +136,25 @@ class ChatChunkChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
-    """One ``data:`` event of a streamed chat completion; the last has ``usage`` and no
-    choices (always sent by the engine; relayed when ``stream_options.include_usage``)."""
+    """One ``data:`` event of a streamed chat completion, its choice named by ``index`` (with
+    ``n`` > 1 the choices' chunks interleave); the last has ``usage`` and no choices (always
+    sent by the engine; relayed when ``stream_options.include_usage``)."""
 
     id: str
     object: Literal["chat.completion.chunk"]
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
 
 class CompletionLogprobs(BaseModel):
+    """With ``echo``, the prompt's tokens come first; the very first has no logprob (null)."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -156,17 +167,21 @@ class CompletionChoice(BaseModel):
 
 class Completion(BaseModel):
     """A text completion, whole; streamed, each ``data:`` event has this shape with a piece
-    of the text (``usage`` on the last one only)."""
+    of the text (``usage`` on the last one only). One choice per prompt times ``n``: choice
+    ``i * n + j`` is prompt ``i``'s ``j``-th; with ``echo`` its text starts with the prompt's."""
 
     id: str
     object: Literal["text_completion"]
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
+    """A model, rollout or routing alias the caller's key may use."""
+
     id: str
     object: Literal["model"]
     created: int
@@ -185,5 +200,6 @@ RESPONSE_MODELS: list[type[BaseModel]] = [
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
+    ModelCard,
     ModelList,
 ]

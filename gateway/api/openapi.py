@@ -170,6 +170,9 @@ _RESPONSE_MODELS: list[type[BaseModel]] = [
 _TIME = {"type": "string", "format": "date-time"}
 _PARAMETERS = {
     "TenantId": _param("tenant_id", "path", {"type": "string"}, "The tenant's id"),
+    "ModelId": _param(
+        "model", "path", {"type": "string"}, "A model, rollout or routing alias (may hold '/')"
+    ),
     "KeyId": _param("key_id", "path", {"type": "string"}, "The key's id (key_...)"),
     "TenantFilter": _param("tenant_id", "query", {"type": "string"}, "Only this tenant"),
     "OwnTenant": _param(

@@ -121,3 +121,22 @@ async def test_the_openapi_document_describes_the_completion_endpoints(
     # A tool-call answer: calls in the message, pieces of them in the deltas.
     assert "tool_calls" in schemas["AssistantMessage"]["properties"]
     assert "tool_calls" in schemas["ChatDelta"]["properties"]
+    # Issue #26's fields: n up to 128, penalties, logit_bias, prompt lists, echo, refusal.
+    for body in ("ChatCompletionBody", "CompletionBody"):
+        properties = schemas[body]["properties"]
+        assert properties["n"]["maximum"] == 128
+        assert properties["presence_penalty"]["minimum"] == -2
+        assert properties["repetition_penalty"]["exclusiveMinimum"] == 0
+        assert properties["logit_bias"]["maxProperties"] == 300
+    completion = schemas["CompletionBody"]["properties"]
+    assert len(completion["prompt"]["anyOf"]) == 4  # string, strings, token ids, id lists
+    assert "echo" in completion
+    assert "refusal" in schemas["AssistantMessage"]["properties"]
+    for answer in ("ChatCompletion", "ChatCompletionChunk", "Completion"):
+        assert "system_fingerprint" in schemas[answer]["properties"]
+    retrieve = document["paths"]["/v1/models/{model}"]["get"]
+    assert retrieve["parameters"] == [{"$ref": "#/components/parameters/ModelId"}]
+    assert retrieve["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ModelCard"
+    }
+    assert {"401", "404"} <= set(retrieve["responses"])

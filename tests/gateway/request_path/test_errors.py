@@ -57,12 +57,35 @@ def test_404_unknown_model_and_403_model_not_allowed(client: httpx.Client, db_ur
         post(client, key, {"model": "gpt-9", "messages": MESSAGES}), 404, "model_not_found"
     )
     assert error["param"] == "model"
+    assert error["type"] == "invalid_request_error"  # OpenAI's, for an unknown model
+    assert error["message"] == "The model `gpt-9` does not exist or you do not have access to it."
     assert_openai_error(
         post(client, key, {"model": "tiny-large", "messages": MESSAGES}), 403, "model_not_allowed"
     )
     records = usage_records(db_url, tenant_id, 2)
     assert sorted(r.reject_reason for r in records) == ["model_not_allowed", "model_not_found"]
     assert all(r.status.value == "rejected" and r.prompt_tokens == 0 for r in records)
+
+
+def test_a_model_card_is_retrieved_only_for_a_model_the_key_may_use(
+    client: httpx.Client, db_url: str
+) -> None:
+    _, key = tenant_key(db_url, allowed_models=[SMALL, "auto"])
+    auth = {"authorization": f"Bearer {key}"}
+    for name in (SMALL, "auto"):
+        card = client.get(f"/v1/models/{name}", headers=auth)
+        assert card.status_code == 200, card.text
+        assert card.json() == {"id": name, "object": "model", "created": 0, "owned_by": "tollway"}
+    for name in ("tiny-large", "gpt-9", "org/model", "tiny/"):  # not allowed, or not served
+        error = assert_openai_error(
+            client.get(f"/v1/models/{name}", headers=auth), 404, "model_not_found"
+        )
+        assert error["type"] == "invalid_request_error"
+        assert (
+            error["message"]
+            == f"The model `{name}` does not exist or you do not have access to it."
+        )
+    assert_openai_error(client.get(f"/v1/models/{SMALL}"), 401, "invalid_api_key")
 
 
 def test_400_malformed_and_mistyped_bodies_and_413(client: httpx.Client, db_url: str) -> None:

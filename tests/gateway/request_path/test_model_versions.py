@@ -169,6 +169,10 @@ def test_models_lists_public_names_and_a_version_stays_callable(
     _, key = tenant_key(sqlite_db_url)
     listed = httpx.get(f"{stack.base}/v1/models", headers={"authorization": f"Bearer {key}"})
     assert [m["id"] for m in listed.json()["data"]] == ["auto", "large", "small"]
+    auth = {"authorization": f"Bearer {key}"}
+    assert httpx.get(f"{stack.base}/v1/models/large", headers=auth).json()["id"] == "large"
+    # Retrieved as listed: a rollout's versions are not cards (though they may be called).
+    assert httpx.get(f"{stack.base}/v1/models/large-v2", headers=auth).status_code == 404
     pinned = post(stack, key, model="large-v2")  # an eval pinned to one version
     assert pinned.headers[VERSION_HEADER] == "large-v2"
     assert pinned.json()["model"] == "large-v2"
