@@ -6,6 +6,10 @@ more tokens" (``allocate_slots``), which answers with an ``Allocation`` or
 ``None`` meaning "no room: preempt someone". Blocks are allocated only as tokens
 need them; nothing is reserved for a request's maximum length.
 
+A choice of an ``n`` > 1 request is forked off its leader once the leader's prompt is computed
+(``fork``): it takes references on the leader's full blocks and gets a private copy of the
+partial last one, which the runner makes (``BlockCopy``) before the next forward pass.
+
 The prefix-cache metrics count admissions: ``allocate_slots`` with a cached prefix adds the
 request's tokens to the queries and the prefix's tokens to the hits, once it succeeds. A
 lookup alone counts nothing, so a request that waits several steps is counted once.
@@ -24,6 +28,15 @@ from engine_protocol.block_hash import hash_block
 @dataclass(frozen=True)
 class Allocation:
     new_block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """Copy one KV block's contents (every layer, K and V) into another, before the next
+    forward pass: block ids only, the runner owns the tensors."""
+
+    src_block_id: int
+    dst_block_id: int
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,41 @@ class KVCacheManager:
         if self.enable_caching:
             self._cache_full_blocks(request, blocks, num_total)
         return Allocation(tuple(block.block_id for block in new_blocks))
+
+    def fork(
+        self, parent: Request, child: Request, num_reserved_blocks: int = 0
+    ) -> tuple[BlockCopy, ...] | None:
+        """Give ``child`` the KV of ``parent``'s computed tokens: a reference on each full
+        block, and a fresh block for the partial last one, with the copy that fills it
+        (nothing to copy when the tokens end on a block boundary). None: no free block for
+        the copy (``num_reserved_blocks`` must stay free, as for an admission).
+
+        The full blocks are shared read-only: a sequence only ever writes past its computed
+        tokens, which is in the partial block (now private to each) or in a new one.
+        """
+        if child.request_id in self._blocks:
+            raise ValueError(f"request {child.request_id!r} already holds KV blocks")
+        parent_blocks = self._blocks.get(parent.request_id, [])
+        num_full, num_partial = divmod(parent.num_computed_tokens, self.block_size)
+        if len(parent_blocks) < num_full + (num_partial > 0):
+            raise ValueError(f"request {parent.request_id!r} holds too few blocks to fork")
+        if num_partial and 1 + num_reserved_blocks > self.pool.num_free_blocks:
+            return None
+        shared = parent_blocks[:num_full]
+        self.pool.touch(shared)
+        blocks = list(shared)
+        copies: tuple[BlockCopy, ...] = ()
+        if num_partial:
+            [fresh] = self.pool.allocate(1) or []
+            blocks.append(fresh)
+            copies = (BlockCopy(parent_blocks[num_full].block_id, fresh.block_id),)
+        self._blocks[child.request_id] = blocks
+        # The same prompt, so the same hash chain; the shared blocks are already cached.
+        child.block_hashes = parent.block_hashes[:num_full]
+        self._num_hashed_blocks[child.request_id] = min(
+            num_full, self._num_hashed_blocks.get(parent.request_id, 0)
+        )
+        return copies
 
     def free(self, request: Request, *, num_written_tokens: int | None = None) -> None:
         """Release a request's blocks, tail first, so its prefix outlives its suffix in the LRU.

@@ -28,6 +28,9 @@ class RequestStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    # A choice of an ``n`` > 1 request held by its leader until the leader's prefill ends:
+    # it is then forked off the leader's KV blocks (see ``Scheduler``), never prefilled.
+    AWAITING_FORK = "awaiting_fork"
     FINISHED = "finished"
 
 
@@ -38,18 +41,27 @@ class Request:
     tokens still to compute are ``all_token_ids[num_computed_tokens:]``: the
     rest of the prompt while prefilling, the last sampled token while decoding,
     or everything after a preemption (recompute).
+
+    A request with ``n`` > 1 is a group of choices: the leader (choice 0, the caller's id)
+    holds the others in ``pending_forks`` until its prefill ends; each of them has its own
+    ``request_id`` and ``choice_index`` and the leader's id as ``group_id``, and points back
+    at the leader (``fork_parent``) while it waits to be forked.
     """
 
     __slots__ = (
         "all_token_ids",
         "arrival_seq",
         "block_hashes",
+        "choice_index",
         "finish_reason",
+        "fork_parent",
+        "group_id",
         "matcher",
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
+        "pending_forks",
         "priority",
         "request_id",
         "sampling_params",
@@ -68,8 +80,13 @@ class Request:
         tenant_id: str = "default",
         priority: Priority = Priority.INTERACTIVE,
         matcher: OutputMatcher | None = None,
+        *,
+        group_id: str | None = None,
+        choice_index: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.group_id = group_id if group_id is not None else request_id  # the caller's id
+        self.choice_index = choice_index
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -88,6 +105,9 @@ class Request:
         # Where its output is in its grammar, for a structured output; kept across preemption
         # (a recompute brings back the same tokens the matcher has already accepted).
         self.matcher = matcher
+        # The leader's other choices, until its prefill ends (see the class docstring).
+        self.pending_forks: list[Request] = []
+        self.fork_parent: Request | None = None  # the leader, while AWAITING_FORK
 
     @property
     def prompt_token_ids(self) -> list[int]:
