@@ -16,9 +16,10 @@ class ServerContext:
     metrics: ServerMetrics
     max_body_bytes: int
     created: int  # unix time the app was built, reported as the model's ``created``
-    # In-flight generations by the caller's ``x-request-id`` -> the engine's request id,
-    # so a caller can stop one (``POST /abort_request``) and still receive its answer.
-    in_flight: dict[str, str] = field(default_factory=dict)
+    # In-flight generations by the caller's ``x-request-id`` -> the engine's request ids (one
+    # per prompt), so a caller can stop one (``POST /abort_request``) and still receive its
+    # answer.
+    in_flight: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @staticmethod
     def of(request: Request) -> ServerContext:

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.server.errors import engine_draining, engine_not_ready
+from backend_engine.server.fingerprint import engine_fingerprint
 from backend_engine.server.token_text import TokenText
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class EngineHost:
         self.state = EngineState.LOADING
         self._engine: AsyncEngine | None = None
         self._token_text: TokenText | None = None
+        self._system_fingerprint: str | None = None
         self._in_flight: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -79,12 +81,20 @@ class EngineHost:
             raise engine_not_ready()
         return self._token_text
 
+    @property
+    def system_fingerprint(self) -> str:
+        """The engine's build and weights, as every answer reports them (`fingerprint`)."""
+        if self._system_fingerprint is None:
+            raise engine_not_ready()
+        return self._system_fingerprint
+
     async def start(self, engine: AsyncEngine) -> None:
         """Take a built engine and start serving it (unless a drain began meanwhile)."""
         self._loop = asyncio.get_running_loop()
         await engine.start()
         self._engine = engine
         self._token_text = TokenText(engine.tokenizer)
+        self._system_fingerprint = engine_fingerprint(engine)
         if self.state is EngineState.LOADING:
             self.state = EngineState.READY
             logger.info("engine ready: serving %s", engine.model_name)

@@ -65,7 +65,7 @@ def context_length_exceeded(message: str, *, param: str) -> APIError:
 
 def model_not_found(model: str) -> APIError:
     return APIError.of(
-        vocabulary.MODEL_NOT_FOUND, f"The model {model!r} does not exist", param="model"
+        vocabulary.MODEL_NOT_FOUND, vocabulary.model_not_found_message(model), param="model"
     )
 
 

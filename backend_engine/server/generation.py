@@ -1,5 +1,8 @@
 """One engine request as a handler sees it: started, iterated, and always cleaned up.
 
+A request with ``n`` choices is one engine request: its deltas carry their choice's
+``index``, and it is finished once every choice has finished (or the engine's stream ends).
+
 Whatever ends a request early (the client going away, a cancelled task, an error
 while sending), :meth:`GenerationStream.close` closes the engine's stream and
 aborts the request, so its KV blocks are freed within one engine step::
@@ -14,17 +17,16 @@ aborts the request, so its KV blocks are freed within one engine step::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
-
-from starlette.types import Receive
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.outputs import RequestOutputDelta
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import invalid_request
 from backend_engine.server.request_reader import RequestMeta
+from backend_engine.server.sampling import param_named_by
 from backend_engine.structured_output.constraint import InvalidConstraint
-from openai_protocol.disconnect import run_to_end, until_client_leaves
+from openai_protocol.disconnect import run_to_end
 
 
 class GenerationStream:
@@ -35,12 +37,15 @@ class GenerationStream:
         deltas: AsyncIterator[RequestOutputDelta],
         first: RequestOutputDelta,
         on_first_token: Callable[[], None] | None,
+        num_choices: int = 1,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
         self._deltas = deltas
         self._first: RequestOutputDelta | None = first
         self._on_first_token = on_first_token
+        self.num_choices = num_choices
+        self._finished_choices: set[int] = set()
         self.is_finished = False
         self._is_closed = False
 
@@ -68,13 +73,13 @@ class GenerationStream:
         except InvalidConstraint as exc:
             raise invalid_request(exc.message, param=exc.param) from None
         except ValueError as exc:
-            raise invalid_request(str(exc)) from None
+            raise invalid_request(str(exc), param=param_named_by(str(exc))) from None
         except BaseException:
             await run_to_end(_abandon(engine, request_id, deltas))
             raise
-        return cls(engine, request_id, deltas, first, on_first_token)
+        return cls(engine, request_id, deltas, first, on_first_token, params.n)
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutputDelta]:
+    async def __aiter__(self) -> AsyncGenerator[RequestOutputDelta, None]:
         first, self._first = self._first, None
         if first is not None:
             self._note(first)
@@ -93,7 +98,8 @@ class GenerationStream:
             self._on_first_token()
             self._on_first_token = None
         if delta.finished:
-            self.is_finished = True
+            self._finished_choices.add(delta.index)
+            self.is_finished = len(self._finished_choices) >= self.num_choices
 
     async def close(self) -> None:
         """Close the engine's stream and abort the request unless it finished; idempotent."""
@@ -101,24 +107,6 @@ class GenerationStream:
             return
         self._is_closed = True
         await run_to_end(_abandon(self.engine, self.request_id, self._deltas, self.is_finished))
-
-    async def collect(self, receive: Receive) -> list[RequestOutputDelta] | None:
-        """All deltas until the request finishes, or None if the client disconnects first.
-
-        Watches the ASGI ``http.disconnect`` message while waiting, so an abandoned
-        non-streamed request does not keep generating.
-        """
-        deltas: list[RequestOutputDelta] = []
-
-        async def gather() -> list[RequestOutputDelta]:
-            async for delta in self:
-                deltas.append(delta)
-            return deltas
-
-        try:
-            return await until_client_leaves(receive, gather())
-        finally:
-            await self.close()
 
 
 async def _abandon(

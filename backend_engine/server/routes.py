@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from functools import partial
 
 import anyio
@@ -14,22 +15,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from backend_engine.async_engine import AsyncEngine
+from backend_engine.server.choice_streams import ChoiceStreams, request_ids
+from backend_engine.server.completion_format import CompletionFormatter
 from backend_engine.server.context import ServerContext
 from backend_engine.server.engine_host import EngineState
+from backend_engine.server.engine_prompts import EnginePrompt, completion_prompts, engine_prompt
 from backend_engine.server.errors import invalid_request, model_not_found, to_api_error
-from backend_engine.server.generation import GenerationStream
 from backend_engine.server.kv_event_stream import kv_events
 from backend_engine.server.metrics import CONTENT_TYPE
-from backend_engine.server.openai_format import (
-    JSON,
-    ChatFormatter,
-    CompletionFormatter,
-    Formatter,
-    ResponseIdentity,
-)
+from backend_engine.server.openai_format import JSON, ChatFormatter, ResponseIdentity
 from backend_engine.server.output_constraints import parses_tool_calls
 from backend_engine.server.request_reader import RequestMeta, read_meta, read_model
-from backend_engine.server.sampling import completion_budget, sampling_params
+from backend_engine.server.usage_tally import UsageTally
 from model_files.chat_rendering import ChatRenderingError
 from openai_protocol.request_models import (
     AbortRequest,
@@ -44,6 +41,7 @@ logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
 Handler = Callable[[Request], Awaitable[Response]]
+Formatter = ChatFormatter | CompletionFormatter
 
 
 def _counted(endpoint: str, handler: Handler) -> Handler:
@@ -77,9 +75,16 @@ async def chat_completions(request: Request) -> Response:
         )
     except ChatRenderingError as exc:
         raise invalid_request(str(exc), param=exc.param) from None
-    return await _generate(
-        request, ctx, meta, body, prompt_ids, endpoint="chat", prompt_param="messages"
+    prompt = engine_prompt(engine, body, prompt_ids, prompt_param="messages")
+    ident = _identity(ctx, engine, "chatcmpl")
+    formatter = ChatFormatter(
+        ident,
+        ctx.host.token_text,
+        body.requested_logprobs() is not None,
+        num_choices=body.n,
+        parses_tool_calls=parses_tool_calls(body),
     )
+    return await _generate(request, ctx, meta, body, [prompt], formatter, endpoint="chat")
 
 
 async def completions(request: Request) -> Response:
@@ -88,18 +93,21 @@ async def completions(request: Request) -> Response:
     meta = read_meta(request)
     body = await read_model(request, CompletionRequest, ctx.max_body_bytes, endpoint="completions")
     _check_model(engine, body.model)
-    prompt = body.prompt
-    if isinstance(prompt, list) and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        prompt_ids = await anyio.to_thread.run_sync(engine.tokenizer.encode, prompt)
-    else:
-        prompt_ids = [int(t) for t in prompt]
-        vocab_size = engine.tokenizer.vocab_size
-        if any(not 0 <= t < vocab_size for t in prompt_ids):
-            raise invalid_request(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
-    return await _generate(
-        request, ctx, meta, body, prompt_ids, endpoint="completions", prompt_param="prompt"
+    prompts = await completion_prompts(engine, body)
+    ident = _identity(ctx, engine, "cmpl")
+    want_logprobs = body.requested_logprobs() is not None
+    formatter = CompletionFormatter(
+        ident, ctx.host.token_text, want_logprobs, prompts, echo=body.echo
+    )
+    return await _generate(request, ctx, meta, body, prompts, formatter, endpoint="completions")
+
+
+def _identity(ctx: ServerContext, engine: AsyncEngine, prefix: str) -> ResponseIdentity:
+    return ResponseIdentity(
+        id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=engine.model_name,
+        system_fingerprint=ctx.host.system_fingerprint,
     )
 
 
@@ -108,49 +116,31 @@ async def _generate(
     ctx: ServerContext,
     meta: RequestMeta,
     body: ConstrainedRequest,
-    prompt_ids: list[int],
+    prompts: list[EnginePrompt],
+    formatter: Formatter,
     *,
     endpoint: str,
-    prompt_param: str,
 ) -> Response:
+    """Run every prompt (each with its ``n`` choices) and answer with all their choices."""
     engine = ctx.host.accepting()
-    if not prompt_ids:
-        raise invalid_request("the prompt is empty", param=prompt_param)
-    max_tokens = completion_budget(
-        len(prompt_ids), body.requested_max_tokens(), engine.max_model_len, prompt_param
-    )
-    params = sampling_params(body, max_tokens)
-    is_chat = isinstance(body, ChatCompletionRequest)
-    ident = ResponseIdentity(
-        id=f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=engine.model_name,
-    )
-    want_logprobs = body.requested_logprobs() is not None
-    token_text = ctx.host.token_text
-    formatter: Formatter = (
-        ChatFormatter(ident, token_text, want_logprobs, parses_tool_calls=parses_tool_calls(body))
-        if is_chat
-        else CompletionFormatter(ident, token_text, want_logprobs)
-    )
     started = time.monotonic()
 
     def on_first_token() -> None:
         ctx.metrics.observe_time_to_first_token(endpoint, time.monotonic() - started)
 
+    response_id = formatter.ident.id
+    engine_ids = tuple(request_ids(response_id, len(prompts)))
     caller_id: str = request.state.request_id
-    ctx.host.admit(ident.id)  # a drain waits for it from now on (a 503 if one has begun)
-    ctx.in_flight[caller_id] = ident.id  # from now on POST /abort_request can stop it
+    ctx.host.admit(response_id)  # a drain waits for it from now on (a 503 if one has begun)
+    ctx.in_flight[caller_id] = engine_ids  # from now on POST /abort_request can stop it
 
     def forget() -> None:
-        ctx.host.release(ident.id)
-        if ctx.in_flight.get(caller_id) == ident.id:  # not a later request's reuse of the id
+        ctx.host.release(response_id)
+        if ctx.in_flight.get(caller_id) == engine_ids:  # not a later request's reuse of the id
             del ctx.in_flight[caller_id]
 
     try:
-        stream = await GenerationStream.start(
-            engine, ident.id, prompt_ids, params, meta, on_first_token
-        )
+        streams = await ChoiceStreams.start(engine, engine_ids, prompts, meta, on_first_token)
     except BaseException:
         forget()
         raise
@@ -158,17 +148,17 @@ async def _generate(
 
         async def on_close() -> None:
             forget()
-            await stream.close()
+            await streams.close()
 
-        events = _events(stream, formatter, include_usage=body.include_usage)
+        events = _events(streams, formatter, include_usage=body.include_usage)
         return EventStreamResponse(events, on_close=on_close)
     try:
-        deltas = await stream.collect(request.receive)
+        choices = await streams.collect(request.receive)
     finally:
         forget()
-    if deltas is None:
+    if choices is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return JSONResponse(formatter.whole(deltas))
+    return JSONResponse(formatter.whole(choices, UsageTally.of(choices).usage()))
 
 
 async def abort_request(request: Request) -> Response:
@@ -177,49 +167,61 @@ async def abort_request(request: Request) -> Response:
     generated: how the gateway bills a non-streamed request whose client has left."""
     ctx = ServerContext.of(request)
     body = await read_model(request, AbortRequest, ctx.max_body_bytes)
-    engine_request_id = ctx.in_flight.get(body.request_id)
+    engine_request_ids = ctx.in_flight.get(body.request_id)
     engine = ctx.host.engine
-    if engine_request_id is not None and engine is not None:
-        await engine.abort(engine_request_id)
-    return JSONResponse({"aborted": engine_request_id is not None})
+    if engine_request_ids is not None and engine is not None:
+        for engine_request_id in engine_request_ids:
+            await engine.abort(engine_request_id)
+    return JSONResponse({"aborted": engine_request_ids is not None})
 
 
 async def _events(
-    stream: GenerationStream, formatter: Formatter, *, include_usage: bool
+    streams: ChoiceStreams, formatter: Formatter, *, include_usage: bool
 ) -> AsyncIterator[str]:
     def emit(chunk: JSON) -> str:
         return event({**chunk, "usage": None} if include_usage else chunk)
 
-    first = formatter.role_chunk()
-    if first is not None:
-        yield emit(first)
-    last = None
+    for chunk in formatter.opening_chunks():
+        yield emit(chunk)
+    tally = UsageTally()
     try:
-        async for delta in stream:
-            last = delta
-            for chunk in formatter.chunks(delta):
-                yield emit(chunk)
+        async with aclosing(streams.__aiter__()) as choices:
+            async for choice in choices:
+                tally.add(choice)
+                for chunk in formatter.chunks(choice):
+                    yield emit(chunk)
     except Exception as exc:
-        logger.exception("stream %s failed", stream.request_id)
+        logger.exception("stream %s failed", formatter.ident.id)
         yield event(to_api_error(exc).body())
         yield DONE
         return
-    if include_usage and last is not None:
-        yield event(formatter.usage_chunk(last))
+    if include_usage and not tally.is_empty:
+        yield event(formatter.usage_chunk(tally.usage()))
     yield DONE
 
 
-async def models(request: Request) -> Response:
-    ctx = ServerContext.of(request)
-    engine = ctx.host.built_engine()
-    card = {
+def _model_card(ctx: ServerContext, engine: AsyncEngine) -> JSON:
+    return {
         "id": engine.model_name,
         "object": "model",
         "created": ctx.created,
         "owned_by": "tollway",
         "max_model_len": engine.max_model_len,
     }
-    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def models(request: Request) -> Response:
+    ctx = ServerContext.of(request)
+    engine = ctx.host.built_engine()
+    return JSONResponse({"object": "list", "data": [_model_card(ctx, engine)]})
+
+
+async def model(request: Request) -> Response:
+    """One model's card (``GET /v1/models/{id}``); a 404 ``model_not_found`` for others."""
+    ctx = ServerContext.of(request)
+    engine = ctx.host.built_engine()
+    _check_model(engine, request.path_params["model_id"])
+    return JSONResponse(_model_card(ctx, engine))
 
 
 async def health(request: Request) -> Response:
@@ -245,6 +247,7 @@ ROUTES = [
     Route("/v1/chat/completions", _counted("chat", chat_completions), methods=["POST"]),
     Route("/v1/completions", _counted("completions", completions), methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", model, methods=["GET"]),
     Route("/abort_request", abort_request, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),

@@ -1,12 +1,47 @@
-"""From an API request to the engine's SamplingParams, enforcing the model's length."""
+"""From an API request to the engine's SamplingParams, enforcing the model's length and
+vocabulary.
+
+Every sampling field OpenAI defines maps onto one of SamplingParams (``n``, the penalties,
+``logit_bias`` by token id); a completion with ``echo`` and ``logprobs`` asks for as many
+prompt logprobs, so its prompt's tokens can be reported before the completion's.
+"""
 
 from __future__ import annotations
+
+import re
 
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import context_length_exceeded, invalid_request
 from backend_engine.server.output_constraints import output_constraint
 from backend_engine.structured_output.constraint import InvalidConstraint
-from openai_protocol.request_models import ConstrainedRequest
+from openai_protocol.request_models import CompletionRequest, ConstrainedRequest
+
+# The request fields a SamplingParams (or make_request) refusal may name, by the word its
+# message starts with (``"n must be ..."``, ``"Invalid 'logit_bias': ..."``).
+_NAMED_FIELDS = frozenset(
+    [
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "logprobs",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+    ]
+)
+_PARAM_OF_FIELD = {**{name: name for name in _NAMED_FIELDS}, "prompt_logprobs": "logprobs"}
+_LEADING_FIELD = re.compile(r"^(?:Invalid ')?([a-z_]+)")
+
+
+def param_named_by(message: str) -> str | None:
+    """The request field an engine's refusal names at its start, if it names one."""
+    match = _LEADING_FIELD.match(message)
+    return _PARAM_OF_FIELD.get(match.group(1)) if match else None
 
 
 def completion_budget(
@@ -31,6 +66,25 @@ def completion_budget(
     return requested if requested is not None else max_model_len - num_prompt_tokens
 
 
+def check_logit_bias(body: ConstrainedRequest, vocab_size: int) -> None:
+    """Every ``logit_bias`` key is a token id of the model (the field rules checked the rest)."""
+    outside = sorted(t for t in body.logit_bias_ids() if t >= vocab_size)
+    if outside:
+        raise invalid_request(
+            f"Invalid 'logit_bias': token id {outside[0]} is outside the model's vocabulary "
+            f"(ids 0 to {vocab_size - 1}).",
+            param="logit_bias",
+        )
+
+
+def prompt_logprobs(body: ConstrainedRequest) -> int | None:
+    """How many alternatives to report for each prompt token: a completion's ``logprobs``
+    when it also asks for ``echo``; else None (no prompt logprobs are computed)."""
+    if isinstance(body, CompletionRequest) and body.echo:
+        return body.logprobs
+    return None
+
+
 def sampling_params(body: ConstrainedRequest, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
@@ -43,8 +97,14 @@ def sampling_params(body: ConstrainedRequest, max_tokens: int) -> SamplingParams
             ignore_eos=body.ignore_eos,
             logprobs=body.requested_logprobs(),
             structured_output=output_constraint(body),
+            n=body.n,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty,
+            logit_bias=body.logit_bias_ids(),
+            prompt_logprobs=prompt_logprobs(body),
         )
     except InvalidConstraint as exc:
         raise invalid_request(exc.message, param=exc.param) from None
     except ValueError as exc:
-        raise invalid_request(str(exc)) from None
+        raise invalid_request(str(exc), param=param_named_by(str(exc))) from None

@@ -22,6 +22,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.outputs import EngineStats
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.token_text import TokenText
+from tests.backend_engine.server.response_schema import check_answer, checked_client
 from tests.support.polling import wait_until
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
@@ -35,7 +36,8 @@ class LiveServer:
     engine: AsyncEngine
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
+        """A client whose every answer is checked against OpenAI's response schema."""
+        return checked_client(self.base_url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,8 @@ def greedy(**extra: Any) -> dict[str, Any]:
 
 
 def sse_events(response: httpx.Response) -> list[Any]:
-    """The ``data:`` payloads of an event stream: dicts, then the final ``"[DONE]"``."""
+    """The ``data:`` payloads of an event stream: dicts, then the final ``"[DONE]"``; each
+    chunk checked against OpenAI's response schema."""
     assert response.headers["content-type"].startswith("text/event-stream")
     events: list[Any] = []
     for line in response.iter_lines():
@@ -83,6 +86,8 @@ def sse_events(response: httpx.Response) -> list[Any]:
         assert line.startswith("data: "), line
         data = line.removeprefix("data: ")
         events.append(data if data == "[DONE]" else json.loads(data))
+    for chunk in events[:-1]:
+        check_answer(chunk, is_chunk=True)
     return events
 
 
@@ -313,7 +318,8 @@ def bad(path: str, payload: Any, param: str | None, name: str) -> Any:
     return pytest.param(path, payload, param, id=name)
 
 
-IMAGE_MESSAGE = {"role": "user", "content": [{"type": "image_url"}]}
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+IMAGE_MESSAGE = {"role": "user", "content": [IMAGE_PART]}
 BAD_REQUESTS = [
     bad(CHAT, b"{not json", None, "malformed-json"),
     bad(CHAT, b"[1, 2]", None, "not-an-object"),
@@ -324,14 +330,22 @@ BAD_REQUESTS = [
     bad(CHAT, chat(temperature="hot"), "temperature", "str-temperature"),
     bad(CHAT, chat(stream="yes"), "stream", "str-stream"),
     bad(CHAT, greedy(messages=[{"role": "robot", "content": "hi"}]), "messages", "bad-role"),
-    bad(CHAT, greedy(messages=[IMAGE_MESSAGE]), "messages", "image-part"),
-    bad(CHAT, chat(n=2), "n", "n-2"),
+    bad(CHAT, greedy(messages=[IMAGE_MESSAGE]), "messages[0].content[0]", "image-part"),
+    bad(CHAT, chat(n=129), "n", "n-129"),
+    bad(CHAT, chat(stream_options={"include_usage": True}), "stream_options", "options-no-stream"),
+    bad(CHAT, chat(logit_bias={"1000000": 5}), "logit_bias", "bias-out-of-vocab"),
+    bad(CHAT, chat(presence_penalty=2.5), "presence_penalty", "presence-penalty-2.5"),
     bad(CHAT, chat(top_p=0), "top_p", "top-p-0"),
     bad(CHAT, chat(stop=[""]), "stop[0]", "empty-stop"),
     bad(CHAT, chat(top_logprobs=50, logprobs=True), "top_logprobs", "too-many-logprobs"),
-    bad(COMPLETIONS, greedy(prompt=""), "prompt", "empty-prompt"),
-    bad(COMPLETIONS, greedy(prompt=["a", "b"]), "prompt", "two-prompts"),
-    bad(COMPLETIONS, greedy(prompt=[1, "a"]), "prompt", "mixed-prompt"),
+    bad(COMPLETIONS, greedy(prompt=[]), "prompt", "empty-prompt"),
+    bad(COMPLETIONS, greedy(prompt=[[1, 2], []]), "prompt[1]", "an-empty-prompt-of-two"),
+    bad(COMPLETIONS, greedy(prompt=[[1, 2], [3, 10**9]]), "prompt[1]", "a-token-out-of-vocab"),
+    bad(COMPLETIONS, greedy(prompt=["a", "b"], n=65), "n", "n-times-prompts-over-128"),
+    bad(COMPLETIONS, greedy(prompt="hi", logit_bias={"99999": 1}), "logit_bias", "bias-vocab"),
+    bad(COMPLETIONS, greedy(prompt="hi", suffix="!"), "suffix", "suffix"),
+    bad(COMPLETIONS, greedy(prompt="hi", best_of=2), "best_of", "best-of-2"),
+    bad(COMPLETIONS, greedy(prompt=[1, "a"]), "prompt[0]", "mixed-prompt"),
     bad(COMPLETIONS, greedy(prompt=[10**9]), "prompt", "token-out-of-vocab"),
     bad(COMPLETIONS, greedy(prompt="hi", logprobs=True), "logprobs", "bool-logprobs"),
 ]

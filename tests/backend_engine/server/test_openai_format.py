@@ -5,18 +5,24 @@ import re
 import pytest
 
 from backend_engine.outputs import FinishReason, RequestOutputDelta, TokenLogprob
-from backend_engine.server.openai_format import JSON, ChatFormatter, ResponseIdentity, usage
+from backend_engine.server.choice_streams import ChoiceDelta
+from backend_engine.server.openai_format import JSON, ChatFormatter, ResponseIdentity
 from backend_engine.server.token_text import TokenText
+from backend_engine.server.usage_tally import UsageTally
 from model_files import tool_call_syntax as syntax
 from tests.support.byte_level_tokenizer import byte_level_tokenizer
 
 
-def last_delta(num_cached_tokens: int | None) -> RequestOutputDelta:
-    return RequestOutputDelta("r", [], "", 7, 3, num_cached_tokens, finished=True)
+def last_delta(
+    num_cached_tokens: int | None, num_completion_tokens: int = 3, index: int = 0
+) -> RequestOutputDelta:
+    return RequestOutputDelta(
+        "r", [], "", 7, num_completion_tokens, num_cached_tokens, finished=True, index=index
+    )
 
 
 def test_usage_reports_the_cached_tokens() -> None:
-    assert usage(last_delta(4)) == {
+    assert UsageTally.of([ChoiceDelta(0, 0, last_delta(4))]).usage() == {
         "prompt_tokens": 7,
         "completion_tokens": 3,
         "total_tokens": 10,
@@ -26,7 +32,25 @@ def test_usage_reports_the_cached_tokens() -> None:
 
 def test_usage_says_zero_cached_tokens_while_they_are_unknown() -> None:
     """A request that never reached the prefix cache: the wire format keeps its 0."""
-    assert usage(last_delta(None))["prompt_tokens_details"] == {"cached_tokens": 0}
+    usage = UsageTally.of([ChoiceDelta(0, 0, last_delta(None))]).usage()
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_usage_counts_each_prompt_once_and_every_choice() -> None:
+    """Two prompts of 7 tokens (4 cached), two choices each: OpenAI's usage."""
+    tally = UsageTally()
+    for prompt_index in (0, 1):
+        for index in (0, 1):
+            choice = 2 * prompt_index + index
+            running = [last_delta(None, 1, index), last_delta(4, 2 + choice, index)]
+            for delta in running:  # running totals: the latest counts
+                tally.add(ChoiceDelta(prompt_index, choice, delta))
+    assert tally.usage() == {
+        "prompt_tokens": 14,
+        "completion_tokens": 2 + 3 + 4 + 5,
+        "total_tokens": 28,
+        "prompt_tokens_details": {"cached_tokens": 8},
+    }
 
 
 # Chat answers read for tool calls (``parses_tool_calls``): whole and streamed agree.
@@ -47,9 +71,20 @@ def token_text() -> TokenText:
     return TokenText(byte_level_tokenizer())
 
 
+IDENT = ResponseIdentity("chatcmpl-1", 0, "m", "fp_0123456789")
+USAGE = {"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}
+
+
 def formatter(token_text: TokenText, want_logprobs: bool = False) -> ChatFormatter:
-    ident = ResponseIdentity("chatcmpl-1", 0, "m")
-    return ChatFormatter(ident, token_text, want_logprobs, parses_tool_calls=True)
+    return ChatFormatter(IDENT, token_text, want_logprobs, parses_tool_calls=True)
+
+
+def whole(chat: ChatFormatter, deltas: list[RequestOutputDelta]) -> JSON:
+    return chat.whole([ChoiceDelta(0, d.index, d) for d in deltas], USAGE)
+
+
+def chunks(chat: ChatFormatter, delta: RequestOutputDelta) -> list[JSON]:
+    return chat.chunks(ChoiceDelta(0, delta.index, delta))
 
 
 def engine_deltas(
@@ -102,10 +137,18 @@ def streamed_choice(chunks: list[JSON]) -> JSON:
         if choice["finish_reason"] is not None:
             assert chunk is chunks[-1]
             finish_reason = choice["finish_reason"]
-    message: JSON = {"role": "assistant", "content": None if calls and not content else content}
+    message: JSON = {
+        "role": "assistant",
+        "content": None if calls and not content else content,
+        "refusal": None,
+    }
     if calls:
         message["tool_calls"] = calls
-    return {"message": message, "logprobs": {"content": logprobs}, "finish_reason": finish_reason}
+    return {
+        "message": message,
+        "logprobs": {"content": logprobs, "refusal": None},
+        "finish_reason": finish_reason,
+    }
 
 
 def without_ids(choice: JSON) -> JSON:
@@ -116,12 +159,13 @@ def without_ids(choice: JSON) -> JSON:
 
 def test_a_whole_answer_has_its_calls(token_text: TokenText) -> None:
     text = "Let me look.\n" + PARIS + syntax.CALL_SEPARATOR + NOW
-    [choice] = formatter(token_text).whole(engine_deltas(token_text, [text], "stop"))["choices"]
+    [choice] = whole(formatter(token_text), engine_deltas(token_text, [text], "stop"))["choices"]
     assert without_ids(choice) == {
         "index": 0,
         "message": {
             "role": "assistant",
             "content": "Let me look.",
+            "refusal": None,
             "tool_calls": [
                 {
                     "type": "function",
@@ -137,22 +181,25 @@ def test_a_whole_answer_has_its_calls(token_text: TokenText) -> None:
 
 def test_a_whole_answer_without_calls_is_text(token_text: TokenText) -> None:
     for parses in (True, False):
-        ident = ResponseIdentity("chatcmpl-1", 0, "m")
-        chat = ChatFormatter(ident, token_text, False, parses_tool_calls=parses)
-        [choice] = chat.whole(engine_deltas(token_text, ["Hi ", "<tool_ there\n"], "stop"))[
+        chat = ChatFormatter(IDENT, token_text, False, parses_tool_calls=parses)
+        [choice] = whole(chat, engine_deltas(token_text, ["Hi ", "<tool_ there\n"], "stop"))[
             "choices"
         ]
-        assert choice["message"] == {"role": "assistant", "content": "Hi <tool_ there\n"}
+        assert choice["message"] == {
+            "role": "assistant",
+            "content": "Hi <tool_ there\n",
+            "refusal": None,
+        }
         assert choice["finish_reason"] == "stop"
     # Not read for calls, a call is text.
-    chat = ChatFormatter(ResponseIdentity("chatcmpl-1", 0, "m"), token_text, False)
-    [choice] = chat.whole(engine_deltas(token_text, [PARIS], "stop"))["choices"]
-    assert choice["message"] == {"role": "assistant", "content": PARIS}
+    chat = ChatFormatter(IDENT, token_text, False)
+    [choice] = whole(chat, engine_deltas(token_text, [PARIS], "stop"))["choices"]
+    assert choice["message"] == {"role": "assistant", "content": PARIS, "refusal": None}
 
 
 def test_a_truncated_call_keeps_what_was_generated(token_text: TokenText) -> None:
     text = PARIS + syntax.CALL_SEPARATOR + syntax.call_head("get_time") + '{"zo'
-    [choice] = formatter(token_text).whole(engine_deltas(token_text, [text], "length"))["choices"]
+    [choice] = whole(formatter(token_text), engine_deltas(token_text, [text], "length"))["choices"]
     assert choice["finish_reason"] == "length"
     assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [
         '{"city": "Paris"}',
@@ -164,33 +211,33 @@ def test_a_truncated_call_keeps_what_was_generated(token_text: TokenText) -> Non
 def test_streamed_answers_add_up_to_the_whole_one(
     token_text: TokenText, text: str, finish_reason: FinishReason
 ) -> None:
-    whole = formatter(token_text, want_logprobs=True).whole(
-        engine_deltas(token_text, [text], finish_reason)
+    answer = whole(
+        formatter(token_text, want_logprobs=True), engine_deltas(token_text, [text], finish_reason)
     )
-    [whole_choice] = whole["choices"]
+    [whole_choice] = answer["choices"]
     del whole_choice["index"]
     expected = without_ids(whole_choice)
     pieces_list = [[text], list(text), *([text[:n], text[n:]] for n in range(len(text) + 1))]
     pieces_list.append([text, ""])  # the last delta only finishes
     for pieces in pieces_list:
         chat = formatter(token_text, want_logprobs=True)
-        chunks = [
-            c for d in engine_deltas(token_text, pieces, finish_reason) for c in chat.chunks(d)
+        streamed = [
+            c for d in engine_deltas(token_text, pieces, finish_reason) for c in chunks(chat, d)
         ]
-        assert without_ids(streamed_choice(chunks)) == expected, pieces
+        assert without_ids(streamed_choice(streamed)) == expected, pieces
     assert len(expected["logprobs"]["content"]) == len(text.encode())
 
 
 def test_two_calls_in_one_delta_stream_whole(token_text: TokenText) -> None:
     chat = formatter(token_text)
     [delta] = engine_deltas(token_text, [PARIS + syntax.CALL_SEPARATOR + NOW], "stop")
-    chunks = chat.chunks(delta)
-    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [
+    out = chunks(chat, delta)
+    assert [c["choices"][0]["delta"] for c in out[:-1]] == [
         {
             "tool_calls": [
                 {
                     "index": 0,
-                    "id": chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"],
+                    "id": out[0]["choices"][0]["delta"]["tool_calls"][0]["id"],
                     "type": "function",
                     "function": {"name": "get_weather", "arguments": ""},
                 }
@@ -201,7 +248,7 @@ def test_two_calls_in_one_delta_stream_whole(token_text: TokenText) -> None:
             "tool_calls": [
                 {
                     "index": 1,
-                    "id": chunks[2]["choices"][0]["delta"]["tool_calls"][0]["id"],
+                    "id": out[2]["choices"][0]["delta"]["tool_calls"][0]["id"],
                     "type": "function",
                     "function": {"name": "get_time", "arguments": ""},
                 }
@@ -209,7 +256,7 @@ def test_two_calls_in_one_delta_stream_whole(token_text: TokenText) -> None:
         },
         {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]},
     ]
-    assert chunks[-1]["choices"][0] == {
+    assert out[-1]["choices"][0] == {
         "index": 0,
         "delta": {},
         "logprobs": None,
@@ -220,13 +267,13 @@ def test_two_calls_in_one_delta_stream_whole(token_text: TokenText) -> None:
 def test_held_back_text_still_reports_its_logprobs(token_text: TokenText) -> None:
     chat = formatter(token_text, want_logprobs=True)
     [held, rest] = engine_deltas(token_text, ["Hi\n<tool", "s>"], "stop")
-    [chunk] = chat.chunks(held)
+    [chunk] = chunks(chat, held)
     assert chunk["choices"][0]["delta"] == {"content": "Hi"}
-    chunks = chat.chunks(rest)
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "\n<tools>"}, {}]
-    assert [e["token"] for e in chunks[0]["choices"][0]["logprobs"]["content"]] == ["s", ">"]
+    out = chunks(chat, rest)
+    assert [c["choices"][0]["delta"] for c in out] == [{"content": "\n<tools>"}, {}]
+    assert [e["token"] for e in out[0]["choices"][0]["logprobs"]["content"]] == ["s", ">"]
     chat = formatter(token_text, want_logprobs=True)
     [only_held, _] = engine_deltas(token_text, ["\n<tool_", "call>"], "stop")
-    [chunk] = chat.chunks(only_held)
+    [chunk] = chunks(chat, only_held)
     assert chunk["choices"][0]["delta"] == {}
     assert len(chunk["choices"][0]["logprobs"]["content"]) == len("\n<tool_")

@@ -85,13 +85,19 @@ BAD_FIELDS = [
     ("seed", 0.5, "seed"),
     ("max_tokens", 0, "max_tokens"),
     ("max_tokens", 2**40, "max_tokens"),
-    ("n", 3, "n"),
+    ("n", 129, "n"),
+    ("n", 0, "n"),
     ("stop", "x" * 100_000, "stop"),
     ("stop", ["a", ""], "stop[1]"),
     ("stop", ["a", "b", "c", "d", "e"], "stop"),
     ("user", "u" * 1000, "user"),
-    ("presence_penalty", 1.0, "presence_penalty"),
-    ("logit_bias", {"1": 5}, "logit_bias"),
+    ("presence_penalty", 2.5, "presence_penalty"),
+    ("frequency_penalty", -3, "frequency_penalty"),
+    ("repetition_penalty", 0, "repetition_penalty"),
+    ("logit_bias", {"1": 101}, "logit_bias.1"),
+    ("logit_bias", {"512": 5}, "logit_bias"),  # the tiny demo's vocabulary: ids 0 to 511
+    ("logit_bias", {"x": 5}, "logit_bias"),
+    ("stream_options", {"include_usage": True}, "stream_options"),  # without stream
     ("stream_options", {"include_usage": 1}, "stream_options.include_usage"),
     ("model", "tiny-demo\u0000", "model"),
 ]
@@ -117,7 +123,8 @@ def test_bad_sampling_fields_are_400_with_their_param(
         (CHAT, {"response_format": {"type": "xml"}}, "response_format.type"),
         (CHAT, {"top_logprobs": 2}, "top_logprobs"),
         (CHAT, {"messages": [{"role": "user", "content": []}]}, "messages"),
-        (COMPLETIONS, {"echo": True}, "echo"),
+        (COMPLETIONS, {"echo": "yes"}, "echo"),
+        (COMPLETIONS, {"suffix": "!"}, "suffix"),
         (COMPLETIONS, {"logprobs": 21}, "logprobs"),
         (COMPLETIONS, {"best_of": 2}, "best_of"),
     ],
@@ -136,6 +143,9 @@ def test_edge_values_work_end_to_end(client: TestClient, path: str) -> None:
         {"top_k": 2**31 - 1, "temperature": 0.5, "seed": 0},
         {"top_k": -1, "stop": ["x" * 1024, "y"], "n": 1, "presence_penalty": 0},
         {"logit_bias": {}, "user": "u" * 256, "frequency_penalty": 0.0},
+        {"presence_penalty": 2, "frequency_penalty": -2, "repetition_penalty": 100},
+        {"logit_bias": {str(t): 100 - 2 * t / 3 for t in range(300)}, "repetition_penalty": 1e-9},
+        {"logit_bias": {"511": -100}, "presence_penalty": -2.0, "temperature": 1.0},
     ]
     for fields in edges:
         completion_tokens(client.post(path, json=body(path, **fields)))
@@ -149,7 +159,8 @@ def test_null_is_the_default(client: TestClient, path: str) -> None:
     nulls = dict.fromkeys(
         ["temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "user", "logprobs"]
     )
-    answer = client.post(path, json=body(path, **nulls, stream_options={"include_usage": None}))
+    nulls |= dict.fromkeys(["stream_options", "presence_penalty", "logit_bias", "echo"])
+    answer = client.post(path, json=body(path, **nulls))
     default = client.post(path, json=body(path, temperature=None, stream=None))
     assert answer.status_code == default.status_code == 200, answer.text
     assert answer.headers["content-type"].startswith("application/json")  # stream: null
