@@ -99,6 +99,7 @@ class LLM:
         texts: dict[str, list[str]] = {rid: [] for rid in order}
         tokens: dict[str, list[int]] = {rid: [] for rid in order}
         logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in order}
+        prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
         results: dict[str, RequestOutput] = {}
         wants_logprobs = {
             rid: p.logprobs is not None for rid, p in zip(order, params_list, strict=True)
@@ -110,6 +111,8 @@ class LLM:
                 texts[rid].append(delta.new_text)
                 tokens[rid].extend(delta.new_token_ids)
                 logprobs[rid].extend(delta.new_logprobs)
+                if delta.prompt_logprobs is not None:
+                    prompt_logprobs[rid] = delta.prompt_logprobs
                 if delta.finished:
                     results[rid] = RequestOutput(
                         request_id=rid,
@@ -120,6 +123,7 @@ class LLM:
                         num_cached_tokens=delta.num_cached_tokens,
                         logprobs=logprobs[rid] if wants_logprobs[rid] else None,
                         error=delta.error,
+                        prompt_logprobs=prompt_logprobs.get(rid),
                     )
         return [results[rid] for rid in order]
 

@@ -23,7 +23,7 @@ from backend_engine.core.kv_event_log import KVCacheEvent
 from backend_engine.core.request import Request
 from backend_engine.core.scheduler import Scheduler
 from backend_engine.core.step_runner import PlanRunner, RunnerPlan
-from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta
+from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta, TokenLogprob
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.text.output_processor import OutputProcessor
@@ -144,6 +144,12 @@ class LLMEngine:
         vocab_size = self.model_config.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        outside = sorted(t for t in sampling_params.logit_bias if t >= vocab_size)
+        if outside:
+            raise ValueError(
+                f"logit_bias token ids must be in [0, {vocab_size}) (this model's vocabulary), "
+                f"got {', '.join(map(str, outside[:5]))}{' ...' if len(outside) > 5 else ''}"
+            )
         if num_prompt >= self.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {self.max_model_len} tokens, "
@@ -201,6 +207,7 @@ class LLMEngine:
         if output.is_empty:
             return []
         result = self.runner.execute(output)
+        self._record_prompt_logprobs(result.prompt_logprobs)
         deltas = []
         for request_id, exc in result.failed.items():  # before update: no token, no progress
             request = self.scheduler.requests.get(request_id)
@@ -227,6 +234,13 @@ class LLMEngine:
                 self.runner.release(request.request_id)
             deltas.append(delta)
         return deltas
+
+    def _record_prompt_logprobs(self, computed: dict[str, list[TokenLogprob | None]]) -> None:
+        """Append each chunk's prompt logprobs to its request's (the first delta carries them)."""
+        for request_id, entries in computed.items():
+            request = self.scheduler.requests.get(request_id)
+            if request is not None and request.prompt_logprobs is not None:
+                request.prompt_logprobs.extend(entries)
 
     def _failed(self, request: Request, exc: Exception) -> RequestOutputDelta:
         """Close a request whose own work raised (already finished in the scheduler)."""

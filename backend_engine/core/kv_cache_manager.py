@@ -89,8 +89,9 @@ class KVCacheManager:
         At least the last token is always left to compute, since its logits are
         needed to sample the next one. Takes no references, so the blocks may be
         evicted before the request is admitted: check with :meth:`is_still_cached`.
+        Nothing for a request that still owes prompt logprobs: they need every logit.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.owes_prompt_logprobs:
             return CachedPrefix((), 0)
         self._update_hashes(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Protocol
 
-from backend_engine.outputs import FinishReason
+from backend_engine.outputs import FinishReason, TokenLogprob
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
 
@@ -63,6 +63,7 @@ class Request:
         "num_prompt_tokens",
         "pending_forks",
         "priority",
+        "prompt_logprobs",
         "request_id",
         "sampling_params",
         "status",
@@ -105,6 +106,11 @@ class Request:
         # Where its output is in its grammar, for a structured output; kept across preemption
         # (a recompute brings back the same tokens the matcher has already accepted).
         self.matcher = matcher
+        # With ``prompt_logprobs``: one entry per prompt token (the first None), filled in as
+        # its prefill chunks are computed.
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [] if sampling_params.prompt_logprobs is not None else None
+        )
         # The leader's other choices, until its prefill ends (see the class docstring).
         self.pending_forks: list[Request] = []
         self.fork_parent: Request | None = None  # the leader, while AWAITING_FORK
@@ -116,6 +122,13 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def owes_prompt_logprobs(self) -> bool:
+        """Whether some of its prompt logprobs are still to compute: they need the prompt's
+        logits, so the prefix cache cannot stand in for its prefill."""
+        prompt_logprobs = self.prompt_logprobs
+        return prompt_logprobs is not None and len(prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -35,7 +35,7 @@ The scheduler is plain Python over token ids and block ids; it never sees a tens
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from backend_engine.config import SchedulingMode
@@ -71,6 +71,14 @@ class ScheduledRequest:
     matcher: OutputMatcher | None = None  # the next token's mask, for a structured output
     # With do_sample, the choices to fork off this request: each is sampled from its row too.
     forks: tuple[ForkedChoice, ...] = ()
+    # The request's tokens so far (its own list, not a copy: read it before the step's update
+    # appends to it), of which the first ``num_prompt_tokens`` are the prompt: the penalties'
+    # history, and the prompt tokens whose logprobs this chunk computes.
+    all_token_ids: Sequence[int] = ()
+    num_prompt_tokens: int = 0
+    # With ``prompt_logprobs``: how many of the prompt's entries were already reported
+    # (a recompute after preemption owes none of those again).
+    num_reported_prompt_logprobs: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -248,6 +256,9 @@ class Scheduler:
             is_decode=num_new == 1,
             matcher=request.matcher,
             forks=forks,
+            all_token_ids=request.all_token_ids,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_reported_prompt_logprobs=len(request.prompt_logprobs or ()),
         )
 
     def _preempt(self, request: Request) -> None:

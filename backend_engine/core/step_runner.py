@@ -12,7 +12,7 @@ environment that has no torch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from backend_engine.outputs import TokenLogprob
@@ -34,11 +34,15 @@ class SampledToken:
 class RunnerOutput:
     sampled: dict[str, SampledToken]  # request id -> the token sampled for it this step
     failed: dict[str, Exception]  # requests whose work raised even alone: only they fail
+    # request id -> the prompt logprobs its chunk computed this step, continuing those already
+    # reported (`ScheduledRequest.num_reported_prompt_logprobs`); the first prompt token's is None
+    prompt_logprobs: dict[str, list[TokenLogprob | None]] = field(default_factory=dict)
 
 
 class StepRunner(Protocol):
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
-        """Compute every scheduled item; a token for each item with ``do_sample``."""
+        """Compute every scheduled item; a token for each item with ``do_sample``, and the
+        prompt logprobs each chunk of a request with ``prompt_logprobs`` owes."""
         ...
 
     def release(self, request_id: str) -> None:

@@ -1,4 +1,5 @@
-"""Turns sampled tokens into text increments: detokenization and stop strings.
+"""Turns sampled tokens into text increments: detokenization and stop strings; a request's
+prompt logprobs ride on its first delta.
 
 This is the only place that looks at output text. A stop string found here
 finishes the request through the scheduler; the text never contains it. Token-level
@@ -23,6 +24,7 @@ class _RequestText:
     stop_matcher: StopStringMatcher | None
     num_emitted_tokens: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    sent_prompt_logprobs: bool = False
 
 
 class OutputProcessor:
@@ -112,6 +114,11 @@ class OutputProcessor:
         new_tokens = request.all_token_ids[request.num_prompt_tokens + state.num_emitted_tokens :]
         state.num_emitted_tokens = request.num_output_tokens
         logprobs, state.pending_logprobs = state.pending_logprobs, []
+        prompt_logprobs = None
+        if not state.sent_prompt_logprobs and not request.owes_prompt_logprobs:
+            state.sent_prompt_logprobs = True
+            if request.prompt_logprobs is not None:
+                prompt_logprobs = list(request.prompt_logprobs)
         if finished:
             self._states.pop(request.request_id, None)
         return RequestOutputDelta(
@@ -124,4 +131,5 @@ class OutputProcessor:
             new_logprobs=logprobs,
             finished=finished,
             finish_reason=reason if finished else None,
+            prompt_logprobs=prompt_logprobs,
         )

@@ -24,6 +24,8 @@ from backend_engine.outputs import TokenLogprob
 from backend_engine.worker.cpu_runtime import tune_cpu_runtime
 from backend_engine.worker.failure_isolation import isolate_failures
 from backend_engine.worker.logits_mask import accept_tokens, mask_logits
+from backend_engine.worker.logits_processing import apply_logits_stage
+from backend_engine.worker.prompt_logprobs import chunk_prompt_logprobs, owes_prompt_logprobs
 from backend_engine.worker.sampler import choose_tokens, token_logprobs
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -147,19 +149,28 @@ class ModelRunner:
         scheduled = output.scheduled
         sampled: dict[str, SampledToken] = {}
         failed: dict[str, Exception] = {}
-        outcomes = isolate_failures(scheduled, self._forward_and_sample)
+        # Filled by each attempt; a retry on a subset overwrites its items' entries.
+        prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
+        outcomes = isolate_failures(
+            scheduled, lambda items: self._forward_and_sample(items, prompt_logprobs)
+        )
         for item, outcome in zip(scheduled, outcomes, strict=True):
             if isinstance(outcome, SampledToken):
                 sampled[item.request_id] = outcome
             elif isinstance(outcome, Exception):
                 failed[item.request_id] = outcome
-        return RunnerOutput(sampled, failed)
+        for request_id in failed:
+            prompt_logprobs.pop(request_id, None)
+        return RunnerOutput(sampled, failed, prompt_logprobs)
 
     def _forward_and_sample(
-        self, scheduled: Sequence[ScheduledRequest]
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        prompt_logprobs: dict[str, list[TokenLogprob | None]],
     ) -> list[SampledToken | Exception | None]:
         """One outcome per scheduled request: its token, its sampling failure, or None (a
-        prefill chunk that samples nothing)."""
+        prefill chunk that samples nothing). The prompt logprobs a chunk owes go into
+        ``prompt_logprobs`` (by request id)."""
         outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
         if not scheduled:
             return outcomes
@@ -172,6 +183,7 @@ class ModelRunner:
         )
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
         # hidden: [num_tokens, hidden_size]
+        self._compute_prompt_logprobs(hidden, [scheduled[i] for i in order], prompt_logprobs)
         rows = [i for i in order if scheduled[i].do_sample]  # batch order: sample_token_indices'
         if not rows:
             return outcomes
@@ -182,13 +194,31 @@ class ModelRunner:
             outcomes[row] = outcome
         return outcomes
 
+    def _compute_prompt_logprobs(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden_size]
+        batch: Sequence[ScheduledRequest],  # in the batch's order
+        prompt_logprobs: dict[str, list[TokenLogprob | None]],
+    ) -> None:
+        """The prompt logprobs each chunk owes, from its own rows of ``hidden`` (logits are
+        computed only for the chunks of requests that ask)."""
+        offset = 0
+        for item in batch:
+            if owes_prompt_logprobs(item):
+                rows = hidden[offset : offset + item.num_tokens]
+                entries = chunk_prompt_logprobs(self.model.compute_logits, rows, item)
+                prompt_logprobs[item.request_id] = entries
+            offset += item.num_tokens
+
     def _sample(
         self, logits: torch.Tensor, to_sample: list[ScheduledRequest]
     ) -> list[SampledToken | Exception]:
         """Tokens for the rows of ``logits`` (one per request in ``to_sample``), each row's
-        failure pinned on it alone. A structured output's row is masked to what its grammar
-        allows first (so greedy, sampling and logprobs all see the masked row), and its
+        failure pinned on it alone. Each row's logit bias and penalties apply first
+        (:mod:`.logits_processing`), then a structured output's row is masked to what its
+        grammar allows (so greedy, sampling and logprobs all see the processed row), and its
         matcher then accepts the token."""
+        apply_logits_stage(logits, to_sample)
         params = [s.sampling_params for s in to_sample]
         num_rows = len(to_sample)
         matchers = {r: s.matcher for r, s in enumerate(to_sample) if s.matcher is not None}

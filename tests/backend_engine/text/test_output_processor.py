@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backend_engine.core.request import Request, RequestStatus
+from backend_engine.outputs import TokenLogprob
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.text.output_processor import OutputProcessor
 from model_files.tokenizer import Tokenizer
@@ -34,3 +35,24 @@ def test_the_token_a_request_stopped_on_is_left_out_of_the_text(
     assert deltas["stopped"].new_token_ids == [token]
     assert deltas["stopped"].finished
     assert deltas["stopped"].finish_reason == "stop"
+
+
+def test_prompt_logprobs_ride_on_the_first_delta_only(
+    demo_checkpoint: Callable[..., Path],
+) -> None:
+    outputs = OutputProcessor(Tokenizer.from_pretrained(demo_checkpoint()))
+    asking = Request("asks", [5, 6, 7], SamplingParams(prompt_logprobs=1), 4, arrival_seq=0)
+    plain = Request("plain", [5, 6, 7], SamplingParams(), 4, arrival_seq=1)
+    computed = [None, TokenLogprob(6, -1.0, ((6, -1.0),)), TokenLogprob(7, -2.0, ((8, -0.5),))]
+    assert asking.prompt_logprobs is not None
+    asking.prompt_logprobs.extend(computed)  # as the engine records them, chunk by chunk
+    firsts, seconds = [], []
+    for request in (asking, plain):
+        outputs.add(request)
+        request.all_token_ids.append(9)
+        firsts.append(outputs.process(request, None)[0])
+        request.all_token_ids.append(10)
+        seconds.append(outputs.process(request, None)[0])
+    assert firsts[0].prompt_logprobs == computed
+    assert firsts[1].prompt_logprobs is None
+    assert [d.prompt_logprobs for d in seconds] == [None, None]

@@ -29,8 +29,8 @@ def test_decodes_and_prefills_are_told_apart_by_kind_not_by_position(
         assert all(isinstance(o, SampledToken) for o in outcomes), outcomes
         return [o.token_id for o in outcomes if isinstance(o, SampledToken)]
 
-    decodes_first = tokens(engine.runner._forward_and_sample(output.scheduled))
+    decodes_first = tokens(engine.runner._forward_and_sample(output.scheduled, {}))
     # The same items handed over prefill first: the runner still computes the decode as a
     # decode and the chunk as a prefill (rewriting the same KV at the same slots).
-    prefill_first = tokens(engine.runner._forward_and_sample(output.scheduled[::-1]))
+    prefill_first = tokens(engine.runner._forward_and_sample(output.scheduled[::-1], {}))
     assert prefill_first == decodes_first[::-1]
