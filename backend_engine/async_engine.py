@@ -31,7 +31,7 @@ from backend_engine.core.kv_event_log import KVCacheEvent, KVEventLog
 from backend_engine.core.request import Request
 from backend_engine.core.step_runner import PlanRunner
 from backend_engine.kv_event_fanout import DEFAULT_BUFFER_LINES, KVEventFanout
-from backend_engine.llm_engine import LLMEngine
+from backend_engine.llm_engine import LLMEngine, choice_ids
 from backend_engine.outputs import EngineStats, RequestOutputDelta
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams
@@ -59,7 +59,7 @@ class _Add:
 
 @dataclass(frozen=True)
 class _Abort:
-    request_id: str
+    request_ids: tuple[str, ...]  # the engine's: every choice of the caller's request
 
 
 class AsyncEngine:
@@ -132,6 +132,10 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue[RequestOutputDelta | BaseException]] = {}
+        # The caller's request id -> the engine's ids of its choices (its own for n = 1), and
+        # every such id in use (a caller's id must not be another request's choice's).
+        self._choice_ids: dict[str, tuple[str, ...]] = {}
+        self._engine_ids: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._may_run = threading.Event()  # start() or shutdown() was called
         self._stopping = threading.Event()
@@ -187,18 +191,21 @@ class AsyncEngine:
         tenant_id: str = "default",
         priority: Priority = Priority.INTERACTIVE,
     ) -> AsyncIterator[RequestOutputDelta]:
-        """Submit a request; yields deltas until one has ``finished`` set.
+        """Submit a request; yields deltas until one has ``finished`` set (with ``n`` > 1,
+        until each of the ``n`` choices has had one: every delta carries ``request_id`` and
+        its choice's ``index``, the choices' deltas interleaved as they come).
 
         Raises ValueError (before yielding anything) when the prompt is empty,
         prompt + max_tokens exceeds ``max_model_len``, or the structured output's grammar does
         not compile (`InvalidConstraint`, naming the field); the message is fit for a user.
         Raises EngineError, after the deltas already yielded, when the engine fails to
-        run this request. Closing the iterator early aborts the request and frees its KV
-        blocks.
+        run this request (any of its choices: the others are aborted). Closing the iterator
+        early aborts the request (every choice) and frees its KV blocks.
         """
         if self._loop is None:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
-        if request_id in self._streams:
+        engine_ids = tuple(choice_ids(request_id, sampling_params.n))
+        if request_id in self._streams or not self._engine_ids.isdisjoint(engine_ids):
             raise ValueError(f"request id {request_id!r} is already in use")
         grammar = None
         if sampling_params.structured_output is not None:  # off the loop, time-bound
@@ -213,25 +220,30 @@ class AsyncEngine:
         )
         stream: asyncio.Queue[RequestOutputDelta | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream
+        self._choice_ids[request_id] = engine_ids
+        self._engine_ids.update(engine_ids)
         self._send(_Add(request))
-        finished = False
+        num_unfinished = len(engine_ids)
         try:
-            while not finished:
+            while num_unfinished:
                 item = await stream.get()
                 if isinstance(item, BaseException):
-                    finished = True
+                    num_unfinished = 0
                     raise item
-                finished = item.finished
+                num_unfinished -= item.finished
                 if item.error is not None:
                     raise EngineError(f"the engine failed to run this request: {item.error}")
                 yield item
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
-                self._send(_Abort(request_id))
+            self._choice_ids.pop(request_id, None)
+            self._engine_ids.difference_update(engine_ids)
+            if num_unfinished:
+                self._send(_Abort(engine_ids))
 
     async def abort(self, request_id: str) -> None:
-        self._send(_Abort(request_id))
+        """End a request (every choice of it); its stream ends with ``finish_reason`` abort."""
+        self._send(_Abort(self._choice_ids.get(request_id, (request_id,))))
 
     def stats(self) -> EngineStats:
         """The engine's state as of its last step (or command): one consistent snapshot."""
@@ -270,8 +282,9 @@ class AsyncEngine:
             except Exception as exc:  # no one request to blame: fail those in flight
                 logger.exception("engine step failed; aborting the requests in flight")
                 failed = list(engine.scheduler.requests)
+                callers = {engine.scheduler.requests[rid].group_id for rid in failed}
                 engine.abort(failed, reason="error")  # their KV may be unwritten
-                self._fail(failed, EngineError(f"engine step failed: {exc}"))
+                self._fail(sorted(callers), EngineError(f"engine step failed: {exc}"))
             self._stats = engine.stats()
             self._publish(deltas)
         engine.abort(list(engine.scheduler.requests))  # they end with EngineStopped instead
@@ -296,7 +309,7 @@ class AsyncEngine:
                     logger.exception("could not queue request %s", request_id)
                     self._fail([request_id], EngineError(f"could not queue this request: {exc}"))
             else:
-                deltas.extend(self.engine.abort([command.request_id]))
+                deltas.extend(self.engine.abort(list(command.request_ids)))
 
     def _publish(self, deltas: list[RequestOutputDelta]) -> None:
         """Hand this step's deltas and prefix-cache events to the event loop, in one call:

@@ -70,7 +70,11 @@ class LLM:
         prompts: Sequence[str] | Sequence[list[int]] | str,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order."""
+        """Run every prompt to completion; outputs come back in prompt order.
+
+        One output per prompt; a prompt whose params have ``n`` > 1 gives ``n`` outputs in a
+        row instead, one per choice (``index`` 0 to n - 1, the same ``request_id``), its prompt
+        prefilled once."""
         prompt_list: list[str | list[int]] = (
             [prompts]
             if isinstance(prompts, str)
@@ -87,45 +91,47 @@ class LLM:
                     f"got {len(params_list)} sampling params for {len(prompt_list)} prompts"
                 )
         engine = self.engine
-        order: list[str] = []
         # Validate every prompt before queueing any, so a bad one leaves nothing behind.
         requests = [
             engine.make_request(f"offline-{next(self._ids)}", prompt, params)
             for prompt, params in zip(prompt_list, params_list, strict=True)
         ]
-        for request in requests:
+        order: list[tuple[str, int]] = []  # (request id, choice index)
+        prompt_ids: dict[str, list[int]] = {}
+        wants_logprobs: dict[str, bool] = {}
+        for request, params in zip(requests, params_list, strict=True):
             engine.add(request)
-            order.append(request.request_id)
-        texts: dict[str, list[str]] = {rid: [] for rid in order}
-        tokens: dict[str, list[int]] = {rid: [] for rid in order}
-        logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in order}
-        prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
-        results: dict[str, RequestOutput] = {}
-        wants_logprobs = {
-            rid: p.logprobs is not None for rid, p in zip(order, params_list, strict=True)
-        }
-        prompt_ids = {rid: engine.scheduler.requests[rid].prompt_token_ids for rid in order}
+            rid = request.request_id
+            order.extend((rid, index) for index in range(params.n))
+            prompt_ids[rid] = request.prompt_token_ids
+            wants_logprobs[rid] = params.logprobs is not None
+        texts: dict[tuple[str, int], list[str]] = {key: [] for key in order}
+        tokens: dict[tuple[str, int], list[int]] = {key: [] for key in order}
+        logprobs: dict[tuple[str, int], list[TokenLogprob]] = {key: [] for key in order}
+        prompt_logprobs: dict[tuple[str, int], list[TokenLogprob | None]] = {}
+        results: dict[tuple[str, int], RequestOutput] = {}
         while engine.has_unfinished():
             for delta in engine.step():
-                rid = delta.request_id
-                texts[rid].append(delta.new_text)
-                tokens[rid].extend(delta.new_token_ids)
-                logprobs[rid].extend(delta.new_logprobs)
+                rid, key = delta.request_id, (delta.request_id, delta.index)
+                texts[key].append(delta.new_text)
+                tokens[key].extend(delta.new_token_ids)
+                logprobs[key].extend(delta.new_logprobs)
                 if delta.prompt_logprobs is not None:
-                    prompt_logprobs[rid] = delta.prompt_logprobs
+                    prompt_logprobs[key] = delta.prompt_logprobs
                 if delta.finished:
-                    results[rid] = RequestOutput(
+                    results[key] = RequestOutput(
                         request_id=rid,
                         prompt_token_ids=prompt_ids[rid],
-                        token_ids=tokens[rid],
-                        text="".join(texts[rid]),
+                        token_ids=tokens[key],
+                        text="".join(texts[key]),
                         finish_reason=delta.finish_reason,
                         num_cached_tokens=delta.num_cached_tokens,
-                        logprobs=logprobs[rid] if wants_logprobs[rid] else None,
+                        logprobs=logprobs[key] if wants_logprobs[rid] else None,
                         error=delta.error,
-                        prompt_logprobs=prompt_logprobs.get(rid),
+                        index=delta.index,
+                        prompt_logprobs=prompt_logprobs.get(key),
                     )
-        return [results[rid] for rid in order]
+        return [results[key] for key in order]
 
     def chat(
         self,

@@ -6,6 +6,11 @@ pass and sampling on the requests that cause them; the per-request work of ``upd
 ``finish_reason="error"`` and an ``error`` message, its KV blocks and generator released;
 the others go on with the tokens they would have had without it.
 
+A request with ``n`` > 1 becomes a group of choices (`make_request`): choice 0 keeps the
+caller's id, choice ``i`` is ``f"{request_id}#{i}"`` with the seed ``choice_seed(seed, i)``;
+the scheduler prefills the prompt once and forks the others off it. Every delta carries the
+caller's id and its choice's ``index``.
+
 Not thread-safe: ``AsyncEngine`` drives it from one background thread.
 """
 
@@ -15,6 +20,7 @@ import functools
 import hashlib
 import itertools
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from backend_engine.config import EngineConfig
@@ -25,7 +31,7 @@ from backend_engine.core.scheduler import Scheduler
 from backend_engine.core.step_runner import PlanRunner, RunnerPlan
 from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta, TokenLogprob
 from backend_engine.request_priority import Priority
-from backend_engine.sampling_params import SamplingParams
+from backend_engine.sampling_params import SamplingParams, choice_seed
 from backend_engine.text.output_processor import OutputProcessor
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -115,12 +121,16 @@ class LLMEngine:
         return request
 
     def add(self, request: Request) -> None:
-        """Queue a request made by :meth:`make_request`; if this raises, nothing is queued."""
+        """Queue a request made by :meth:`make_request` (with its other choices, if any); if
+        this raises, nothing is queued."""
         self.scheduler.add_request(request)
+        group = [request, *request.pending_forks]
         try:
-            self.outputs.add(request)
+            for member in group:
+                self.outputs.add(member)
         except Exception:
-            self.scheduler.finish(request.request_id, "error")
+            for member in group:
+                self.scheduler.finish(member.request_id, "error")
             raise
         self.num_requests += 1
 
@@ -136,7 +146,12 @@ class LLMEngine:
         """Tokenize and validate without touching engine state (safe from any thread).
 
         ``grammar``: the structured output's, already compiled (`AsyncEngine` compiles it off
-        its event loop first); otherwise it is compiled here, or found in the cache."""
+        its event loop first); otherwise it is compiled here, or found in the cache.
+
+        With ``n`` > 1 the request returned is choice 0, holding the others (`choice_ids`
+        names them) in ``pending_forks``, each with its own seed and matcher. Each choice alone
+        must fit the KV cache; the group need not fit at once (the choices that find no room
+        when they would be forked wait and run when blocks free up)."""
         prompt_token_ids = self.tokenize(prompt)
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
@@ -173,17 +188,32 @@ class LLMEngine:
         constraint = sampling_params.structured_output
         if constraint is not None and grammar is None:
             grammar = self.grammars.compile(constraint)
-        matcher = grammar.new_matcher() if constraint is not None and grammar else None
-        return Request(
-            request_id,
-            prompt_token_ids,
-            sampling_params,
-            max_tokens=max_tokens,
-            arrival_seq=next(self._arrivals),
-            tenant_id=tenant_id,
-            priority=priority,
-            matcher=matcher,
-        )
+        arrival_seq = next(self._arrivals)
+        choices = []
+        for index, choice_id in enumerate(choice_ids(request_id, sampling_params.n)):
+            params = sampling_params
+            if index > 0:
+                seed = sampling_params.seed
+                params = replace(
+                    params, n=1, seed=choice_seed(seed, index) if seed is not None else None
+                )
+            choices.append(
+                Request(
+                    choice_id,
+                    prompt_token_ids,
+                    params,
+                    max_tokens=max_tokens,
+                    arrival_seq=arrival_seq,  # they arrived together
+                    tenant_id=tenant_id,
+                    priority=priority,
+                    matcher=grammar.new_matcher() if constraint is not None and grammar else None,
+                    group_id=request_id,
+                    choice_index=index,
+                )
+            )
+        leader = choices[0]
+        leader.pending_forks = choices[1:]
+        return leader
 
     def abort(
         self, request_ids: list[str], reason: FinishReason = "abort"
@@ -219,9 +249,10 @@ class LLMEngine:
             output, {rid: s.token_id for rid, s in sampled.items()}
         )
         self.num_generation_tokens += len(updated)
+        computed_ids = {item.request_id for item in output.scheduled}
         for request in updated:
-            if request.num_output_tokens == 1:  # its prompt has just been prefilled
-                self.num_prompt_tokens += request.num_prompt_tokens
+            if request.num_output_tokens == 1 and request.request_id in computed_ids:
+                self.num_prompt_tokens += request.num_prompt_tokens  # just prefilled, not forked
             try:
                 delta, hit_stop = self.outputs.process(request, sampled[request.request_id].logprob)
             except Exception as exc:
@@ -261,9 +292,15 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running),
             num_prompt_tokens=self.num_prompt_tokens,
+            num_computed_prompt_tokens=self.scheduler.num_computed_prompt_tokens,
             num_generation_tokens=self.num_generation_tokens,
             num_requests=self.num_requests,
         )
+
+
+def choice_ids(request_id: str, n: int) -> list[str]:
+    """The engine's ids of a request's ``n`` choices: the caller's own for choice 0."""
+    return [request_id, *(f"{request_id}#{index}" for index in range(1, n))]
 
 
 def _plan_model_runner(config: EngineConfig, model_config: ModelConfig) -> RunnerPlan:

@@ -69,6 +69,9 @@ class EngineStats:
     num_preemptions: int
     num_waiting: int
     num_running: int
-    num_prompt_tokens: int  # prompt tokens computed (prefilled), cumulative
+    num_prompt_tokens: int  # each prefilled request's prompt, at its first token (cumulative)
     num_generation_tokens: int  # tokens generated, cumulative
     num_requests: int = 0  # requests queued, cumulative
+    # Prompt tokens whose KV was computed, cumulative: prefix-cache hits and the choices forked
+    # off a leader's prefill (``n`` > 1) add nothing; a recompute after preemption adds again.
+    num_computed_prompt_tokens: int = 0

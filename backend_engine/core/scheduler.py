@@ -240,7 +240,7 @@ class Scheduler:
     def _describe(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         do_sample = start + num_new == request.num_tokens
-        forks = ()
+        forks: tuple[ForkedChoice, ...] = ()
         if do_sample and request.pending_forks:
             forks = tuple(
                 ForkedChoice(c.request_id, c.sampling_params, c.matcher)
@@ -325,6 +325,7 @@ class Scheduler:
                 continue
             child.all_token_ids.append(token_id)
             child.num_cached_tokens = leader.num_cached_tokens
+            child.prompt_logprobs = leader.prompt_logprobs  # computed once, the same for all
             updated.append(child)
             if self._stop_on_token(child, token_id):
                 continue  # done before it needed any KV

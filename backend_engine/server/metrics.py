@@ -48,6 +48,9 @@ class EngineStatsCollector(Collector):
             ("tollway_engine_preemptions", "Requests preempted for lack of KV blocks.",
              stats.num_preemptions),
             ("tollway_engine_prompt_tokens", "Prompt tokens prefilled.", stats.num_prompt_tokens),
+            ("tollway_engine_computed_prompt_tokens",
+             "Prompt tokens whose KV was computed (not prefix-cache hits, not forked choices).",
+             stats.num_computed_prompt_tokens),
             ("tollway_engine_generation_tokens", "Tokens generated.", stats.num_generation_tokens),
         )  # fmt: skip
         for name, documentation, value in counters:

@@ -76,7 +76,7 @@ class OutputProcessor:
         state = self._states.get(request.request_id)
         if state is None:
             return RequestOutputDelta(
-                request.request_id,
+                request.group_id,
                 [],
                 "",
                 request.num_prompt_tokens,
@@ -84,6 +84,7 @@ class OutputProcessor:
                 request.num_cached_tokens,
                 finished=True,
                 finish_reason=request.finish_reason,
+                index=request.choice_index,
             )
         return self._delta(request, state, self._flush(state), True, request.finish_reason)
 
@@ -92,7 +93,7 @@ class OutputProcessor:
         state may be what failed), only the tokens already delivered are counted."""
         state = self._states.pop(request.request_id, None)
         return RequestOutputDelta(
-            request.request_id,
+            request.group_id,
             [],
             "",
             request.num_prompt_tokens,
@@ -101,6 +102,7 @@ class OutputProcessor:
             finished=True,
             finish_reason="error",
             error=error,
+            index=request.choice_index,
         )
 
     def _delta(
@@ -122,7 +124,8 @@ class OutputProcessor:
         if finished:
             self._states.pop(request.request_id, None)
         return RequestOutputDelta(
-            request_id=request.request_id,
+            request_id=request.group_id,  # the caller's id; ``index`` tells its choices apart
+            index=request.choice_index,
             new_token_ids=new_tokens,
             new_text=text,
             num_prompt_tokens=request.num_prompt_tokens,

@@ -4,16 +4,22 @@ cache tensors and the per-request random generators, and samples.
 A failure is pinned on the requests that cause it (:mod:`.failure_isolation`): the step
 comes back with their exceptions, and every other request's token, the same token it
 would have got without them.
+
+The choices of an ``n`` > 1 request share one prefill: the step that ends the leader's
+prompt samples each pending choice (``ScheduledRequest.forks``) from the leader's logits row,
+copied into a sample row of its own (its own settings, generator and matcher), and the next
+step first copies the KV blocks the scheduler asks for (``SchedulerOutput.block_copies``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from backend_engine.config import EngineConfig
+from backend_engine.core.kv_cache_manager import BlockCopy
 from backend_engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from backend_engine.core.step_runner import RunnerOutput, SampledToken
 from backend_engine.model_loader.weights import resolve_dtype
@@ -146,31 +152,53 @@ class ModelRunner:
         pinned on requests that fail alone; a sampling failure is pinned on its rows the
         same way, without running the model again.
         """
+        self.copy_blocks(output.block_copies)
         scheduled = output.scheduled
         sampled: dict[str, SampledToken] = {}
         failed: dict[str, Exception] = {}
         # Filled by each attempt; a retry on a subset overwrites its items' entries.
         prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
+        forked: dict[str, SampledToken | Exception] = {}
         outcomes = isolate_failures(
-            scheduled, lambda items: self._forward_and_sample(items, prompt_logprobs)
+            scheduled, lambda items: self._forward_and_sample(items, prompt_logprobs, forked)
         )
         for item, outcome in zip(scheduled, outcomes, strict=True):
             if isinstance(outcome, SampledToken):
                 sampled[item.request_id] = outcome
             elif isinstance(outcome, Exception):
                 failed[item.request_id] = outcome
+        for request_id, fork_outcome in forked.items():
+            if isinstance(fork_outcome, SampledToken):
+                sampled[request_id] = fork_outcome
+            else:
+                failed[request_id] = fork_outcome
         for request_id in failed:
             prompt_logprobs.pop(request_id, None)
         return RunnerOutput(sampled, failed, prompt_logprobs)
+
+    def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
+        """Copy whole KV blocks, every layer's K and V (forked choices' partial blocks).
+        Every source is read before any destination is written; no two copies share a
+        destination (the scheduler allocates each one fresh)."""
+        if not copies:
+            return
+        src = torch.tensor([c.src_block_id for c in copies], device=self.device)
+        dst = torch.tensor([c.dst_block_id for c in copies], device=self.device)
+        for k_cache, v_cache in self.kv_caches:  # [num_blocks, block_size, kv_heads, head_dim]
+            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
 
     def _forward_and_sample(
         self,
         scheduled: Sequence[ScheduledRequest],
         prompt_logprobs: dict[str, list[TokenLogprob | None]],
+        forked: dict[str, SampledToken | Exception] | None = None,
     ) -> list[SampledToken | Exception | None]:
         """One outcome per scheduled request: its token, its sampling failure, or None (a
         prefill chunk that samples nothing). The prompt logprobs a chunk owes go into
-        ``prompt_logprobs`` (by request id)."""
+        ``prompt_logprobs`` (by request id), and its forks' tokens or sampling failures into
+        ``forked`` (by the fork's request id; a fork is not sampled when its leader's
+        forward pass fails)."""
         outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
         if not scheduled:
             return outcomes
@@ -189,9 +217,16 @@ class ModelRunner:
             return outcomes
         logits = self.model.compute_logits(hidden[batch.sample_token_indices])
         # logits: [num_sampled, vocab]
-        sampled = self._sample(logits, [scheduled[i] for i in rows])
-        for row, outcome in zip(rows, sampled, strict=True):
-            outcomes[row] = outcome
+        to_sample, logits_rows = _sample_rows([scheduled[i] for i in rows])
+        if len(to_sample) > len(rows):  # each fork's row: a copy of its leader's
+            logits = logits.index_select(0, torch.tensor(logits_rows, device=logits.device))
+            # logits: [num_sample_rows, vocab]
+        sampled = self._sample(logits, to_sample)
+        for logits_row, item, outcome in zip(logits_rows, to_sample, sampled, strict=True):
+            if item.request_id == scheduled[rows[logits_row]].request_id:
+                outcomes[rows[logits_row]] = outcome
+            elif forked is not None:
+                forked[item.request_id] = outcome
         return outcomes
 
     def _compute_prompt_logprobs(
@@ -309,6 +344,30 @@ class ModelRunner:
             metadata=metadata,
             sample_token_indices=torch.tensor(sample_token_indices, device=device),
         )
+
+
+def _sample_rows(
+    items: Sequence[ScheduledRequest],
+) -> tuple[list[ScheduledRequest], list[int]]:
+    """One sample row per sampled item and per fork of it, each as the item it is sampled
+    as (a fork: its leader's item under its own id, settings and matcher; its penalties see
+    the same tokens, the prompt), and the logits row each one reads."""
+    to_sample: list[ScheduledRequest] = []
+    logits_rows: list[int] = []
+    for row, item in enumerate(items):
+        to_sample.append(item)
+        logits_rows.append(row)
+        for fork in item.forks:
+            as_fork = replace(
+                item,
+                request_id=fork.request_id,
+                sampling_params=fork.sampling_params,
+                matcher=fork.matcher,
+                forks=(),
+            )
+            to_sample.append(as_fork)
+            logits_rows.append(row)
+    return to_sample, logits_rows
 
 
 def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -4,6 +4,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from backend_engine import AsyncEngine, EngineConfig, Priority, SamplingParams
 from backend_engine.async_engine import EngineError
 from backend_engine.core.kv_event_log import KVCacheEvent
 from backend_engine.core.step_runner import PlanRunner
+from tests.support.stand_in_runner import plan_stand_in_runner
 
 
 @pytest.fixture
@@ -262,3 +264,101 @@ async def test_stats_read_a_snapshot_the_engine_thread_published(engine, monkeyp
     assert final.num_running == final.num_waiting == final.num_kv_blocks_used == 0
     assert final.num_generation_tokens >= num_requests * 16
     assert engine.stats() is engine.stats()  # one published object, not rebuilt per read
+
+
+async def wait_until_idle(engine: AsyncEngine) -> None:
+    for _ in range(500):
+        stats = engine.stats()
+        if stats.num_running == stats.num_waiting == stats.num_kv_blocks_used == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the engine did not go idle: {engine.stats()}")
+
+
+async def test_n_choices_come_on_one_stream_with_their_index(engine):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=3)
+    deltas = await collect(engine, "group", "Three answers please", params)
+    assert {d.request_id for d in deltas} == {"group"}
+    finished = [d for d in deltas if d.finished]
+    assert sorted(d.index for d in finished) == [0, 1, 2]
+    assert deltas[-1].finished  # the stream ends with the last choice's end
+    tokens = {i: [t for d in deltas if d.index == i for t in d.new_token_ids] for i in range(3)}
+    assert tokens[0] == tokens[1] == tokens[2]
+    assert len(tokens[0]) == 6
+    single = await collect(engine, "one", "Three answers please", replace(params, n=1))
+    assert [t for d in single for t in d.new_token_ids] == tokens[0]
+
+
+async def test_closing_an_n_stream_early_aborts_every_choice(engine):
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=2000, ignore_eos=True, n=4)
+    stream = engine.generate("long-group", "A long generation", params)
+    seen = set()
+    async for delta in stream:
+        seen.add(delta.index)
+        if len(seen) == 4:
+            break
+    await stream.aclose()
+    await wait_until_idle(engine)
+
+
+async def test_abort_by_the_callers_id_ends_every_choice(engine):
+    params = SamplingParams(temperature=1.0, seed=4, max_tokens=2000, ignore_eos=True, n=3)
+    seen = []
+
+    async def consume():
+        async for delta in engine.generate("victims", "Abort us", params):
+            seen.append(delta)
+
+    task = asyncio.create_task(consume())
+    while len({d.index for d in seen}) < 3:  # noqa: ASYNC110 (the engine's deltas)
+        await asyncio.sleep(0.01)
+    await engine.abort("victims")
+    await asyncio.wait_for(task, timeout=10)
+    ends = [d for d in seen if d.finished]
+    assert sorted(d.index for d in ends) == [0, 1, 2]
+    assert {d.finish_reason for d in ends} == {"abort"}
+    await wait_until_idle(engine)
+
+
+async def test_a_choice_that_fails_fails_the_request_and_the_others_are_aborted(
+    engine, monkeypatch
+):
+    make_request = engine.engine.make_request
+
+    def poisoned_choice_1(*args, **kwargs):
+        leader = make_request(*args, **kwargs)
+        child = leader.pending_forks[0]
+        child.sampling_params = replace(child.sampling_params)
+        object.__setattr__(child.sampling_params, "top_k", 10**20)  # fails when sampled
+        return leader
+
+    monkeypatch.setattr(engine.engine, "make_request", poisoned_choice_1)
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=2000, ignore_eos=True, n=3)
+    with pytest.raises(EngineError, match="failed to run this request"):
+        await collect(engine, "poisoned-group", "Fail one of us", params)
+    await wait_until_idle(engine)
+
+
+async def test_a_choice_id_of_another_request_is_refused(engine):
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, n=2)
+    first = engine.generate("pair", "one", params)
+    await first.__anext__()
+    with pytest.raises(ValueError, match="already in use"):
+        await collect(engine, "pair#1", "two", replace(params, n=1))
+    await first.aclose()
+    await wait_until_idle(engine)
+
+
+async def test_the_stand_in_runner_forks_choices_too(demo_model_files):
+    engine = AsyncEngine(
+        EngineConfig(model=str(demo_model_files())), plan_runner=plan_stand_in_runner()
+    )
+    await engine.start()
+    try:
+        params = SamplingParams(max_tokens=5, n=3)
+        deltas = await collect(engine, "stand-in", "Hello there", params)
+        ends = sorted((d.index, d.num_completion_tokens) for d in deltas if d.finished)
+        assert ends == [(0, 5), (1, 5), (2, 5)]
+        assert engine.stats().num_computed_prompt_tokens == deltas[-1].num_prompt_tokens
+    finally:
+        await engine.shutdown()

@@ -11,7 +11,10 @@ sequence or a special token, so every request runs to its ``max_tokens`` (as wit
 ``ignore_eos``). Sampling parameters change nothing. A step takes ``step_s`` seconds, about
 what the tiny demo model takes on a CPU, so a stream lasts as long as a real one would and a
 client can leave in the middle of it. Asked for logprobs, it reports its own distribution:
-half the mass on its token, the other half spread evenly over the vocabulary.
+half the mass on its token, the other half spread evenly over the vocabulary; so are prompt
+logprobs (``prompt_logprobs``), prompt token ``j`` scored as if sampled at position ``j``.
+The choices of an ``n`` > 1 request get the same token as their leader at the step that forks
+them (the same position); it holds no KV, so the scheduler's block copies have nothing to copy.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from backend_engine.core.step_runner import PlanRunner, RunnerOutput, SampledToken
 from backend_engine.outputs import TokenLogprob
+from backend_engine.sampling_params import SamplingParams
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
 
@@ -47,18 +51,44 @@ class StandInRunner:
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         time.sleep(self.step_s)
-        sampled = {
-            item.request_id: self._sample(item) for item in output.scheduled if item.do_sample
+        sampled: dict[str, SampledToken] = {}
+        for item in output.scheduled:
+            if item.do_sample:
+                sampled[item.request_id] = self._sample(item)
+                for fork in item.forks:
+                    sampled[fork.request_id] = self._sample(item, fork.sampling_params)
+        prompt_logprobs = {
+            item.request_id: self._prompt_logprobs(item)
+            for item in output.scheduled
+            if item.sampling_params.prompt_logprobs is not None
+            and item.num_reported_prompt_logprobs < item.num_prompt_tokens
         }
-        return RunnerOutput(sampled, failed={})
+        return RunnerOutput(sampled, failed={}, prompt_logprobs=prompt_logprobs)
 
     def release(self, request_id: str) -> None:
         pass  # it holds nothing per request
 
-    def _sample(self, item: ScheduledRequest) -> SampledToken:
+    def _prompt_logprobs(self, item: ScheduledRequest) -> list[TokenLogprob | None]:
+        """The prompt logprobs this chunk owes (after those already reported), by the same
+        distribution: prompt token ``j`` is scored as if it were sampled at position ``j``."""
+        k = item.sampling_params.prompt_logprobs or 0
+        rest = math.log(0.5 / self.vocab_size)
+        chosen = math.log(0.5 + 0.5 / self.vocab_size)
+        reported = item.num_reported_prompt_logprobs
+        entries: list[TokenLogprob | None] = [None] if reported == 0 else []
+        end = min(item.start_position + item.num_tokens + 1, item.num_prompt_tokens)
+        for j in range(max(reported, 1), end):
+            word = self.words[j % len(self.words)]
+            token_id = item.all_token_ids[j]
+            others = [t for t in range(k + 1) if t != word][: max(k - 1, 0)]
+            top = ((word, chosen), *((t, rest) for t in others)) if k > 0 else ()
+            entries.append(TokenLogprob(token_id, chosen if token_id == word else rest, top))
+        return entries
+
+    def _sample(self, item: ScheduledRequest, params: SamplingParams | None = None) -> SampledToken:
         position = item.start_position + item.num_tokens  # of the token sampled now
         token_id = self.words[position % len(self.words)]
-        k = item.sampling_params.logprobs
+        k = (params or item.sampling_params).logprobs
         if k is None:
             return SampledToken(token_id, None)
         rest = math.log(0.5 / self.vocab_size)

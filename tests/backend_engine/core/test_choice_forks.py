@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
+
 from backend_engine.core.kv_cache_manager import BlockCopy, KVCacheManager
 from backend_engine.core.request import Request, RequestStatus
 from backend_engine.core.scheduler import Scheduler, SchedulerOutput
@@ -143,7 +145,7 @@ def test_the_leader_may_stop_on_its_first_token_its_forks_go_on() -> None:
 
 def test_a_choice_that_stops_on_its_first_token_takes_no_blocks() -> None:
     h = Harness()
-    _, one, two = h.add("a", num_prompt=10, n=3)
+    _, one, _ = h.add("a", num_prompt=10, n=3)
     h.step(tokens={"a#1": EOS})
     assert one.finish_reason == "stop"
     assert one.stop_token_id == EOS
@@ -282,12 +284,8 @@ def test_the_prompt_is_computed_once_and_a_cached_prefix_not_at_all() -> None:
 def test_a_choice_id_already_in_use_is_refused_and_nothing_is_queued() -> None:
     h = Harness()
     h.add("a#1", num_prompt=4)
-    try:
+    with pytest.raises(ValueError, match="'a#1' is already in use"):
         h.add("a", num_prompt=4, n=2)
-    except ValueError as exc:
-        assert "'a#1' is already in use" in str(exc)
-    else:
-        raise AssertionError("a duplicate choice id was accepted")
     assert list(h.scheduler.requests) == ["a#1"]
 
 
