@@ -63,6 +63,19 @@ def test_neighbours_without_them_produce_what_they_produce_alone(llm: LLM) -> No
     assert batched[0].token_ids != llm.generate([prompts[0]], greedy())[0].token_ids
 
 
+def test_every_choice_of_n_gets_the_stage_from_its_first_token(llm: LLM) -> None:
+    """The choices forked off one prefill sample their first token from the leader's row, each
+    under its own params: each must get the bias and penalties, as n=1 does."""
+    token = llm.tokenizer.encode(" cat", add_special_tokens=False)[-1]
+    options = {"logit_bias": {token: 100.0}}
+    choices = llm.generate([PROMPTS[0]], greedy(n=3, **options))
+    assert [c.token_ids for c in choices] == [[token] * NUM_NEW_TOKENS] * 3
+    penalized = {"frequency_penalty": 2.0, "presence_penalty": 1.0, "repetition_penalty": 1.5}
+    alone = llm.generate([PROMPTS[1]], greedy(**penalized))[0].token_ids
+    choices = llm.generate([PROMPTS[1]], greedy(n=3, **penalized))
+    assert [c.token_ids for c in choices] == [alone] * 3
+
+
 def test_a_logit_bias_id_outside_the_vocabulary_is_refused(llm: LLM) -> None:
     vocab_size = llm.engine.model_config.vocab_size
     params = SamplingParams(logit_bias={5: 1.0, vocab_size: 2.0})
