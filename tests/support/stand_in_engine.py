@@ -2,12 +2,17 @@
 
 ``/v1/chat/completions`` answers streamed (a role chunk, ``num_chunks`` content chunks, a
 finish chunk, a usage chunk when ``stream_options.include_usage``, ``[DONE]``) or as one JSON
-body, echoing the requested model. Given ``tools`` (and a ``tool_choice`` but ``"none"``) it
-calls one, as an engine would: the named one or the first, its arguments' JSON in
+body, echoing the requested model, with ``n`` choices (each chunk names its choice's
+``index``; the choices' chunks of one step go out together), ``refusal: null`` and a
+``system_fingerprint``, as OpenAI's. Given ``tools`` (and a ``tool_choice`` but ``"none"``)
+it calls one, as an engine would: the named one or the first, its arguments' JSON in
 ``num_chunks`` pieces (``content`` null, ``finish_reason: "tool_calls"``).
 ``/v1/completions`` answers the same in its own shape (no role chunk: its first chunk is the
-first content). By default it answers at once; with pacing it takes as long as a generating
-engine would: ``ttft_ms`` before the first content and ``itl_ms`` between content chunks, so
+first content), one choice per prompt of a list times ``n``, with ``echo`` the prompt first.
+Usage counts each prompt once (a word, or a token id, is a token) and ``num_chunks``
+completion tokens for every choice.
+By default it answers at once; with pacing it takes as long as a generating engine would:
+``ttft_ms`` before the first content and ``itl_ms`` between content chunks, so
 a non-streamed answer comes after ``ttft_ms + (num_chunks - 1) * itl_ms``. Chunks keep that
 schedule, counted from the request, however long each write takes (an engine's tokens come
 from its steps, not from its writes): pausing ``itl_ms`` after each write instead let a
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     import uvicorn
 
 MODEL = "stand-in"
+SYSTEM_FINGERPRINT = "fp_stand_in"
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _TEXT = [(b"content-type", b"text/plain; version=0.0.4")]
@@ -82,7 +88,8 @@ class StandInEngine:
     async def _chat(self, request: dict[str, Any], send: Send) -> None:
         model = str(request.get("model") or MODEL)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in request["messages"])
-        head = {"id": "chatcmpl-standin", "created": int(time.time()), "model": model}
+        num_choices = int(request.get("n") or 1)
+        head = _head("chatcmpl-standin", model)
         function = _called_function(request)
         finish_reason = "length" if function is None else "tool_calls"
         pieces = _argument_pieces(self.num_chunks)
@@ -90,79 +97,133 @@ class StandInEngine:
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": " ".join(["word"] * self.num_chunks),
+                "refusal": None,
             }
             if function is not None:
                 called = {**function, "arguments": "".join(pieces)}
                 call = {"id": _CALL_ID, "type": "function", "function": called}
                 message = {**message, "content": None, "tool_calls": [call]}
-            choice = {"index": 0, "message": message, "finish_reason": finish_reason}
-            body = {**head, "object": "chat.completion", "choices": [choice]}
-            await self._answer_whole(body, prompt_tokens, send)
+            choices = [
+                {"index": i, "message": message, "logprobs": None, "finish_reason": finish_reason}
+                for i in range(num_choices)
+            ]
+            body = {**head, "object": "chat.completion", "choices": choices}
+            await self._answer_whole(body, prompt_tokens, num_choices, send)
             return
         head["object"] = "chat.completion.chunk"
-        deltas = [{"role": "assistant", "content": ""}, *[{"content": "word "}] * self.num_chunks]
+        role = {"role": "assistant", "content": "", "refusal": None}
+        deltas = [role, *[{"content": "word "}] * self.num_chunks]
         if function is not None:
-            deltas = [{"role": "assistant", "content": None}, *_call_deltas(function, pieces)]
-        chunks = [
-            {**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+            deltas = [{**role, "content": None}, *_call_deltas(function, pieces)]
+        finish = {"delta": {}, "finish_reason": finish_reason}
+        steps = [
+            [
+                {
+                    **head,
+                    "choices": [{"index": i, "delta": d, "logprobs": None, "finish_reason": None}],
+                }
+                for i in range(num_choices)
+            ]
+            for d in deltas
         ]
-        finish = {"index": 0, "delta": {}, "finish_reason": finish_reason}
-        chunks.append({**head, "choices": [finish]})
-        await self._stream(request, chunks, prompt_tokens, send)
+        steps.append([{**head, "choices": [{"index": i, **finish}]} for i in range(num_choices)])
+        await self._stream(request, steps, prompt_tokens, num_choices, send)
 
     async def _completion(self, request: dict[str, Any], send: Send) -> None:
+        """One choice per prompt of a list, times ``n`` (choice ``i * n + j`` is prompt ``i``'s
+        ``j``-th); with ``echo`` a choice's text starts with its prompt's (streamed: in a chunk
+        of its own, before the completion's first)."""
         model = str(request.get("model") or MODEL)
-        prompt_tokens = len(str(request.get("prompt", "")).split())
-        head = {"id": "cmpl-standin", "object": "text_completion", "created": int(time.time())}
-        head["model"] = model
-        if not request.get("stream"):
-            text = " ".join(["word"] * self.num_chunks)
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            await self._answer_whole({**head, "choices": [choice]}, prompt_tokens, send)
-            return
-        chunks = [
-            {**head, "choices": [{"index": 0, "text": t, "logprobs": None, "finish_reason": f}]}
-            for t, f in [*[("word ", None)] * self.num_chunks, ("", "length")]
-        ]
-        # A role-less first chunk: content chunk k is chunks[k - 1]; shift by an empty head.
-        await self._stream(request, [{}, *chunks], prompt_tokens, send)
+        prompts = _prompts(request.get("prompt", ""))
+        prompt_tokens = sum(num_tokens for _, num_tokens in prompts)
+        n = int(request.get("n") or 1)
+        echoed = [text if request.get("echo") else "" for text, _ in prompts for _ in range(n)]
+        num_choices = len(echoed)
+        head = {**_head("cmpl-standin", model), "object": "text_completion"}
 
-    def _usage(self, prompt_tokens: int) -> dict[str, int]:
+        def choice(i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+            return {"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+        if not request.get("stream"):
+            words = " ".join(["word"] * self.num_chunks)
+            choices = [choice(i, e + words, "length") for i, e in enumerate(echoed)]
+            await self._answer_whole({**head, "choices": choices}, prompt_tokens, num_choices, send)
+            return
+        # A role-less first step: the echoed prompts, when asked for; else nothing.
+        steps = [[{**head, "choices": [choice(i, e, None)]} for i, e in enumerate(echoed) if e]]
+        for text, reason in [*[("word ", None)] * self.num_chunks, ("", "length")]:
+            steps.append(
+                [{**head, "choices": [choice(i, text, reason)]} for i in range(num_choices)]
+            )
+        await self._stream(request, steps, prompt_tokens, num_choices, send)
+
+    def _usage(self, prompt_tokens: int, num_choices: int) -> dict[str, int]:
+        """As OpenAI counts: each prompt once, every choice's completion tokens."""
+        completion_tokens = self.num_chunks * num_choices
         return {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": self.num_chunks,
-            "total_tokens": prompt_tokens + self.num_chunks,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         }
 
-    async def _answer_whole(self, body: dict[str, Any], prompt_tokens: int, send: Send) -> None:
-        body["usage"] = self._usage(prompt_tokens)
+    async def _answer_whole(
+        self, body: dict[str, Any], prompt_tokens: int, num_choices: int, send: Send
+    ) -> None:
+        body["usage"] = self._usage(prompt_tokens, num_choices)
         await _pause(self.ttft_s + max(self.num_chunks - 1, 0) * self.itl_s)
         await _answer(send, 200, _JSON, json.dumps(body).encode())
 
     async def _stream(
-        self, request: dict[str, Any], chunks: list[dict[str, Any]], prompt_tokens: int, send: Send
+        self,
+        request: dict[str, Any],
+        steps: list[list[dict[str, Any]]],
+        prompt_tokens: int,
+        num_choices: int,
+        send: Send,
     ) -> None:
-        """``chunks``: a head chunk (``{}``: none is sent), ``num_chunks`` content chunks and
-        the finish chunk; the usage chunk and ``[DONE]`` are added here."""
+        """``steps``: each step's chunks (one per choice, as an engine's step makes a token
+        for each): a head step (a chat's roles, a completion's echoes; ``[]``: none is sent),
+        ``num_chunks`` content steps and the finish step; the usage chunk and ``[DONE]`` are
+        added here."""
         if (request.get("stream_options") or {}).get("include_usage"):
-            usage_head = {k: v for k, v in chunks[-1].items() if k != "choices"}
-            chunks = [*chunks, {**usage_head, "choices": [], "usage": self._usage(prompt_tokens)}]
+            last = steps[-1][-1]
+            usage_head = {k: v for k, v in last.items() if k != "choices"}
+            usage = self._usage(prompt_tokens, num_choices)
+            steps = [*steps, [{**usage_head, "choices": [], "usage": usage}]]
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        # Chunk 0 is the head (a chat role), 1..num_chunks the content: the head goes with the
-        # first content. Content chunk k is due ttft + (k - 1) * itl after the request, as an
-        # engine's steps come on their own clock: how long a write takes does not push the
-        # next token later.
+        # Step 0 is the head, 1..num_chunks the content: the head goes with the first content.
+        # Content step k is due ttft + (k - 1) * itl after the request, as an engine's steps
+        # come on their own clock: how long a write takes does not push the next token later.
         start = time.monotonic()
-        for i, chunk in enumerate(chunks):
+        for i, step in enumerate(steps):
             if i == 0:
                 await _pause(self.ttft_s)
-                if not chunk:
-                    continue
             elif 2 <= i <= self.num_chunks:
                 await _pause(start + self.ttft_s + (i - 1) * self.itl_s - time.monotonic())
-            event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": True})
+            if not step:
+                continue
+            events = b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in step)
+            await send({"type": "http.response.body", "body": events, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def _head(request_id: str, model: str) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+
+
+def _prompts(prompt: Any) -> list[tuple[str, int]]:
+    """Each prompt of a completion request and its tokens (one per word; a token id is one,
+    echoed as its digits)."""
+    if isinstance(prompt, str):
+        return [(prompt, len(prompt.split()))]
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return [(" ".join(map(str, prompt)), len(prompt))]
+    return [p for item in prompt for p in _prompts(item)]
 
 
 _CALL_ID = "call_standin"

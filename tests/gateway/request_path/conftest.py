@@ -6,7 +6,9 @@
   a stand-in for the model (``demo_engine_model``): everything but the forward pass is the
   engine's own code, so every test here runs in both environments.
 - ``gateway``: ``gateway(settings) -> base_url`` runs `build_gateway` under uvicorn in a
-  thread (lifespan included) and stops it after the test.
+  thread (lifespan included) and stops it after the test; every chat and completion answer
+  it sends is checked against the openai SDK's response types and OpenAI's required fields
+  (`tests.support.schema_checked_app`), failing the test at teardown if one does not pass.
 - ``db_url``: a migrated SQLite database per test (tenants and keys:
   ``tests.support.stand_in_stack.tenant_key``).
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 import pytest
 import uvicorn
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
@@ -32,6 +34,7 @@ from backend_engine.server.app import build_app
 from gateway.app import build_gateway
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
+from tests.support.schema_checked_app import SchemaCheckedApp
 from tests.support.stand_in_runner import DemoEngineModel
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
@@ -48,7 +51,7 @@ class Engines:
 
 
 def _serve(
-    app: Starlette, *, uds: str | None = None, sock: socket.socket | None = None
+    app: ASGIApp, *, uds: str | None = None, sock: socket.socket | None = None
 ) -> tuple[uvicorn.Server, threading.Thread]:
     config = uvicorn.Config(
         app, uds=uds, loop="asyncio", http="h11", lifespan="on", log_level="warning"
@@ -113,16 +116,23 @@ def db_url(sqlite_db_url: str) -> str:
 
 @pytest.fixture
 def gateway() -> Iterator[Callable[..., str]]:
+    """Every chat and completion answer these gateways send (whole or streamed) is checked
+    against the openai SDK's types and OpenAI's required fields: a test whose answers do not
+    pass fails at teardown, naming them."""
     running: list[tuple[uvicorn.Server, threading.Thread]] = []
+    checked: list[SchemaCheckedApp] = []
 
     def start(settings: GatewaySettings, **kwargs: Any) -> str:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        running.append(_serve(build_gateway(settings, **kwargs), sock=sock))
+        checked.append(SchemaCheckedApp(build_gateway(settings, **kwargs)))
+        running.append(_serve(checked[-1], sock=sock))
         return f"http://127.0.0.1:{port}"
 
     yield start
     for server, thread in running:
         stop_thread(server, thread)
+    failures = [failure for app in checked for failure in app.failures]
+    assert not failures, "answers OpenAI's clients cannot read:\n" + "\n".join(failures)
