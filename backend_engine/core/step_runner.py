@@ -32,7 +32,7 @@ class SampledToken:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    sampled: dict[str, SampledToken]  # request id -> the token sampled for it this step
+    sampled: dict[str, SampledToken]  # request id (a fork's too) -> its token this step
     failed: dict[str, Exception]  # requests whose work raised even alone: only they fail
     # request id -> the prompt logprobs its chunk computed this step, continuing those already
     # reported (`ScheduledRequest.num_reported_prompt_logprobs`); the first prompt token's is None
@@ -41,8 +41,10 @@ class RunnerOutput:
 
 class StepRunner(Protocol):
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
-        """Compute every scheduled item; a token for each item with ``do_sample``, and the
-        prompt logprobs each chunk of a request with ``prompt_logprobs`` owes."""
+        """Copy the KV blocks ``output.block_copies`` names, then compute every scheduled
+        item; a token for each item with ``do_sample`` and for each of its ``forks`` (from
+        the item's logits, under the fork's id and settings), and the prompt logprobs each
+        chunk of a request with ``prompt_logprobs`` owes."""
         ...
 
     def release(self, request_id: str) -> None:
