@@ -20,14 +20,20 @@ class Admission:
     served_model: str  # the public name: a model, or a rollout
     version: str  # the model entry that serves it (``served_model`` unless a rollout's)
     route: RoutingDecision | None
-    prompt_tokens: int
-    max_tokens: int
+    prompt_tokens: int  # every prompt's
+    max_tokens: int  # each choice's
     priority: PriorityClass
     reservation: Reservation | None
     headers: Mapping[str, str] = field(default_factory=dict)  # x-ratelimit-*
     # The prompt's ids as the version's engine makes them, where its replicas are chosen by
     # prefix (the replica router hashes them; tokenized once, in admission): else None.
     prompt_token_ids: Sequence[int] | None = None
+    num_choices: int = 1  # n for each prompt
+
+    @property
+    def max_completion_tokens(self) -> int:
+        """The most completion tokens the engine may generate for it: every choice's."""
+        return self.num_choices * self.max_tokens
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ class AdmissionPlan:
             reservation,
             headers or {},
             self.prompt_token_ids,
+            self.num_choices,
         )
 
     def refuse(self, rejection: Rejection) -> Refusal:

@@ -279,6 +279,7 @@ def _usage_meter(ctx: GatewayContext, admission: Admission) -> UsageMeter:
         on_first_token=metrics.child(metrics.time_to_first_token, model, version).observe,
         on_next_token=metrics.child(metrics.inter_token_latency, model, version).observe,
         started_at=time.monotonic(),
+        max_completion_tokens=admission.max_completion_tokens,
     )
 
 

@@ -4,8 +4,13 @@ The gateway always asks the engine for ``stream_options.include_usage``; the rel
 usage from the engine's final chunk and hands that chunk on only if the client asked for it.
 It also counts the tokens it relays (the entries of a chunk's ``logprobs`` when present,
 else one per chunk with content or with a piece of a tool call, whose content is null),
-which is what a request is charged for when the stream stops before the engine's usage
-arrives (client gone, engine failed). Text the engine held
+summed over every choice of every chunk (with ``n`` > 1 or a list of prompts the choices'
+chunks interleave), which is what a request is charged for when the stream stops before the
+engine's usage arrives (client gone, engine failed). A choice's first chunk that echoes its
+prompt (``echo`` with ``logprobs``: the prompt's tokens first, the very first with a null
+logprob) counts as one token, not as the prompt's; and that count never exceeds what the
+request's choices could generate (``max_completion_tokens``), so a fallback charge stays
+within the reservation. Text the engine held
 back (a partial UTF-8 character, a possible stop string) was not relayed and is not counted.
 Each chunk's ``model`` is given the name the client knows (``model_name``) where the engine's
 differs (an ``upstream_model`` id, a rollout's version). The meter keeps the last non-null
@@ -52,6 +57,7 @@ class UsageMeter:
     finish_reason: str | None = None
     status: UsageStatus = UsageStatus.CANCELLED
     is_finished: bool = False
+    max_completion_tokens: int | None = None  # every choice's max_tokens: a count's ceiling
 
     def finish(self, status: UsageStatus) -> None:
         if not self.is_finished:
@@ -88,7 +94,10 @@ class UsageMeter:
         when it arrived, else the gateway's prompt count and the tokens relayed."""
         usage = self.usage or {}
         prompt = _int(usage.get("prompt_tokens"), counted_prompt_tokens)
-        completion = _int(usage.get("completion_tokens"), self.num_relayed_tokens)
+        relayed = self.num_relayed_tokens
+        if self.max_completion_tokens is not None:
+            relayed = min(relayed, self.max_completion_tokens)
+        completion = _int(usage.get("completion_tokens"), relayed)
         details = usage.get("prompt_tokens_details") or {}
         cached = min(prompt, _int(details.get("cached_tokens"), 0))
         return prompt, cached, completion
@@ -213,7 +222,7 @@ def _tokens_in(choice: dict[str, Any]) -> int:
     if isinstance(logprobs, dict):
         entries = logprobs.get("content") or logprobs.get("tokens")
         if isinstance(entries, list) and entries:
-            return len(entries)
+            return 1 if _echoes_the_prompt(logprobs) else len(entries)
     said = choice.get("delta") or choice.get("message") or {}
     if said.get("tool_calls"):
         return 1
@@ -221,6 +230,13 @@ def _tokens_in(choice: dict[str, Any]) -> int:
     if content is None:
         content = choice.get("text")
     return 1 if content else 0
+
+
+def _echoes_the_prompt(logprobs: dict[str, Any]) -> bool:
+    """A completion chunk whose logprobs start with its prompt's (``echo``): the first has
+    nothing before it, so its logprob is null; a generated token's never is."""
+    token_logprobs = logprobs.get("token_logprobs")
+    return isinstance(token_logprobs, list) and bool(token_logprobs) and token_logprobs[0] is None
 
 
 def _int(value: Any, default: int) -> int:

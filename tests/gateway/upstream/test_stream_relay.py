@@ -291,3 +291,57 @@ def test_a_finish_reason_the_record_cannot_keep_as_sent_is_none(
     measure_body(body, meter)
     assert meter.finish_reason == kept
     assert meter.num_relayed_tokens == 1
+
+
+def choice_chunk(index: int, content: str) -> str:
+    delta = {"index": index, "delta": {"content": content}, "finish_reason": None}
+    return json.dumps({"object": "chat.completion.chunk", "choices": [delta], "usage": None})
+
+
+async def test_the_choices_chunks_are_summed_when_the_stream_stops_early() -> None:
+    """n=3: the choices' chunks interleave; a client that leaves is charged every choice's."""
+    payloads = [choice_chunk(i, f"t{step}") for step in range(4) for i in range(3)]
+    meter = UsageMeter(max_completion_tokens=3 * 16)
+    events = relay_events(
+        call_with([*payloads, "[DONE]"], batch_size=3), meter, include_usage=False
+    )
+    for _ in range(2):  # two steps of three choices each
+        await events.__anext__()
+    await events.aclose()
+    assert meter.num_relayed_tokens == 6
+    assert meter.tokens(counted_prompt_tokens=5) == (5, 0, 6)
+    whole = UsageMeter()
+    measure_body({"choices": [{"index": i, "message": {"content": "x"}} for i in range(4)]}, whole)
+    assert whole.num_relayed_tokens == 4  # a whole answer without usage: one per choice
+
+
+def completion_chunk(index: int, text: str, logprobs: list[float | None]) -> str:
+    entries = {
+        "tokens": ["t"] * len(logprobs),
+        "token_logprobs": logprobs,
+        "top_logprobs": [None] * len(logprobs),
+        "text_offset": list(range(len(logprobs))),
+    }
+    choice = {"index": index, "text": text, "logprobs": entries, "finish_reason": None}
+    return json.dumps({"object": "text_completion", "choices": [choice]})
+
+
+async def test_an_echoed_prompt_is_not_counted_as_completion_tokens() -> None:
+    """echo with logprobs: each choice's first chunk holds its prompt's 5 tokens (the first
+    with a null logprob) and its first generated token: one token, not six."""
+    echoed = [None, -1.0, -2.0, -0.5, -0.1, -0.3]
+    payloads = [completion_chunk(i, "prompt t", echoed) for i in range(2)]
+    payloads += [completion_chunk(i, " u", [-0.2]) for i in range(2)]
+    meter = UsageMeter()
+    await collect(relay_events(call_with([*payloads, "[DONE]"]), meter, include_usage=False))
+    assert meter.num_relayed_tokens == 4
+
+
+async def test_a_fallback_count_never_exceeds_what_the_choices_could_generate() -> None:
+    payloads = [chunk(str(n)) for n in range(10)]
+    meter = UsageMeter(max_completion_tokens=6)
+    await collect(relay_events(call_with(payloads, fail_after=10), meter, include_usage=False))
+    assert meter.num_relayed_tokens == 10
+    assert meter.tokens(counted_prompt_tokens=3) == (3, 0, 6)  # what the reservation holds
+    meter.observe_usage({"prompt_tokens": 3, "completion_tokens": 9})
+    assert meter.tokens(counted_prompt_tokens=3) == (3, 0, 9)  # the engine's word is final
