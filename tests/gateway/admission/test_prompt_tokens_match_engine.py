@@ -226,6 +226,21 @@ def test_completions_token_ids(served: Served, data: st.DataObject) -> None:
 
 
 @_SETTINGS
+@given(data=st.data())
+def test_completions_prompt_lists(served: Served, data: st.DataObject) -> None:
+    """A list of prompts, text or token ids, with n choices each: every prompt once."""
+    token_ids = st.lists(st.integers(0, served.vocab_size - 1), min_size=1, max_size=20)
+    prompts = data.draw(
+        st.lists(TEXTS.filter(bool), min_size=1, max_size=4)
+        | st.lists(token_ids, min_size=1, max_size=4)
+    )
+    n = data.draw(st.integers(1, 3))
+    body = parse_body({"model": MODEL, "prompt": prompts, "n": n}, "completions")
+    reported = served.engine_prompt_tokens("/v1/completions", {"prompt": prompts, "n": n})
+    assert count_prompt_tokens(served.counter, body) == reported
+
+
+@_SETTINGS
 @given(messages=MESSAGES)
 def test_chat(served: Served, messages: list[dict[str, Any]]) -> None:
     body = parse_body({"model": MODEL, "messages": messages}, "chat")
