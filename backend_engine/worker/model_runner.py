@@ -1,6 +1,11 @@
 """Runs one scheduled step on the model: builds the packed batch, owns the KV
 cache tensors and the per-request random generators, and samples.
 
+Sampling sees each row after its logit bias and penalties (:mod:`.logits_processing`) and its
+grammar's mask, greedy choice and logprobs alike. A prefill chunk of a request that asks for
+prompt logprobs also has its positions' logits computed (:mod:`.prompt_logprobs`): the
+model's own, before any of that.
+
 A failure is pinned on the requests that cause it (:mod:`.failure_isolation`): the step
 comes back with their exceptions, and every other request's token, the same token it
 would have got without them.
