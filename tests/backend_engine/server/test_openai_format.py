@@ -277,3 +277,35 @@ def test_held_back_text_still_reports_its_logprobs(token_text: TokenText) -> Non
     [chunk] = chunks(chat, only_held)
     assert chunk["choices"][0]["delta"] == {}
     assert len(chunk["choices"][0]["logprobs"]["content"]) == len("\n<tool_")
+
+
+def test_each_choice_is_parsed_alone(token_text: TokenText) -> None:
+    """Two choices' deltas interleaved, a call split across deltas in each: every choice's
+    chunks add up to its own whole answer, with its own calls and finish reason."""
+    answers: dict[int, tuple[str, FinishReason]] = {
+        0: ("Sure.\n" + PARIS, "stop"),
+        1: (NOW + syntax.CALL_SEPARATOR + PARIS, "stop"),
+    }
+    per_choice = {
+        index: [
+            RequestOutputDelta(**{**vars(d), "index": index})
+            for d in engine_deltas(token_text, [text[:9], text[9:20], text[20:]], reason)
+        ]
+        for index, (text, reason) in answers.items()
+    }
+    mixed = [ChoiceDelta(0, i, per_choice[i][step]) for step in range(3) for i in (0, 1)]
+    chat = ChatFormatter(IDENT, token_text, True, num_choices=2, parses_tool_calls=True)
+    answer = chat.whole(mixed, USAGE)
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    streamed = ChatFormatter(IDENT, token_text, True, num_choices=2, parses_tool_calls=True)
+    assert [c["choices"][0]["index"] for c in streamed.opening_chunks()] == [0, 1]
+    out = [chunk for choice in mixed for chunk in streamed.chunks(choice)]
+    for whole_choice in answer["choices"]:
+        index = whole_choice.pop("index")
+        mine = [c for c in out if c["choices"][0]["index"] == index]
+        assert without_ids(streamed_choice(mine)) == without_ids(whole_choice)
+    names = [
+        [c["function"]["name"] for c in choice["message"]["tool_calls"]]
+        for choice in answer["choices"]
+    ]
+    assert names == [["get_weather"], ["get_time", "get_weather"]]

@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app
+from tests.backend_engine.server.response_schema import check_response
 
 MODEL = "tiny-demo"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -36,6 +37,7 @@ def client(demo_checkpoint: Callable[..., Path]) -> Iterator[TestClient]:
         show_progress=False,
     )
     with TestClient(build_app(AsyncEngine(config, model_name=MODEL))) as test_client:
+        test_client.event_hooks = {"response": [check_response]}  # OpenAI's response schema
         yield test_client
 
 
