@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.backend_engine.server.response_schema import check_answer
 from tests.support.polling import wait_until
 from tests.support.without_engine import needs_engine
 
@@ -107,6 +108,8 @@ class _Stream:
                 if line.startswith("data: "):
                     data = line.removeprefix("data: ")
                     self.events.append(data if data == "[DONE]" else json.loads(data))
+                    if data != "[DONE]":
+                        check_answer(self.events[-1], is_chunk=True)
                     if len(self.events) >= 3:
                         self.has_token.set()
         self.has_token.set()

@@ -13,6 +13,7 @@ import uvicorn
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app, uvicorn_config
+from tests.backend_engine.server.response_schema import check_answer
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
 
 
@@ -42,6 +43,7 @@ def test_the_real_model_answers_a_chat_over_http(smollm2_gguf: Path) -> None:
         sock.close()
     assert response.status_code == 200, response.text
     body = response.json()
+    check_answer(body)
     assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."
     assert body["choices"][0]["finish_reason"] == "stop"  # <|im_end|>, from the metadata
     # The default system prompt of the file's chat template, then the question: 37 tokens.

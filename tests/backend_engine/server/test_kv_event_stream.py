@@ -35,6 +35,7 @@ from engine_protocol.kv_events import (
     StoredLine,
 )
 from tests.backend_engine.server.kv_event_client import KVEventListener
+from tests.backend_engine.server.response_schema import check_answer
 from tests.support.polling import eventually
 from tests.support.stand_in_runner import DemoEngineModel, plan_stand_in_runner
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
@@ -119,6 +120,7 @@ async def _complete(client: httpx.AsyncClient, prompt: list[int], max_tokens: in
         },
     )
     assert response.status_code == 200, response.text
+    check_answer(response.json())
     return response.json()
 
 

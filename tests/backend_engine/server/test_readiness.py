@@ -21,6 +21,7 @@ from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app, serve, uvicorn_config
 from backend_engine.server.engine_host import EngineHost
+from tests.backend_engine.server.response_schema import check_answer, checked_client
 from tests.support.polling import wait_until
 from tests.support.stand_in_runner import DemoEngineModel
 from tests.support.uvicorn_thread import start_in_thread, stop_thread
@@ -36,7 +37,7 @@ class Served:
     stopped: threading.Event  # the host asked the server to stop
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=60.0)
+        return checked_client(self.base_url, timeout=60.0)
 
 
 ServeApp = Callable[..., Served]
@@ -120,6 +121,8 @@ class StreamReader:
                 if line.startswith("data: "):
                     data = line.removeprefix("data: ")
                     self.events.append(data if data == "[DONE]" else json.loads(data))
+                    if data != "[DONE]":
+                        check_answer(self.events[-1], is_chunk=True)
                     if any(c.get("delta", {}).get("content") for c in _choices(self.events[-1])):
                         self.has_token.set()
         self.has_token.set()

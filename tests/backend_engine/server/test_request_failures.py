@@ -16,6 +16,7 @@ import pytest
 
 from backend_engine.core.request import Request
 from backend_engine.text.output_processor import OutputProcessor
+from tests.backend_engine.server.response_schema import check_answer
 from tests.backend_engine.server.test_app import (
     MODEL_NAME,
     LiveServer,
@@ -64,6 +65,8 @@ def events_of(text: str) -> list[Any]:
         if line.startswith("data: "):
             data = line.removeprefix("data: ")
             events.append(data if data == "[DONE]" else json.loads(data))
+            if data != "[DONE]":
+                check_answer(events[-1], is_chunk=True)
     return events
 
 

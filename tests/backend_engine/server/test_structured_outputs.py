@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from tests.backend_engine.server.conftest import SMOLLM2_NAME
+from tests.backend_engine.server.response_schema import check_answer
 from tests.support.json_schemas import PROMPTS, SCHEMAS
 
 SEEDS = (None, 1, 2, 3)  # None: greedy
@@ -48,6 +49,7 @@ async def _answer(
     if not body["stream"]:
         response = await client.post(path, json=body)
         assert response.status_code == 200, response.text
+        check_answer(response.json())
         choice = response.json()["choices"][0]
         return (choice["message"][key] if endpoint == "chat" else choice[key]), choice[
             "finish_reason"
@@ -58,7 +60,9 @@ async def _answer(
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            for choice in json.loads(line[6:])["choices"]:
+            chunk = json.loads(line[6:])
+            check_answer(chunk, is_chunk=True)
+            for choice in chunk["choices"]:
                 piece = choice["delta"].get(key) if endpoint == "chat" else choice[key]
                 text += piece or ""
                 finish_reason = choice["finish_reason"] or finish_reason
@@ -126,6 +130,7 @@ def test_the_other_forms(smollm2_url: str, constraint: dict[str, Any], check: An
     }
     response = httpx.post(f"{smollm2_url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
+    check_answer(response.json())
     choice = response.json()["choices"][0]
     assert choice["finish_reason"] == "stop", choice
     assert check(choice["message"]["content"]), choice
@@ -135,6 +140,7 @@ def test_a_truncated_answer_ends_with_length(smollm2_url: str) -> None:
     body = _body("chat", "order", None, False) | {"max_tokens": 6}
     response = httpx.post(f"{smollm2_url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
+    check_answer(response.json())
     assert response.json()["choices"][0]["finish_reason"] == "length"
 
 

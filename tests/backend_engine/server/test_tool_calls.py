@@ -22,6 +22,7 @@ import pytest
 from model_files.checkpoint import load_tokenizer
 from model_files.tokenizer import Tokenizer
 from tests.backend_engine.server.conftest import SMOLLM2_NAME
+from tests.backend_engine.server.response_schema import check_answer
 
 pytest.importorskip("torch", reason="SmolLM2's engine needs torch")
 
@@ -164,6 +165,7 @@ async def _post(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, An
     response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
+    check_answer(answer)
     return answer
 
 
@@ -174,6 +176,7 @@ async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[
         async for line in response.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[6:]))
+                check_answer(chunks[-1], is_chunk=True)
     return chunks
 
 
