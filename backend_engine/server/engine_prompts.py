@@ -3,9 +3,10 @@
 A chat has one prompt (its rendered messages); a completion has one per entry of its
 ``prompt`` list (`CompletionRequest.prompts`). Each becomes an :class:`EnginePrompt`: its
 token ids (within the vocabulary), its SamplingParams (``max_tokens`` within the context left
-by that prompt) and, for ``echo``, its text. Token ids outside the vocabulary, a prompt too
-long for the context and a ``logit_bias`` id the model does not have are 400s here, so a
-request whose last prompt is refused never started its first.
+by that prompt) and, for ``echo``, its text. Token ids outside the vocabulary and a prompt too
+long for the context are 400s here, so a request whose last prompt is refused never started
+its first (what the engine refuses, it refuses for every prompt alike: `ChoiceStreams`
+submits them together and aborts the rest).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import anyio
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.errors import invalid_request
-from backend_engine.server.sampling import check_logit_bias, completion_budget, sampling_params
+from backend_engine.server.sampling import completion_budget, sampling_params
 from model_files.tokenizer import Tokenizer
 from openai_protocol.request_models import CompletionRequest, ConstrainedRequest, Prompt
 
@@ -40,7 +41,6 @@ def engine_prompt(
     text: str = "",
 ) -> EnginePrompt:
     """One prompt checked against the model's context; its SamplingParams from ``body``."""
-    check_logit_bias(body, engine.engine.model_config.vocab_size)
     if not token_ids:
         raise invalid_request("the prompt is empty", param=prompt_param)
     max_tokens = completion_budget(

@@ -1,9 +1,10 @@
-"""From an API request to the engine's SamplingParams, enforcing the model's length and
-vocabulary.
+"""From an API request to the engine's SamplingParams, enforcing the model's length.
 
 Every sampling field OpenAI defines maps onto one of SamplingParams (``n``, the penalties,
 ``logit_bias`` by token id); a completion with ``echo`` and ``logprobs`` asks for as many
-prompt logprobs, so its prompt's tokens can be reported before the completion's.
+prompt logprobs, so its prompt's tokens can be reported before the completion's. What only
+the model can judge (a ``logit_bias`` id outside its vocabulary) the engine refuses when the
+request is made, and `param_named_by` names the field its refusal is about.
 """
 
 from __future__ import annotations
@@ -64,17 +65,6 @@ def completion_budget(
             param=prompt_param,
         )
     return requested if requested is not None else max_model_len - num_prompt_tokens
-
-
-def check_logit_bias(body: ConstrainedRequest, vocab_size: int) -> None:
-    """Every ``logit_bias`` key is a token id of the model (the field rules checked the rest)."""
-    outside = sorted(t for t in body.logit_bias_ids() if t >= vocab_size)
-    if outside:
-        raise invalid_request(
-            f"Invalid 'logit_bias': token id {outside[0]} is outside the model's vocabulary "
-            f"(ids 0 to {vocab_size - 1}).",
-            param="logit_bias",
-        )
 
 
 def prompt_logprobs(body: ConstrainedRequest) -> int | None:

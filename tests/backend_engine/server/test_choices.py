@@ -241,9 +241,18 @@ def test_a_refused_prompt_of_a_list_starts_none(live_server: LiveServer) -> None
     with live_server.client() as client:
         refused = client.post(COMPLETIONS, json=greedy(prompt=[[1, 2, 3], too_long], max_tokens=2))
         out_of_vocab = client.post(COMPLETIONS, json=greedy(prompt=[[1, 2], [3, 10**6]]))
+        # Refused by the engine, for every prompt alike.
+        biased = [
+            client.post(COMPLETIONS, json=greedy(prompt=PROMPTS, logit_bias={"512": 1}, **extra))
+            for extra in ({}, {"stream": True}, {"n": 3})
+        ]
     error = assert_openai_error(refused, 400, "context_length_exceeded")
     assert error["param"] == "prompt[1]"
     assert assert_openai_error(out_of_vocab, 400)["param"] == "prompt[1]"
+    for response in biased:
+        error = assert_openai_error(response, 400)
+        assert error["param"] == "logit_bias"
+        assert "512" in error["message"]
     assert live_server.engine.stats().num_requests == before.num_requests
 
 
