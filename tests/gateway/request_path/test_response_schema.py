@@ -67,6 +67,7 @@ def without(answer: dict[str, Any], *path: str | int) -> dict[str, Any]:
         (("choices", 0, "logprobs", "content", 0, "bytes"), "choices[0].logprobs.content[0].bytes"),
         (("usage", "total_tokens"), "usage.total_tokens"),
         (("created",), "created"),
+        (("system_fingerprint",), "system_fingerprint"),  # issue #26: every answer has one
     ],
 )
 def test_a_missing_required_field_is_named(path: tuple[str | int, ...], missing: str) -> None:
@@ -87,6 +88,26 @@ def test_the_sdk_types_refuse_a_field_of_the_wrong_kind() -> None:
     assert missing_required(chunk, "chat_chunk") == ["choices[0].finish_reason"]
     stream = 'data: {"error": {"message": "x"}}\n\ndata: [DONE]\n\n'  # not answers: skipped
     assert check_event_stream(stream, "chat_chunk") == []
+
+
+def test_what_openai_sends_beyond_the_sdk_types_passes_and_nothing_else() -> None:
+    """An echoed prompt's null first logprob, a streamed completion's null finish_reason and
+    Tollway's abort/error finish reasons pass; any other finish_reason does not."""
+    logprobs = {
+        "tokens": ["Once", " upon"],
+        "token_logprobs": [None, -1.5],
+        "top_logprobs": [None, {" upon": -1.5}],
+        "text_offset": [0, 4],
+    }
+    choice = {"index": 0, "text": "Once upon", "logprobs": logprobs, "finish_reason": None}
+    chunk = {**CHAT, "object": "text_completion", "choices": [choice]}
+    check_answer(chunk, "completion_chunk")
+    for reason in ("abort", "error", "length"):
+        check_answer({**chunk, "choices": [{**choice, "finish_reason": reason}]}, "completion")
+    with pytest.raises(pydantic.ValidationError):
+        check_answer({**chunk, "choices": [{**choice, "finish_reason": "done"}]}, "completion")
+    with pytest.raises(pydantic.ValidationError):  # null only where OpenAI sends it
+        check_answer({**chunk, "choices": [choice]}, "completion")
 
 
 async def test_the_request_path_check_catches_an_answer_without_refusal() -> None:
@@ -145,3 +166,9 @@ def test_engine_answers_carry_every_required_field(client: httpx.Client) -> None
     assert [c["index"] for c in completion.json()["choices"]] == [0, 1]
     streamed = client.post("/v1/completions", json={**text, "stream": True})
     assert check_event_stream(streamed.content, "completion_chunk")
+    echoed = client.post("/v1/completions", json={**text, "echo": True, "n": 2})
+    assert echoed.status_code == 200, echoed.text
+    check_answer(echoed.json(), "completion")
+    first = echoed.json()["choices"][0]
+    assert first["text"].startswith("Once")
+    assert first["logprobs"]["token_logprobs"][0] is None  # the prompt's first token
