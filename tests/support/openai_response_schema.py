@@ -1,19 +1,23 @@
 """Whether an answer is one an OpenAI client reads: the openai SDK's response types, and the
-fields OpenAI's API reference marks as required.
+fields OpenAI's API reference marks as required. The one such check: the engine server's
+tests (`tests.backend_engine.server.response_schema`) and the gateway's
+(`tests.support.schema_checked_app`) both run it.
 
 The SDK's types (``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``) check every
 field's type and every enum (``finish_reason``, ``object``), but take a required-but-nullable
 field that is absent (``message.refusal``) as null: `missing_required` checks those from
 `REQUIRED`, a table copied from OpenAI's API reference (its OpenAPI document's ``required``
-lists for the same objects), plus ``system_fingerprint``, which Tollway's answers always
-carry. Where OpenAI's API itself sends what the SDK's types do not allow (a streamed text
-completion's null ``finish_reason``, an echoed prompt's null first logprob), and for
-Tollway's two ``finish_reason`` extensions, the value is checked as the SDK reads it.
+lists for the same objects), plus what Tollway's answers always carry though the reference
+leaves it optional: ``system_fingerprint`` (``fp_...``), a whole answer's ``usage`` and a
+chat chunk's ``logprobs`` (null when not asked for). A chunk with choices carries no usage
+(null at most: only the stream's last chunk, with none, has it). Where OpenAI's API itself
+sends what the SDK's types do not allow (a streamed text completion's null
+``finish_reason``, an echoed prompt's null first logprob), and for Tollway's two
+``finish_reason`` extensions, the value is checked as the SDK reads it, nowhere else.
 
-`check_answer` does both for a whole answer or one streamed chunk, and `check_event_stream`
-for every ``data:`` event of a stream (an error event or ``[DONE]`` is not an answer and is
-skipped). `tests.support.schema_checked_app` applies them to every answer a gateway sends in
-a test.
+`check_answer` does all of it for a whole answer or one streamed chunk, and
+`check_event_stream` for every ``data:`` event of a stream (an error event or ``[DONE]`` is
+not an answer and is skipped). `kind_of` names the kind an answer's ``object`` says it is.
 """
 
 from __future__ import annotations
@@ -32,40 +36,47 @@ KIND_BY_PATH: Mapping[str, tuple[Kind, Kind]] = {  # (whole answer, streamed chu
     "/v1/chat/completions": ("chat", "chat_chunk"),
     "/v1/completions": ("completion", "completion_chunk"),
 }
+KIND_BY_OBJECT: Mapping[tuple[str, bool], Kind] = {  # (object, is a streamed chunk)
+    ("chat.completion", False): "chat",
+    ("chat.completion.chunk", True): "chat_chunk",
+    ("text_completion", False): "completion",
+    ("text_completion", True): "completion_chunk",
+}
+CHUNK_KINDS: frozenset[Kind] = frozenset({"chat_chunk", "completion_chunk"})
 
 # Object -> its required fields (OpenAI's API reference); "a.b[]" walks into each item.
 _USAGE = ("prompt_tokens", "completion_tokens", "total_tokens")
-# OpenAI's reference leaves system_fingerprint optional; issue #26 has every answer carry it.
-_ANSWER = ("id", "object", "created", "model", "system_fingerprint", "choices")
-_TOKEN_LOGPROB = ("token", "logprob", "bytes", "top_logprobs")
+# OpenAI's reference leaves system_fingerprint optional; issue #26 has every answer carry it,
+# and Tollway's whole answers always carry their usage.
+_CHUNK = ("id", "object", "created", "model", "system_fingerprint", "choices")
+_ANSWER = (*_CHUNK, "usage")
+_CHAT_LOGPROBS: Mapping[str, tuple[str, ...]] = {
+    "choices[].logprobs": ("content", "refusal"),
+    "choices[].logprobs.content[]": ("token", "logprob", "bytes", "top_logprobs"),
+    "choices[].logprobs.content[].top_logprobs[]": ("token", "logprob", "bytes"),
+}
+_COMPLETION_CHOICES: Mapping[str, tuple[str, ...]] = {
+    "choices[]": ("index", "text", "logprobs", "finish_reason"),
+    "choices[].logprobs": ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
+}
 REQUIRED: Mapping[Kind, Mapping[str, tuple[str, ...]]] = {
     "chat": {
         "": _ANSWER,
         "choices[]": ("index", "message", "logprobs", "finish_reason"),
         "choices[].message": ("role", "content", "refusal"),
-        "choices[].logprobs": ("content", "refusal"),
-        "choices[].logprobs.content[]": _TOKEN_LOGPROB,
-        "choices[].logprobs.content[].top_logprobs[]": ("token", "logprob", "bytes"),
+        **_CHAT_LOGPROBS,
         "usage": _USAGE,
     },
     "chat_chunk": {
-        "": _ANSWER,
-        "choices[]": ("index", "delta", "finish_reason"),
-        "choices[].logprobs": ("content", "refusal"),
-        "choices[].logprobs.content[]": _TOKEN_LOGPROB,
+        "": _CHUNK,
+        # The reference leaves a chunk's logprobs optional; Tollway's always carry them.
+        "choices[]": ("index", "delta", "logprobs", "finish_reason"),
+        **_CHAT_LOGPROBS,
         "usage": _USAGE,
     },
-    "completion": {
-        "": _ANSWER,
-        "choices[]": ("index", "text", "logprobs", "finish_reason"),
-        "choices[].logprobs": ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
-        "usage": _USAGE,
-    },
-    "completion_chunk": {  # a streamed completion's chunks have the whole answer's shape
-        "": _ANSWER,
-        "choices[]": ("index", "text", "logprobs", "finish_reason"),
-        "usage": _USAGE,
-    },
+    "completion": {"": _ANSWER, **_COMPLETION_CHOICES, "usage": _USAGE},
+    # A streamed completion's chunks have the whole answer's shape, usage aside.
+    "completion_chunk": {"": _CHUNK, **_COMPLETION_CHOICES, "usage": _USAGE},
 }
 _SDK_TYPES: Mapping[Kind, type[BaseModel]] = {
     "chat": ChatCompletion,
@@ -85,11 +96,25 @@ def missing_required(answer: Mapping[str, Any], kind: Kind) -> list[str]:
     return missing
 
 
+def kind_of(answer: Mapping[str, Any], *, is_chunk: bool) -> Kind:
+    """The kind ``answer``'s ``object`` names; raises ``AssertionError`` for one that is not
+    an answer's (a chunk's object in a whole answer included)."""
+    kind = KIND_BY_OBJECT.get((str(answer.get("object")), is_chunk))
+    assert kind is not None, f"not an answer's object ({is_chunk=}): {answer}"
+    return kind
+
+
 def check_answer(answer: Mapping[str, Any], kind: Kind) -> BaseModel:
     """``answer`` as the SDK's type for ``kind``; raises ``AssertionError`` naming the
-    required fields it lacks, pydantic's ``ValidationError`` for a field of the wrong type."""
+    required fields it lacks (or a ``system_fingerprint`` not ``fp_...``, a chunk with both
+    choices and usage), pydantic's ``ValidationError`` for a field of the wrong type."""
     missing = missing_required(answer, kind)
     assert not missing, f"{kind} lacks OpenAI's required {missing}: {answer}"
+    fingerprint = answer["system_fingerprint"]
+    is_fingerprint = isinstance(fingerprint, str) and fingerprint.startswith("fp_")
+    assert is_fingerprint, f"system_fingerprint is not fp_...: {answer}"
+    if kind in CHUNK_KINDS and answer["choices"]:
+        assert answer.get("usage") is None, f"usage only in a chunk without choices: {answer}"
     return _SDK_TYPES[kind].model_validate(_as_sdk_reads_it(answer, kind))
 
 
@@ -101,7 +126,8 @@ def _as_sdk_reads_it(answer: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
     - a streamed text completion's ``finish_reason`` is null until its last chunk (the SDK
       reads those chunks as ``Completion``s);
     - an echoed prompt's first token has no logprob: null in ``token_logprobs`` and
-      ``top_logprobs``;
+      ``top_logprobs``, both, and only as a text completion choice's first entry (where a
+      whole answer's logprobs, or a choice's first chunk's, start);
     - Tollway's ``finish_reason`` extensions: ``abort`` (stopped by ``/abort_request``) and
       ``error`` (one choice failed in the engine while the others went on).
     """
@@ -119,18 +145,28 @@ def _as_sdk_reads_it(answer: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
         if is_unfinished_chunk or reason in TOLLWAY_FINISH_REASONS:
             choice["finish_reason"] = "stop"
         logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict) and "token_logprobs" in logprobs:
+        is_completion = kind in ("completion", "completion_chunk")
+        if is_completion and isinstance(logprobs, dict) and _opens_with_echo(logprobs):
             choice["logprobs"] = {
                 **logprobs,
-                "token_logprobs": _nulls_as(logprobs.get("token_logprobs"), 0.0),
-                "top_logprobs": _nulls_as(logprobs.get("top_logprobs"), {}),
+                "token_logprobs": [0.0, *logprobs["token_logprobs"][1:]],
+                "top_logprobs": [{}, *logprobs["top_logprobs"][1:]],
             }
         read.append(choice)
     return {**answer, "choices": read}
 
 
-def _nulls_as(values: Any, value: Any) -> Any:
-    return [value if v is None else v for v in values] if isinstance(values, list) else values
+def _opens_with_echo(logprobs: Mapping[str, Any]) -> bool:
+    """Whether legacy ``logprobs`` start with an echoed prompt's first token: null in both
+    ``token_logprobs`` and ``top_logprobs``."""
+    values, top = logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+    return (
+        isinstance(values, list)
+        and isinstance(top, list)
+        and bool(values and top)
+        and values[0] is None
+        and top[0] is None
+    )
 
 
 def check_event_stream(body: bytes | str, kind: Kind) -> list[BaseModel]:

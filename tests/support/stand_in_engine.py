@@ -115,7 +115,7 @@ class StandInEngine:
         deltas = [role, *[{"content": "word "}] * self.num_chunks]
         if function is not None:
             deltas = [{**role, "content": None}, *_call_deltas(function, pieces)]
-        finish = {"delta": {}, "finish_reason": finish_reason}
+        finish = {"delta": {}, "logprobs": None, "finish_reason": finish_reason}
         steps = [
             [
                 {

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from backend_engine.server.fingerprint import engine_build, system_fingerprint
-from tests.backend_engine.server.response_schema import REQUIRED, missing_fields
 from tests.backend_engine.server.test_app import (
     CHAT,
     COMPLETIONS,
@@ -26,6 +25,7 @@ from tests.backend_engine.server.test_app import (
     live_server,
     sse_events,
 )
+from tests.support.openai_response_schema import kind_of, missing_required
 
 __all__ = ["live_server"]  # the fixture, shared with test_app
 
@@ -196,12 +196,14 @@ def test_the_required_fields_are_present(live_server: LiveServer) -> None:
     completion = greedy(prompt=["Hi", "Ho"], max_tokens=2, logprobs=1, echo=True)
     whole = [answer(live_server, CHAT, chat), answer(live_server, COMPLETIONS, completion)]
     streamed = [*chunks(live_server, CHAT, chat), *chunks(live_server, COMPLETIONS, completion)]
-    for obj in [*whole, *streamed]:
-        assert missing_fields(obj, REQUIRED[obj["object"]]) == [], obj
+    for obj in whole:
+        assert missing_required(obj, kind_of(obj, is_chunk=False)) == [], obj
+    for obj in streamed:
+        assert missing_required(obj, kind_of(obj, is_chunk=True)) == [], obj
     assert [c["message"]["refusal"] for c in whole[0]["choices"]] == [None, None]
     assert [c["logprobs"]["refusal"] for c in whole[0]["choices"]] == [None, None]
     assert whole[0]["usage"]["total_tokens"] > 0
     del whole[0]["choices"][1]["message"]["refusal"]
     del whole[1]["system_fingerprint"]
-    assert missing_fields(whole[0], REQUIRED["chat.completion"]) == ["choices[].message.refusal"]
-    assert missing_fields(whole[1], REQUIRED["text_completion"]) == ["system_fingerprint"]
+    assert missing_required(whole[0], "chat") == ["choices[1].message.refusal"]
+    assert missing_required(whole[1], "completion") == ["system_fingerprint"]

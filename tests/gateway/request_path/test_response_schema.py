@@ -84,7 +84,8 @@ def test_the_sdk_types_refuse_a_field_of_the_wrong_kind() -> None:
         bad["choices"][0][field] = value
         with pytest.raises(pydantic.ValidationError):
             check_answer(bad, "chat")
-    chunk = {**CHAT, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}}]}
+    choice = {"index": 0, "delta": {}, "logprobs": None}
+    chunk = {**CHAT, "object": "chat.completion.chunk", "choices": [choice]}
     assert missing_required(chunk, "chat_chunk") == ["choices[0].finish_reason"]
     stream = 'data: {"error": {"message": "x"}}\n\ndata: [DONE]\n\n'  # not answers: skipped
     assert check_event_stream(stream, "chat_chunk") == []
@@ -101,7 +102,7 @@ def test_what_openai_sends_beyond_the_sdk_types_passes_and_nothing_else() -> Non
     }
     choice = {"index": 0, "text": "Once upon", "logprobs": logprobs, "finish_reason": None}
     chunk = {**CHAT, "object": "text_completion", "choices": [choice]}
-    check_answer(chunk, "completion_chunk")
+    check_answer({**chunk, "usage": None}, "completion_chunk")
     for reason in ("abort", "error", "length"):
         check_answer({**chunk, "choices": [{**choice, "finish_reason": reason}]}, "completion")
     with pytest.raises(pydantic.ValidationError):
