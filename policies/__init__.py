@@ -12,6 +12,7 @@ from policies.model_routing import (
     RoutingDecision,
     RoutingPolicy,
     detect_code_or_math,
+    fit_context,
     route,
 )
 from policies.output_cap import resolve_max_tokens
@@ -45,6 +46,7 @@ __all__ = [
     "check_prompt_length",
     "check_rate_limit",
     "detect_code_or_math",
+    "fit_context",
     "format_duration",
     "period_key",
     "reservation_tokens",

@@ -16,6 +16,12 @@ A threshold of None turns its rule off. If the choice is large, the large pool i
 saturated (more than ``max_queue_depth`` requests waiting, or KV use above
 ``max_kv_usage``) and the tenant allows it, the request goes to the small model
 instead with reason ``large_saturated_fallback``.
+
+The rules do not know the models' context windows. `fit_context` takes the decision and
+whether the prompt fits the chosen model and the other one of the pair: a prompt only the
+other model's window holds goes there, with reason ``context_fallback`` (a long prompt's rule
+must not send it to a large model with the smaller window, when the small one would take it).
+When neither holds it the decision stands, and the prompt-length rule refuses it.
 """
 
 from __future__ import annotations
@@ -117,6 +123,16 @@ def route(
     if size == "large" and allow_fallback and policy.is_saturated(large_load):
         size, reason = "small", "large_saturated_fallback"
     return RoutingDecision(pair.small if size == "small" else pair.large, size, reason)
+
+
+def fit_context(
+    decision: RoutingDecision, pair: ModelPair, *, chosen_fits: bool, other_fits: bool
+) -> RoutingDecision:
+    """``decision``, or the pair's other model when only its context window holds the prompt."""
+    if chosen_fits or not other_fits:
+        return decision
+    size: ModelSize = "small" if decision.size == "large" else "large"
+    return RoutingDecision(pair.small if size == "small" else pair.large, size, "context_fallback")
 
 
 def _preferred_size(features: RequestFeatures, policy: RoutingPolicy) -> tuple[ModelSize, str]:

@@ -39,6 +39,7 @@ from policies import (
     check_model_access,
     check_prompt_length,
     detect_code_or_math,
+    fit_context,
     reservation_tokens,
     resolve_max_tokens,
     resolve_priority,
@@ -145,6 +146,13 @@ class PlanningStep:
             )
             load = await self._pool_load.load(version_of(pair.large))
             decision = route(body.model, features, routing, load, quota.allow_fallback_to_small)
+            chosen = version_of(decision.model)
+            chosen_prompts = await counts.count(chosen) if chosen != small else prompts
+            if not self._fits(chosen, chosen_prompts, quota, limit):
+                other = pair.small if decision.model == pair.large else pair.large
+                other_prompts = await counts.count(version_of(other))
+                other_fits = self._fits(version_of(other), other_prompts, quota, limit)
+                decision = fit_context(decision, pair, chosen_fits=False, other_fits=other_fits)
             served = decision.model
             version = version_of(served)
             if version != small:
@@ -179,6 +187,12 @@ class PlanningStep:
             ids,
             body.num_choices,
         )
+
+    def _fits(self, model: str, prompts: PromptSizes, quota: TenantQuota, limit: int) -> bool:
+        """Whether ``model``'s context window (and the tenant's prompt cap) holds the prompts."""
+        window = self._settings.models[model].context_window
+        longest = prompts.longest
+        return check_prompt_length(longest, quota, window, is_lower_bound=longest > limit) is None
 
     def _longest_prompt(self, model: str, quota: TenantQuota) -> int:
         """The most prompt tokens ``check_prompt_length`` admits on ``model``."""

@@ -315,3 +315,19 @@ def test_the_window_reads_both_ends_of_a_long_prompt():
     half = len(prose) // 2
     assert detect_code_or_math(prose[:half] + "\nimport numpy\n" + prose[half:]) == (False, False)
     assert detect_code_or_math(prose[:half] + "\nimport numpy\n" + prose[half:], None)[0]
+
+
+def test_fit_context_moves_a_decision_only_to_a_model_that_holds_the_prompt() -> None:
+    from policies.model_routing import ModelPair, RoutingDecision, fit_context
+
+    pair = ModelPair("s", "l")
+    large = RoutingDecision("l", "large", "long_prompt")
+    assert fit_context(large, pair, chosen_fits=True, other_fits=True) == large
+    assert fit_context(large, pair, chosen_fits=False, other_fits=False) == large
+    assert fit_context(large, pair, chosen_fits=False, other_fits=True) == RoutingDecision(
+        "s", "small", "context_fallback"
+    )
+    small = RoutingDecision("s", "small", "default_small")
+    assert fit_context(small, pair, chosen_fits=False, other_fits=True) == RoutingDecision(
+        "l", "large", "context_fallback"
+    )

@@ -165,3 +165,54 @@ async def test_without_max_tokens_an_answer_may_run_to_the_context_end_under_the
     assert isinstance(capped, AdmissionPlan)
     assert capped.max_tokens == 10
     assert capped.tokens == PROMPT_TOKENS + 2 * 10
+
+
+def routing_settings(small_window: int, large_window: int) -> GatewaySettings:
+    return GatewaySettings.from_dict(
+        {
+            "models": {
+                "small": {"upstreams": ["http://127.0.0.1:1"], "context_window": small_window},
+                "large": {"upstreams": ["http://127.0.0.1:2"], "context_window": large_window},
+            },
+            "routing": {
+                "aliases": {"auto": {"small": "small", "large": "large"}},
+                "long_prompt_tokens": 4,
+            },
+        }
+    )
+
+
+def routing_planner(config: GatewaySettings) -> PlanningStep:
+    counters: dict[str, TokenCounter] = {name: COUNTER for name in config.models}
+    return PlanningStep(config, counters, LiveRollouts(config.rollouts), RecordedLoad())
+
+
+async def test_a_long_prompt_goes_to_the_model_whose_context_holds_it() -> None:
+    """The long-prompt rule picks large, whose window is too small: small's holds it."""
+    long_messages = [{"role": "user", "content": "word " * 40}]
+    body = CompletionBody(
+        "chat",
+        {"model": "auto", "messages": long_messages},
+        "auto",
+        long_messages,
+        None,
+        1,
+        False,
+        False,
+    )
+    prompt_tokens = COUNTER.count_chat(long_messages)
+    plan = await routing_planner(routing_settings(10_000, prompt_tokens)).plan(caller(), body, None)
+    assert isinstance(plan, AdmissionPlan)
+    assert plan.route is not None
+    assert (plan.served_model, plan.route.reason) == ("small", "context_fallback")
+    # Where the large window holds it, the rule's choice stands.
+    plan = await routing_planner(routing_settings(10_000, 10_000)).plan(caller(), body, None)
+    assert isinstance(plan, AdmissionPlan)
+    assert plan.route is not None
+    assert (plan.served_model, plan.route.reason) == ("large", "long_prompt")
+    # Where neither holds it, the chosen model refuses it with the context-length error.
+    refusal = await routing_planner(routing_settings(prompt_tokens, prompt_tokens)).plan(
+        caller(), body, None
+    )
+    assert isinstance(refusal, Refusal)
+    assert refusal.rejection.code == "context_length_exceeded"
