@@ -20,6 +20,8 @@ import functools
 import hashlib
 import itertools
 import logging
+import time
+from bisect import bisect_left
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -29,7 +31,14 @@ from backend_engine.core.kv_event_log import KVCacheEvent
 from backend_engine.core.request import Request
 from backend_engine.core.scheduler import Scheduler
 from backend_engine.core.step_runner import PlanRunner, RunnerPlan
-from backend_engine.outputs import EngineStats, FinishReason, RequestOutputDelta, TokenLogprob
+from backend_engine.outputs import (
+    QUEUE_TIME_BUCKETS,
+    EngineStats,
+    FinishReason,
+    QueueTimes,
+    RequestOutputDelta,
+    TokenLogprob,
+)
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams, choice_seed
 from backend_engine.text.output_processor import OutputProcessor
@@ -87,6 +96,8 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_requests = 0  # queued since start (`add`)
+        # Per priority class: requests by queue-time bucket (`QUEUE_TIME_BUCKETS`), seconds.
+        self._queue_times: dict[str, tuple[list[int], float]] = {}
 
     @functools.cached_property
     def grammars(self) -> GrammarCompiler:
@@ -189,6 +200,7 @@ class LLMEngine:
         if constraint is not None and grammar is None:
             grammar = self.grammars.compile(constraint)
         arrival_seq = next(self._arrivals)
+        arrived = time.monotonic()
         choices = []
         for index, choice_id in enumerate(choice_ids(request_id, sampling_params.n)):
             params = sampling_params
@@ -209,6 +221,7 @@ class LLMEngine:
                     matcher=grammar.new_matcher() if constraint is not None and grammar else None,
                     group_id=request_id,
                     choice_index=index,
+                    arrival_time=arrived,
                 )
             )
         leader = choices[0]
@@ -234,6 +247,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutputDelta]:
         output = self.scheduler.schedule()
+        self._record_queue_times()
         if output.is_empty:
             return []
         result = self.runner.execute(output)
@@ -282,6 +296,19 @@ class LLMEngine:
         self.runner.release(request.request_id)
         return self.outputs.fail(request, f"{type(exc).__name__}: {exc}")
 
+    def _record_queue_times(self) -> None:
+        """Each request admitted for the first time this step: how long it waited, by class."""
+        admitted, self.scheduler.first_admissions = self.scheduler.first_admissions, []
+        now = time.monotonic()
+        for request in admitted:
+            if request.arrival_time is None:
+                continue
+            waited = max(now - request.arrival_time, 0.0)
+            name = request.priority.name.lower()
+            counts, total = self._queue_times.get(name, ([0] * (len(QUEUE_TIME_BUCKETS) + 1), 0.0))
+            counts[bisect_left(QUEUE_TIME_BUCKETS, waited)] += 1
+            self._queue_times[name] = (counts, total + waited)
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_kv_blocks_total=self.kv_cache.num_blocks,
@@ -295,6 +322,10 @@ class LLMEngine:
             num_computed_prompt_tokens=self.scheduler.num_computed_prompt_tokens,
             num_generation_tokens=self.num_generation_tokens,
             num_requests=self.num_requests,
+            queue_times={
+                name: QueueTimes(tuple(counts), total)
+                for name, (counts, total) in self._queue_times.items()
+            },
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -58,6 +59,20 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
+# Seconds a request waited before it was first scheduled (the histogram's upper bounds).
+QUEUE_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass(frozen=True)
+class QueueTimes:
+    """Queue times of the requests of one priority class, cumulative: how many fell in each
+    of `QUEUE_TIME_BUCKETS` (not cumulative across buckets; the last entry counts those past
+    the largest bound) and their sum."""
+
+    counts: tuple[int, ...] = (0,) * (len(QUEUE_TIME_BUCKETS) + 1)
+    sum_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics."""
@@ -75,3 +90,5 @@ class EngineStats:
     # Prompt tokens whose KV was computed, cumulative: prefix-cache hits and the choices forked
     # off a leader's prefill (``n`` > 1) add nothing; a recompute after preemption adds again.
     num_computed_prompt_tokens: int = 0
+    # Per priority class ("interactive", "batch"): how long requests waited to be scheduled.
+    queue_times: Mapping[str, QueueTimes] = field(default_factory=dict)

@@ -51,6 +51,7 @@ class Request:
     __slots__ = (
         "all_token_ids",
         "arrival_seq",
+        "arrival_time",
         "block_hashes",
         "choice_index",
         "finish_reason",
@@ -84,8 +85,12 @@ class Request:
         *,
         group_id: str | None = None,
         choice_index: int = 0,
+        arrival_time: float | None = None,
     ) -> None:
+        """``arrival_time``: when it was accepted (``time.monotonic()``), for its queue time;
+        None: not measured."""
         self.request_id = request_id
+        self.arrival_time = arrival_time
         self.group_id = group_id if group_id is not None else request_id  # the caller's id
         self.choice_index = choice_index
         self.all_token_ids: list[int] = list(prompt_token_ids)

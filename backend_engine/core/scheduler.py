@@ -131,6 +131,9 @@ class Scheduler:
         self.num_preemptions = 0
         # Prompt tokens whose KV a step computed (prefix-cache hits and forks computed none).
         self.num_computed_prompt_tokens = 0
+        # Requests admitted for the first time since the engine last took this list (for
+        # their queue times: the scheduler itself reads no clock).
+        self.first_admissions: list[Request] = []
 
     @property
     def num_unfinished(self) -> int:
@@ -214,8 +217,9 @@ class Scheduler:
             self.waiting.remove(request)
             del self._prefixes[request.request_id]
             request.num_computed_tokens = prefix.num_tokens
-            if request.num_cached_tokens is None:
+            if request.num_cached_tokens is None:  # its first admission
                 request.num_cached_tokens = prefix.num_tokens
+                self.first_admissions.append(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             running_by_tenant[request.tenant_id] += 1

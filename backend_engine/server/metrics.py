@@ -9,10 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from backend_engine.outputs import EngineStats
+from backend_engine.outputs import QUEUE_TIME_BUCKETS, EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -55,6 +60,18 @@ class EngineStatsCollector(Collector):
         )  # fmt: skip
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=value)
+        queue_time = HistogramMetricFamily(
+            "tollway_engine_queue_time_seconds",
+            "Seconds a request waited before it was first scheduled, by priority class.",
+            labels=("priority",),
+        )
+        for priority, times in sorted(stats.queue_times.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*QUEUE_TIME_BUCKETS, float("inf")), times.counts, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            queue_time.add_metric([priority], buckets, sum_value=times.sum_s)
+        yield queue_time
 
 
 class ServerMetrics:
