@@ -235,6 +235,16 @@ async def test_nesting_under_the_cap_parses(client: httpx.AsyncClient) -> None:
     assert response.json()["name"] == "t"
 
 
+@pytest.mark.parametrize("path", ["/echo", "/admin/tenants"])
+async def test_a_duplicated_key_is_400_naming_it(client: httpx.AsyncClient, path: str) -> None:
+    response = await client.post(path, content=b'{"name": "t", "x": {"y": 1, "y": 2}}')
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_json"
+    assert "the key 'y' appears more than once" in error["message"]
+
+
 @pytest.mark.parametrize("content", [b'{"a": NaN}', b'{"a": "\\udc00"}', b"[1]", b"\xff"])
 async def test_what_cannot_be_stored_or_is_no_object_is_400(
     client: httpx.AsyncClient, content: bytes
