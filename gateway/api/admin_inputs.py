@@ -2,11 +2,14 @@
 the path, each refused in OpenAI's error format with the field named.
 
 A path id the database cannot hold (a NUL, which PostgreSQL's ``text`` refuses, or a lone
-surrogate) names nothing: it is a 404 without a query.
+surrogate) names nothing: it is a 404 without a query. A path holding an encoded slash or
+backslash (``%2F``, ``%5C``) is a 400: routing reads the decoded path, so
+``/admin/tenants/a%2Fkeys`` would otherwise answer as tenant ``a``'s keys.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -29,6 +32,7 @@ _PATTERN_RULES = {
     TENANT_ID_PATTERN: "1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit",
 }
 Model = TypeVar("Model", bound=BaseModel)
+_ENCODED_SEPARATOR = re.compile(rb"%(?:2f|5c)", re.IGNORECASE)
 
 
 async def read_model(request: Request, model: type[Model]) -> Model:
@@ -56,7 +60,15 @@ def parse_bool(params: Mapping[str, str], name: str) -> bool:
 
 
 def path_id(request: Request, name: str, what: str) -> str:
-    """A path parameter naming a stored row; one the database could not hold is a 404."""
+    """A path parameter naming a stored row; one the database could not hold is a 404, and
+    a path with an encoded separator, which may have moved the id's end, a 400."""
+    raw_path = request.scope.get("raw_path")
+    if isinstance(raw_path, bytes) and _ENCODED_SEPARATOR.search(raw_path.split(b"?", 1)[0]):
+        raise invalid_request(
+            f"Invalid '{name}': a path id may not contain an encoded '/' or '\\' (%2F or %5C).",
+            param=name,
+            code="invalid_path",
+        )
     value = str(request.path_params[name])
     if not is_storable(value):
         raise not_found(what, value)
