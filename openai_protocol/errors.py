@@ -120,9 +120,21 @@ VOCABULARY: Final[Mapping[str, ErrorKind]] = MappingProxyType(
 )
 
 
+# How much of a client's id (a model, a tenant, a key) an error message quotes.
+MAX_ECHOED_ID_CHARS: Final = 64
+
+
+def echoed_id(text: str, max_chars: int = MAX_ECHOED_ID_CHARS) -> str:
+    """``text`` as an error quotes it: its first ``max_chars`` characters, then ``...``. An
+    id from a path or body can be as long as the request, and need not grow the answer."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + "..."
+
+
 def model_not_found_message(model: str) -> str:
     """OpenAI's sentence for a model that does not exist, or that the caller may not use."""
-    return f"The model `{model}` does not exist or you do not have access to it."
+    return f"The model `{echoed_id(model)}` does not exist or you do not have access to it."
 
 
 def http_error_kind(status: int) -> ErrorKind:

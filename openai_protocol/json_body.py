@@ -29,11 +29,8 @@ from typing import Any
 
 import orjson
 
-from openai_protocol.errors import INVALID_JSON
+from openai_protocol.errors import INVALID_JSON, echoed_id
 from openai_protocol.field_rules import MAX_JSON_DEPTH, FieldError
-
-# How many characters of a duplicated key its error echoes.
-MAX_ECHOED_KEY_CHARS = 64
 
 # A key's end in JSON text: its closing quote, optional whitespace, the colon.
 _KEY_END = re.compile(rb'"[ \t\n\r]*:')
@@ -117,7 +114,7 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> None:
         if key in seen:
             raise FieldError(
                 "We could not parse the JSON body of your request: the key "
-                f"'{_bounded(key)}' appears more than once in one object.",
+                f"'{echoed_id(key)}' appears more than once in one object.",
                 None,
                 INVALID_JSON.code,
             )
@@ -126,9 +123,3 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> None:
 
 def _ignored(_: str) -> None:
     return None
-
-
-def _bounded(key: str) -> str:
-    if len(key) <= MAX_ECHOED_KEY_CHARS:
-        return key
-    return key[:MAX_ECHOED_KEY_CHARS] + "..."

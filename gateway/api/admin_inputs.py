@@ -19,6 +19,7 @@ from starlette.requests import Request
 from gateway.api.admin_schemas import NON_BLANK_PATTERN, TENANT_ID_PATTERN, TEXT_PATTERN
 from gateway.api.request_body import read_json
 from gateway.errors import ApiError, invalid_request
+from openai_protocol.errors import echoed_id
 from policies.decision import Rejection
 
 MAX_BODY_BYTES = 64 * 1024
@@ -93,7 +94,7 @@ def not_found(what: str, name: str, param: str | None = None) -> ApiError:
             404,
             f"{what.replace(' ', '_').lower()}_not_found",
             "not_found_error",
-            f"No {what} {name!r}.",
+            f"No {what} {echoed_id(name)!r}.",
             param,
         )
     )

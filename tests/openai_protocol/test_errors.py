@@ -60,3 +60,10 @@ def test_model_not_found_is_in_openais_words() -> None:
     assert vocabulary.model_not_found_message("gpt-9") == (
         "The model `gpt-9` does not exist or you do not have access to it."
     )
+
+
+def test_an_unknown_model_is_echoed_as_a_bounded_prefix() -> None:
+    message = vocabulary.model_not_found_message("m" * 10_000)
+    assert f"`{'m' * vocabulary.MAX_ECHOED_ID_CHARS}...`" in message
+    assert len(message) < vocabulary.MAX_ECHOED_ID_CHARS + 100
+    assert vocabulary.echoed_id("m" * vocabulary.MAX_ECHOED_ID_CHARS) == "m" * 64

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from openai_protocol.errors import MAX_ECHOED_ID_CHARS
 from openai_protocol.field_rules import FieldError
-from openai_protocol.json_body import MAX_ECHOED_KEY_CHARS, parse_json_object
+from openai_protocol.json_body import parse_json_object
 
 
 @pytest.mark.parametrize(
@@ -37,7 +38,7 @@ def test_a_long_duplicated_key_is_echoed_as_a_bounded_prefix() -> None:
     with pytest.raises(FieldError) as raised:
         parse_json_object(json.dumps({key: 1})[:-1].encode() + f', "{key}": 2}}'.encode())
     message = str(raised.value)
-    assert f"'{'k' * MAX_ECHOED_KEY_CHARS}...'" in message
+    assert f"'{'k' * MAX_ECHOED_ID_CHARS}...'" in message
     assert len(message) < 200
 
 

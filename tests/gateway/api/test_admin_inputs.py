@@ -62,3 +62,25 @@ async def test_an_encoded_slash_in_the_query_string_is_no_path_id(
     response = await client.get("/admin/tenants/a/keys?note=x%2Fy")
     assert response.status_code == 200, response.text
     assert len(response.json()["data"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/admin/tenants/{id}"),
+        ("DELETE", "/admin/tenants/{id}"),
+        ("GET", "/admin/tenants/{id}/keys"),
+        ("DELETE", "/admin/keys/{id}"),
+        ("GET", "/admin/usage?tenant_id={id}"),
+    ],
+)
+async def test_a_404_echoes_a_bounded_prefix_of_the_id(
+    client: httpx.AsyncClient, method: str, path: str
+) -> None:
+    long_id = "x" * 5_000
+    response = await client.request(method, path.format(id=long_id))
+    assert response.status_code == 404, response.text
+    message = response.json()["error"]["message"]
+    assert "x" * 64 + "..." in message
+    assert "x" * 65 not in message
+    assert len(message) < 100
