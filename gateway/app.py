@@ -113,6 +113,7 @@ def build_gateway(
         epochs,
         ttl_s=settings.auth_cache_ttl_s,
         stale_ttl_s=settings.auth_stale_ttl_s,
+        unknown_ttl_s=settings.auth_unknown_key_ttl_s,
         epochs_fail_open=settings.redis_failure_mode == "open",
     )
     metrics = GatewayMetrics()

@@ -21,6 +21,9 @@ DEFAULT_ENGINE_TIMEOUT_S = 600.0
 # balancers stop sending to it, then how long streams in flight get to finish.
 DEFAULT_DRAIN_DELAY_S = 0.0
 DEFAULT_DRAIN_GRACE_S = 30.0
+# A well-shaped API key the database did not know is refused from memory this long, unless a
+# key is created meanwhile (gateway/auth/key_cache.py): a flood of one junk key reads once.
+DEFAULT_AUTH_UNKNOWN_KEY_TTL_S = 5.0
 # A healthy Redis answers in well under a millisecond: only a stalled one takes this long.
 DEFAULT_REDIS_CONNECT_TIMEOUT_S = 0.5
 DEFAULT_REDIS_TIMEOUT_S = 0.5

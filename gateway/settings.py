@@ -15,6 +15,7 @@
     reservation_ttl_s: 600
     auth_cache_ttl_s: 10          # longest an API key is trusted from memory; 0: read every time
     auth_stale_ttl_s: 600         # database unreachable: verified keys keep working this long
+    auth_unknown_key_ttl_s: 5     # a key the DB did not know is refused unread this long; 0: never
     max_body_bytes: 1048576
     otel_endpoint: null           # null: no span export
     log_prompts: false
@@ -93,6 +94,7 @@ from typing import Any
 import yaml
 
 from gateway.defaults import (
+    DEFAULT_AUTH_UNKNOWN_KEY_TTL_S,
     DEFAULT_DATA_DIR,
     DEFAULT_DNS_REFRESH_S,
     DEFAULT_DRAIN_DELAY_S,
@@ -129,6 +131,7 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_REDIS_TIMEOUT_S": "redis_timeout_s",
     "TOLLWAY_REDIS_FAILURE_MODE": "redis_failure_mode",
     "TOLLWAY_AUTH_STALE_TTL_S": "auth_stale_ttl_s",
+    "TOLLWAY_AUTH_UNKNOWN_KEY_TTL_S": "auth_unknown_key_ttl_s",
     "TOLLWAY_DNS_REFRESH_S": "dns_refresh_s",
     "TOLLWAY_HEALTH_CHECK_INTERVAL_S": "health_check_interval_s",
     "TOLLWAY_EJECTION_FAILURES": "ejection_failures",
@@ -241,6 +244,9 @@ class GatewaySettings:
     # (see `gateway.auth.epochs`); this bounds how long a change made around it may go unseen.
     auth_cache_ttl_s: float = 10.0
     auth_stale_ttl_s: float = 600.0
+    # A key created through the admin API works at once even if it was refused as unknown
+    # before (the key set's auth epoch); this bounds only keys written straight in the database.
+    auth_unknown_key_ttl_s: float = DEFAULT_AUTH_UNKNOWN_KEY_TTL_S
     redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
     redis_timeout_s: float = DEFAULT_REDIS_TIMEOUT_S
     redis_failure_mode: str = "closed"
@@ -285,6 +291,11 @@ class GatewaySettings:
             raise ValueError(
                 f"auth_stale_ttl_s must be >= 0 (0: no key works while the database is "
                 f"unreachable), got {self.auth_stale_ttl_s}"
+            )
+        if not self.auth_unknown_key_ttl_s >= 0:
+            raise ValueError(
+                f"auth_unknown_key_ttl_s must be >= 0 (0 reads every unknown key from the "
+                f"database), got {self.auth_unknown_key_ttl_s}"
             )
         for name in ("redis_connect_timeout_s", "redis_timeout_s"):
             value = getattr(self, name)
@@ -385,6 +396,7 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 "reservation_ttl_s",
                 "auth_cache_ttl_s",
                 "auth_stale_ttl_s",
+                "auth_unknown_key_ttl_s",
                 "redis_connect_timeout_s",
                 "redis_timeout_s",
                 "dns_refresh_s",

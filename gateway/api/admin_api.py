@@ -288,6 +288,7 @@ class _AdminApi:
                 raise not_found("tenant", tenant_id) from None
 
         created = await self._transaction(create)
+        await self._changed(tenant_id)  # a key refused as unknown before works at once
         logger.info("created API key %s for tenant %s", created.info.id, tenant_id)
         view = CreatedApiKey(**_key_view(created.info).model_dump(), key=created.key)
         return _json(view, status_code=201, headers={"Cache-Control": "no-store"})

@@ -3,8 +3,9 @@
 The admin key is compared by SHA-256 in constant time. A token that is not the admin key
 gets a 401, unless it is a live tenant API key: that caller is known but not allowed, a 403
 (``permission_error`` / ``insufficient_permissions``, the status OpenAI's client libraries
-raise as ``PermissionDeniedError``). Telling the two apart costs one key-cache lookup, and
-only for tokens shaped like our keys.
+raise as ``PermissionDeniedError``). Telling the two apart costs one key-cache lookup, which
+refuses a token not shaped like our keys, or a key it recently found unknown, without a
+database read.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from gateway.storage import api_keys
 from policies.decision import Rejection
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-_KEY_LENGTH = len(api_keys.generate_key())
 
 
 def admin_guard(admin_key_hash: str, keys: KeyCache) -> Callable[[Endpoint], Endpoint]:
@@ -46,11 +46,8 @@ def admin_guard(admin_key_hash: str, keys: KeyCache) -> Callable[[Endpoint], End
 
 async def _is_tenant_key(keys: KeyCache, token: str) -> bool:
     """Whether a token that is not the admin key is a live tenant key: one key-cache lookup
-    (a database read for an unknown key, as on every other route). Only tokens shaped like
-    our keys are looked up, so garbage costs no read; if the lookup fails, the answer is the
-    plain 401."""
-    if not (token.startswith(api_keys.KEY_PREFIX) and len(token) == _KEY_LENGTH):
-        return False
+    (the cache checks the token's shape first, as on every other route); if the lookup
+    fails, the answer is the plain 401."""
     try:
         await keys.key(token)
     except ApiError:

@@ -1,8 +1,9 @@
 """Who is calling: ``Authorization: Bearer <key>`` looked up by hash.
 
-``authenticate_request`` reads the database on every call (the tenant and admin APIs use
-it); the completion endpoints go through ``key_cache``, which keeps keys in memory and
-still sees a revocation at once on every replica.
+``authenticate_request`` reads the database on every call for a token shaped like our keys
+(``api_keys.is_well_shaped``; any other is refused unread): the tenant and admin APIs use
+it. The completion endpoints go through ``key_cache``, which keeps keys in memory and still
+sees a revocation at once on every replica.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
 from gateway.errors import RETRY_AFTER_S, ApiError, invalid_api_key
-from gateway.storage.api_keys import AuthenticatedKey, authenticate, verify_key
+from gateway.storage.api_keys import AuthenticatedKey, authenticate, is_well_shaped, verify_key
 from gateway.storage.database import Database
 from policies.decision import Rejection
 from policies.quota import PRIORITY_CLASSES, PriorityClass, TenantQuota
@@ -53,7 +54,7 @@ def bearer_matches(request: Request, key_hashes: Iterable[str]) -> bool:
 async def authenticate_request(database: Database, request: Request) -> Caller:
     """The caller, or a 401 ``invalid_api_key`` (a 503 if the database cannot answer)."""
     token = bearer_token(request)
-    if token is None:
+    if token is None or not is_well_shaped(token):
         raise invalid_api_key()
 
     def lookup() -> Caller | None:

@@ -16,6 +16,11 @@ tokens, not counters, so an emptied Redis (epochs back to ``""``) can never brin
 epoch a stale entry still holds, except ``""`` itself; the cache's TTL bounds that case and
 changes made in the database without the admin API.
 
+Beside the tenants' epochs, one epoch of the whole key set changes with every ``bump``. The
+key cache remembers, with each key the database did not know, the key set's epoch read
+before that read: creating a key through the admin API of any replica bumps it, so a key
+once refused works on its first request after ``bump`` returns.
+
 Implementations: in process (one gateway, the embedded default) and Redis (any number of
 replicas). The Redis key shares the tenant's hash tag with its budget and rate-limit keys.
 """
@@ -37,7 +42,12 @@ class AuthEpochs(Protocol):
         ...
 
     async def bump(self, tenant_id: str) -> None:
-        """Give the tenant a new epoch: call it after committing a change to its keys/quota."""
+        """Give the tenant a new epoch, and the key set one: call it after committing a
+        change to the tenant's keys (a new key included) or quota."""
+        ...
+
+    async def key_set(self) -> str:
+        """The key set's epoch now: it changes whenever any tenant's does."""
         ...
 
 
@@ -50,6 +60,7 @@ class MemoryAuthEpochs:
 
     def __init__(self) -> None:
         self._epochs: dict[str, str] = {}
+        self._key_set = INITIAL_EPOCH
 
     def current_now(self, tenant_id: str) -> str:
         """``current`` without awaiting (the in-process admission step reads it atomically)."""
@@ -60,6 +71,13 @@ class MemoryAuthEpochs:
 
     async def bump(self, tenant_id: str) -> None:
         self._epochs[tenant_id] = new_epoch()
+        self._key_set = new_epoch()
+
+    async def key_set(self) -> str:
+        return self._key_set
+
+
+KEY_SET_EPOCH_KEY = "tollway:auth:key-set:epoch"
 
 
 def auth_epoch_key(tenant_id: str) -> str:
@@ -67,7 +85,10 @@ def auth_epoch_key(tenant_id: str) -> str:
 
 
 class RedisAuthEpochs:
-    """``tollway:auth:{tenant}:epoch`` (a string; absent means ``INITIAL_EPOCH``)."""
+    """``tollway:auth:{tenant}:epoch`` and ``KEY_SET_EPOCH_KEY`` (strings; absent means
+    ``INITIAL_EPOCH``). A bump sets the tenant's, then the key set's (read alone, never in
+    the admission script: no hash tag); if either SET fails, the admin API answers that the
+    change was not announced."""
 
     def __init__(self, client: RedisCommands) -> None:
         self._client = client
@@ -78,6 +99,11 @@ class RedisAuthEpochs:
 
     async def bump(self, tenant_id: str) -> None:
         await self._client.execute_command("SET", auth_epoch_key(tenant_id), new_epoch())
+        await self._client.execute_command("SET", KEY_SET_EPOCH_KEY, new_epoch())
+
+    async def key_set(self) -> str:
+        value = await self._client.execute_command("GET", KEY_SET_EPOCH_KEY)
+        return INITIAL_EPOCH if value is None else _text(value)
 
 
 def _text(value: bytes | str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,8 +29,19 @@ KEY_PREFIX = "tw-"
 DISPLAY_PREFIX_LENGTH = 12  # "tw-" and 9 random characters: enough for an admin to tell keys apart
 
 
+# What `generate_key` makes: the prefix and 43 URL-safe base64 characters (32 random bytes).
+_KEY_SHAPE = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]{43}")
+
+
 def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def is_well_shaped(token: str) -> bool:
+    """Whether a presented token could be one of our keys at all. Checked before any lookup,
+    so a malformed token is refused without a database read (the shape is public: this tells
+    a caller nothing about which keys exist)."""
+    return _KEY_SHAPE.fullmatch(token) is not None
 
 
 def hash_key(key: str) -> str:

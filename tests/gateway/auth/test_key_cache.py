@@ -15,7 +15,7 @@ from sqlalchemy import event
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
 from gateway.errors import ApiError
-from gateway.storage.api_keys import create_key, list_keys, revoke_key
+from gateway.storage.api_keys import create_key, generate_key, list_keys, revoke_key
 from gateway.storage.database import Database
 from gateway.storage.tenants import create_tenant, get_tenant, update_tenant
 
@@ -81,11 +81,12 @@ async def test_a_key_is_read_once_then_served_from_memory(
     assert token not in repr(entry)
 
 
-async def test_unknown_keys_are_refused_and_never_cached(
+async def test_unknown_and_revoked_keys_are_refused_and_never_cached_as_keys(
     db: Database, new_epochs: Callable[[], AuthEpochs]
 ) -> None:
     cache = KeyCache(db, new_epochs(), ttl_s=60)
     assert await refused(cache, "tw-nope")
+    assert await refused(cache, generate_key())
     assert len(cache) == 0
     token = new_key(db)
     revoke_all(db)
@@ -279,7 +280,7 @@ async def test_concurrent_misses_for_one_key_share_one_database_read(
     db: Database, new_epochs: Callable[[], AuthEpochs]
 ) -> None:
     cache = KeyCache(db, new_epochs(), ttl_s=60)
-    token, unknown = new_key(db), "tw-" + "0" * 40
+    token, unknown = new_key(db), generate_key()
     statements: list[str] = []
 
     def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
@@ -297,7 +298,8 @@ async def test_concurrent_misses_for_one_key_share_one_database_read(
         )
         assert all(isinstance(r, ApiError) and r.rejection.status == 401 for r in refusals)
         assert len(statements) == first_sight + 1
-        # Once answered, the next miss reads again: an unknown key is never cached.
+        # Once answered, the next miss reads again (refusals are remembered only with
+        # unknown_ttl_s > 0: tests/gateway/auth/test_unknown_keys.py).
         assert await refused(cache, unknown)
         assert len(statements) == first_sight + 2
     finally:
