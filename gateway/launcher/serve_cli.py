@@ -59,6 +59,7 @@ def serve(
     from gateway.launcher import serve as serving
     from gateway.launcher.engine_install import EngineNotInstalledError
     from gateway.launcher.engine_processes import EngineStartError
+    from gateway.storage.usage_writer import SpillFileHeldError
 
     if demo_models and config is not None:
         raise typer.BadParameter(
@@ -82,6 +83,7 @@ def serve(
         OSError,
         yaml.YAMLError,
         SQLAlchemyError,
+        SpillFileHeldError,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from exc

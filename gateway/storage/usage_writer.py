@@ -26,7 +26,8 @@ A record the database refuses as invalid (integrity or data error) would block e
 behind it: it is moved to ``<spill>.rejected.jsonl`` and logged instead. Any other error (the
 database down, tables not migrated yet) is retried with backoff until it succeeds.
 
-One writer per spill file: the file is locked while a writer has it open.
+One writer per spill file: the file is locked while a writer has it open, and a second
+writer is refused with :class:`SpillFileHeldError`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ from gateway.storage.database import Database
 from gateway.storage.usage_store import UsageEntry, insert_usage
 
 logger = logging.getLogger(__name__)
+
+
+class SpillFileHeldError(RuntimeError):
+    """Another writer (another gateway on the same data directory) holds the spill file:
+    two writers would replay and truncate each other's records."""
+
+    def __init__(self, spill_path: Path) -> None:
+        super().__init__(
+            f"{spill_path} is held by another gateway (its usage spill file is locked): "
+            "stop that gateway first, or give this one another data directory"
+        )
+        self.spill_path = spill_path
 
 
 class UsageWriter:
@@ -93,7 +106,7 @@ class UsageWriter:
             fcntl.flock(self._spill.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             self._spill.close()
-            raise RuntimeError(f"{spill_path} is in use by another usage writer") from exc
+            raise SpillFileHeldError(spill_path) from exc
         self._num_spilled_lines = self._replay()
 
     @property

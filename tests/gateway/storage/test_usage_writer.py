@@ -177,7 +177,7 @@ def test_appends_after_a_torn_line_are_not_lost(writer_db, outage, make_entry, t
 
 def test_one_writer_per_spill_file(writer_db, tmp_path):
     writer = make_writer(writer_db, tmp_path / "usage.jsonl")
-    with pytest.raises(RuntimeError, match="in use"):
+    with pytest.raises(usage_writer.SpillFileHeldError, match="held by another gateway"):
         make_writer(writer_db, tmp_path / "usage.jsonl")
     writer.close(timeout=0)
 
