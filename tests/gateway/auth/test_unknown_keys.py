@@ -119,7 +119,7 @@ async def test_malformed_tokens_are_refused_without_a_read(
     ]
     rng = random.Random(27)
     alphabet = string.printable
-    malformed += ["".join(rng.choices(alphabet, k=rng.randint(1, 80))) for _ in range(200)]
+    malformed += ["".join(rng.choices(alphabet, k=rng.randint(1, 80))) for _ in range(1000)]
     with counted_reads(db) as reads:
         for token in malformed:
             assert await refused(cache, token)
