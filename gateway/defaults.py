@@ -21,6 +21,14 @@ DEFAULT_ENGINE_TIMEOUT_S = 600.0
 # balancers stop sending to it, then how long streams in flight get to finish.
 DEFAULT_DRAIN_DELAY_S = 0.0
 DEFAULT_DRAIN_GRACE_S = 30.0
+# Bounds on one gateway process's HTTP connections (gateway/launcher/bounded_http.py): a
+# request's headers must arrive within this long of the connection (or of its first byte on a
+# kept-alive one), its body within this long of its headers; beyond this many connections open
+# a request is answered 503. Keep max_connections under half the open-file limit (ulimit -n):
+# each request in flight holds an upstream connection too.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 1000
 # A well-shaped API key the database did not know is refused from memory this long, unless a
 # key is created meanwhile (gateway/auth/key_cache.py): a flood of one junk key reads once.
 DEFAULT_AUTH_UNKNOWN_KEY_TTL_S = 5.0

@@ -26,6 +26,9 @@
     ejection_backoff_max_s: 30    # ... up to this; a success resets it
     drain_delay_s: 0              # SIGTERM: keep serving, /ready 503, this long; then
     drain_grace_s: 30             # stop taking requests, let those in flight finish this long
+    header_timeout_s: 10          # a request's headers must arrive within this long; else 408
+    body_timeout_s: 30            # its body within this long of its headers (total); else 408
+    max_connections: 1000         # connections open per process; a request beyond: 503
     models:
       small:
         upstreams: [unix:/run/tollway/small.sock, http://10.0.0.2:8100, dns://engine-small:8100]
@@ -48,7 +51,8 @@ Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PO
 ``TOLLWAY_REDIS_FAILURE_MODE``, ``TOLLWAY_AUTH_STALE_TTL_S``, ``TOLLWAY_DNS_REFRESH_S``,
 ``TOLLWAY_HEALTH_CHECK_INTERVAL_S``, ``TOLLWAY_EJECTION_FAILURES``,
 ``TOLLWAY_EJECTION_BACKOFF_S``, ``TOLLWAY_EJECTION_BACKOFF_MAX_S``, ``TOLLWAY_DRAIN_DELAY_S``,
-``TOLLWAY_DRAIN_GRACE_S`` (an empty value sets an optional field to null).
+``TOLLWAY_DRAIN_GRACE_S``, ``TOLLWAY_HEADER_TIMEOUT_S``, ``TOLLWAY_BODY_TIMEOUT_S``,
+``TOLLWAY_MAX_CONNECTIONS`` (an empty value sets an optional field to null).
 
 Engine replicas (see docs/operations.md): an upstream is ``http(s)://host:port``,
 ``unix:/path.sock`` or ``dns://host:port``, a name resolved at start-up and every
@@ -63,6 +67,13 @@ row up to ``ejection_backoff_max_s``. With every replica skipped, all are tried 
 Drain (``tollway serve``): on SIGTERM ``GET /ready`` answers 503 at once (``/health`` stays
 200); the gateway keeps serving for ``drain_delay_s``, then stops accepting connections and
 gives requests in flight up to ``drain_grace_s`` to finish before it cancels them and exits.
+
+Connections (``tollway serve``, see ``gateway/launcher/bounded_http.py``): a request's headers
+must arrive within ``header_timeout_s`` of its connection (or of its first byte on a kept-alive
+one) and its body within ``body_timeout_s`` of its headers, both totals however the bytes
+trickle in; late, the client gets a 408 ``request_timeout`` and the connection is closed. With
+``max_connections`` connections open, or as many requests in flight, a further request gets a
+503 ``service_unavailable`` with ``Retry-After``.
 
 ``GET /metrics`` needs ``Authorization: Bearer <token>``, since its labels name tenants'
 models and traffic: the token is the metrics token (``metrics_token_hash``, for a Prometheus
@@ -95,6 +106,7 @@ import yaml
 
 from gateway.defaults import (
     DEFAULT_AUTH_UNKNOWN_KEY_TTL_S,
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_DATA_DIR,
     DEFAULT_DNS_REFRESH_S,
     DEFAULT_DRAIN_DELAY_S,
@@ -102,8 +114,10 @@ from gateway.defaults import (
     DEFAULT_EJECTION_BACKOFF_MAX_S,
     DEFAULT_EJECTION_BACKOFF_S,
     DEFAULT_EJECTION_FAILURES,
+    DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_HEALTH_CHECK_INTERVAL_S,
     DEFAULT_HOST,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_PORT,
     DEFAULT_REDIS_CONNECT_TIMEOUT_S,
     DEFAULT_REDIS_TIMEOUT_S,
@@ -138,6 +152,9 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_EJECTION_BACKOFF_S": "ejection_backoff_s",
     "TOLLWAY_EJECTION_BACKOFF_MAX_S": "ejection_backoff_max_s",
     "TOLLWAY_DRAIN_DELAY_S": "drain_delay_s",
+    "TOLLWAY_HEADER_TIMEOUT_S": "header_timeout_s",
+    "TOLLWAY_BODY_TIMEOUT_S": "body_timeout_s",
+    "TOLLWAY_MAX_CONNECTIONS": "max_connections",
     "TOLLWAY_DRAIN_GRACE_S": "drain_grace_s",
 }
 _OPTIONAL_FIELDS = (
@@ -260,6 +277,9 @@ class GatewaySettings:
     ejection_backoff_max_s: float = DEFAULT_EJECTION_BACKOFF_MAX_S
     drain_delay_s: float = DEFAULT_DRAIN_DELAY_S
     drain_grace_s: float = DEFAULT_DRAIN_GRACE_S
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -310,6 +330,11 @@ class GatewaySettings:
         for name in ("drain_delay_s", "drain_grace_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("admin_key_hash", "metrics_token_hash"):
@@ -390,7 +415,7 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 out[name] = None
             continue
         try:
-            if name in ("port", "max_body_bytes", "ejection_failures"):
+            if name in ("port", "max_body_bytes", "ejection_failures", "max_connections"):
                 out[name] = int(value)
             elif name in (
                 "reservation_ttl_s",
@@ -405,6 +430,8 @@ def _convert_scalars(values: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 "ejection_backoff_max_s",
                 "drain_delay_s",
                 "drain_grace_s",
+                "header_timeout_s",
+                "body_timeout_s",
             ):
                 out[name] = float(value)
             elif name == "log_prompts":

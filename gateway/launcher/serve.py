@@ -10,6 +10,7 @@
     start the engines, wait for /health                   gateway.launcher.engine_processes
       then restart any engine that dies (watchdog thread)
     print the banner, run uvicorn until SIGINT/SIGTERM    gateway.launcher.draining_server
+      header and body timeouts, a connection cap          gateway.launcher.bounded_http
       --config: apply its changed `rollouts:` meanwhile      gateway.launcher.config_reload
     drain the gateway (/ready 503, requests in flight finish), then stop the engines
 
@@ -117,6 +118,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
     import uvicorn
 
     from gateway.app import build_gateway
+    from gateway.launcher.bounded_http import ConnectionLimits, protocol_with
     from gateway.launcher.config_reload import watching_rollouts
     from gateway.launcher.draining_server import DrainingServer
     from gateway.launcher.engine_processes import EngineSupervisor
@@ -133,7 +135,13 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                 host=settings.host,
                 port=settings.port,
                 loop="uvloop",
-                http="httptools",
+                http=protocol_with(
+                    ConnectionLimits(
+                        header_timeout_s=settings.header_timeout_s,
+                        body_timeout_s=settings.body_timeout_s,
+                        max_connections=settings.max_connections,
+                    )
+                ),
                 lifespan="on",
                 timeout_graceful_shutdown=settings.drain_grace_s,  # type: ignore[arg-type]
             )

@@ -61,6 +61,9 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
         ({"ejection_failures": 0}, "ejection_failures must be"),
         ({"ejection_backoff_s": 5, "ejection_backoff_max_s": 1}, "ejection_backoff_max_s"),
         ({"drain_grace_s": -1}, "drain_grace_s must be >= 0"),
+        ({"header_timeout_s": 0}, "header_timeout_s must be > 0"),
+        ({"body_timeout_s": -1}, "body_timeout_s must be > 0"),
+        ({"max_connections": 0}, "max_connections must be at least 1"),
         (
             {
                 "models": {
@@ -144,3 +147,18 @@ def test_replica_and_drain_settings_have_documented_defaults_and_env_overrides()
     assert (watch.ejection.failures_to_eject, watch.ejection.backoff_s) == (5, 2.0)
     assert watch.ejection.backoff_max_s == 60.0
     assert (settings.drain_delay_s, settings.drain_grace_s) == (5.0, 45.0)
+
+
+def test_connection_limits_have_documented_defaults_and_env_overrides() -> None:
+    data: dict[str, object] = {"models": {"m": {"upstreams": ["http://x"], "context_window": 64}}}
+    defaults = GatewaySettings.from_dict(data)
+    assert (defaults.header_timeout_s, defaults.body_timeout_s) == (10.0, 30.0)
+    assert defaults.max_connections == 1000
+    env = {
+        "TOLLWAY_HEADER_TIMEOUT_S": "2",
+        "TOLLWAY_BODY_TIMEOUT_S": "7.5",
+        "TOLLWAY_MAX_CONNECTIONS": "64",
+    }
+    settings = GatewaySettings.from_dict(data, env=env)
+    assert (settings.header_timeout_s, settings.body_timeout_s) == (2.0, 7.5)
+    assert settings.max_connections == 64

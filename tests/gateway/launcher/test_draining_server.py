@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,9 +37,15 @@ def _free_port() -> int:
 
 @contextmanager
 def serving(
-    engine: TappedEngine, tmp_path: Path, *, drain_delay_s: float, drain_grace_s: float
+    engine: TappedEngine,
+    tmp_path: Path,
+    *,
+    drain_delay_s: float,
+    drain_grace_s: float,
+    settings: Mapping[str, object] = {},
 ) -> Iterator[tuple[subprocess.Popen[str], str, str, list[str]]]:
-    """``tollway serve --config`` in front of ``engine``: (process, base URL, API key, output)."""
+    """``tollway serve --config`` in front of ``engine``, with more ``settings`` if any:
+    (process, base URL, API key, output)."""
     config = tmp_path / "tollway.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -47,6 +53,7 @@ def serving(
                 "data_dir": str(tmp_path / "data"),
                 "drain_delay_s": drain_delay_s,
                 "drain_grace_s": drain_grace_s,
+                **settings,
                 "models": {
                     MODEL: {"upstreams": [engine.upstream], "context_window": CONTEXT_WINDOW}
                 },
