@@ -11,9 +11,9 @@ ever. `BoundedHttpProtocol` adds two timers per connection::
     headers complete ─body_timeout_s─► body complete
         not in time: 408 before the app answered, else closed
 
-Both are totals, not idle times, so trickling a byte now and then does not extend them.
-The body's is total as well: ``max_body_bytes`` caps a body at 1 MiB by default, which a
-client sends well within 30 s on any link worth serving. A timer that fires while the
+Both are totals, not idle times, so trickling a byte now and then does not extend them. For
+the body that costs honest clients nothing: ``max_body_bytes`` caps a body at 1 MiB by
+default, which any link worth serving sends well within 30 s. A timer that fires while the
 server itself has paused reading (the app not yet reading a large body, pipelined requests
 queued) starts again instead: only the client's slowness counts.
 
