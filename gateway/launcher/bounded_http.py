@@ -56,7 +56,8 @@ def raw_error_response(rejection: Rejection) -> bytes:
     """A whole HTTP/1.1 error response, written straight to a socket that has no ASGI
     request (or whose app is still waiting for its body), closing the connection."""
     body = orjson.dumps(rejection.error_body())
-    reason = {408: b"Request Timeout", 503: b"Service Unavailable"}.get(rejection.status, b"")
+    reasons = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+    reason = reasons.get(rejection.status, b"")
     head = [
         b"HTTP/1.1 %d %s" % (rejection.status, reason),
         b"content-type: application/json",
@@ -72,6 +73,14 @@ def _timed_out(what: str, limit_s: float, setting: str) -> Rejection:
         REQUEST_TIMEOUT,
         f"The request's {what} did not arrive within {limit_s:g} s ({setting}); "
         "send the whole request at once.",
+    )
+
+
+def _unparseable(detail: str) -> Rejection:
+    return Rejection.of(
+        vocabulary.INVALID_REQUEST,
+        "The request could not be read as HTTP/1.1 (a malformed or oversized request line or "
+        f"header): {detail}",
     )
 
 
@@ -138,6 +147,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
         self._header_timer = self._body_timer = None
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the HTTP parser refuses (an oversized request line, a malformed header)
+        gets OpenAI's error shape, not uvicorn's plain text."""
+        self._cancel_timers()
+        self.transport.write(raw_error_response(_unparseable(msg)))
+        self.transport.close()
 
     def _on_header_timeout(self) -> None:
         self._header_timer = None

@@ -211,3 +211,21 @@ def test_requests_beyond_the_connection_cap_get_a_503_in_openai_shape() -> None:
 
 def _status(base: str) -> int:
     return httpx.get(f"{base}/ok", timeout=10).status_code
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nhost: test\r\n\r\n",  # an oversized path
+        b"GET /ok HTTP/1.1\r\nhost test\r\n\r\n",  # a header without its colon
+    ],
+)
+def test_a_request_the_parser_refuses_gets_a_400_in_openai_shape(request_head: bytes) -> None:
+    with serving(SHORT) as served, _connect(served.port) as sock:
+        sock.sendall(request_head)
+        answer, _ = _read_until_closed(sock, 10)
+    status, error, headers = _error(answer)
+    assert status == 400
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request")
+    assert "HTTP/1.1" in str(error["message"])
+    assert headers["content-type"] == "application/json"
