@@ -182,7 +182,10 @@ _PARAMETERS = {
     "Start": _param("start", "query", _TIME, "Inclusive; ISO 8601, naive is UTC"),
     "End": _param("end", "query", _TIME, "Exclusive; ISO 8601, naive is UTC"),
     "Cursor": _param(
-        "cursor", "query", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}, "next_cursor"
+        "cursor",
+        "query",
+        {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+        "Records with id > cursor: a page's next_cursor or resume_cursor, or a record's id",
     ),
     "Limit": _param(
         "limit",

@@ -16,11 +16,21 @@ the route does not know is a 400 too (a misspelt filter must not widen the answe
 
 Formats::
 
-    format=json   (default) one page: {"object": "list", "data": [...], "next_cursor": n | null}
+    format=json   (default) one page: {"object": "list", "data": [...], "next_cursor": n | null,
+                  "has_more": bool, "resume_cursor": n | null}
     format=jsonl  one record per line        } with ``limit``: one page, the next cursor in the
-    format=csv    a header row, then records } ``X-Next-Cursor`` header (absent on the last page);
-                                               without: every record after ``cursor``, streamed
-                                               from the database one page at a time
+    format=csv    a header row, then records } ``X-Next-Cursor`` header (absent on the last page)
+                                               and ``X-Resume-Cursor``; without: every record
+                                               after ``cursor``, streamed from the database one
+                                               page at a time
+
+Every record carries ``id``, its row's primary key: stable across reads, and the cursor itself
+(a page holds the records with ``id > cursor``; CSV puts it in the last column, so positional
+readers of the older columns keep working). ``next_cursor`` is null on the last page, as
+before, so a loop ``while next_cursor`` ends; a follower that polls for new records passes
+``resume_cursor`` (the last ``id`` returned, else the cursor it sent), or the last record's
+``id`` from a stream, and gets only records stored since, none twice and none skipped:
+``usage_store`` makes ids commit in id order on PostgreSQL too.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ UsageFormat = Literal["json", "jsonl", "csv"]
 USAGE_FORMATS: tuple[UsageFormat, ...] = ("json", "jsonl", "csv")
 DEFAULT_PAGE_SIZE = 100
 NEXT_CURSOR_HEADER = "X-Next-Cursor"
+RESUME_CURSOR_HEADER = "X-Resume-Cursor"
 # Bounds for an open-ended window ("total" budgets, reports without start or end).
 EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
 LATEST = datetime(9999, 1, 1, tzinfo=timezone.utc)
@@ -71,16 +82,27 @@ _CONTENT_TYPES: dict[UsageFormat, str] = {
     "jsonl": "application/x-ndjson",
     "csv": "text/csv; charset=utf-8",
 }
-_CSV_COLUMNS = tuple(f.name for f in fields(UsageEntry))
-_ENTRY = TypeAdapter(UsageEntry)  # the same JSON as every other date-time here (…Z)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportedUsage(UsageEntry):
+    """A usage record as exported: the entry and its row ``id`` (stable; the cursor)."""
+
+    id: int
+
+
+_CSV_COLUMNS = tuple(f.name for f in fields(ExportedUsage))  # ``id`` last
+_RECORD = TypeAdapter(ExportedUsage)  # the same JSON as every other date-time here (…Z)
 
 
 class UsageList(BaseModel):
     """One page of usage records, oldest first."""
 
     object: Literal["list"] = "list"
-    data: list[UsageEntry]
-    next_cursor: int | None
+    data: list[ExportedUsage]
+    next_cursor: int | None  # null on the last page
+    has_more: bool  # next_cursor is not null
+    resume_cursor: int | None  # poll from here for newer records; null: from the start
 
 
 class Budget(BaseModel):
@@ -212,15 +234,20 @@ async def usage_response(db: Database, tenant_id: str | None, query: UsageQuery)
         page = await run_in_threadpool(fetch, query.cursor, query.limit or DEFAULT_PAGE_SIZE)
         body = {
             "object": "list",
-            "data": [_ENTRY.dump_python(entry, mode="json") for entry in page.records],
+            "data": _exported(page),
             "next_cursor": page.next_cursor,
+            "has_more": page.has_more,
+            "resume_cursor": page.resume_cursor,
         }
         return JSONResponse(body)
     # The first page is read before the response starts, so a failure is still a clean error.
     first = await run_in_threadpool(fetch, query.cursor, query.limit or MAX_PAGE_SIZE)
     headers = {}
-    if query.limit is not None and first.next_cursor is not None:
-        headers[NEXT_CURSOR_HEADER] = str(first.next_cursor)
+    if query.limit is not None:
+        if first.next_cursor is not None:
+            headers[NEXT_CURSOR_HEADER] = str(first.next_cursor)
+        if first.resume_cursor is not None:
+            headers[RESUME_CURSOR_HEADER] = str(first.resume_cursor)
 
     async def pages() -> AsyncIterator[UsagePage]:
         page = first
@@ -292,26 +319,30 @@ async def usage_summary(
 
 
 async def _chunks(
-    pages: AsyncIterator[UsagePage], encode: Callable[[list[UsageEntry]], str], header: str
+    pages: AsyncIterator[UsagePage], encode: Callable[[UsagePage], str], header: str
 ) -> AsyncIterator[str]:
     if header:
         yield header
     async for page in pages:
         if page.records:
-            yield encode(page.records)
+            yield encode(page)
 
 
-def _jsonl_lines(records: list[UsageEntry]) -> str:
+def _exported(page: UsagePage) -> list[dict[str, Any]]:
+    """The page's records as JSON values, each with its ``id``."""
+    return [
+        _RECORD.dump_python(ExportedUsage(id=id_, **entry.to_dict()), mode="json")
+        for id_, entry in zip(page.ids, page.records, strict=True)
+    ]
+
+
+def _jsonl_lines(page: UsagePage) -> str:
+    return "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in _exported(page))
+
+
+def _csv_lines(page: UsagePage) -> str:
     return "".join(
-        json.dumps(_ENTRY.dump_python(entry, mode="json"), separators=(",", ":")) + "\n"
-        for entry in records
-    )
-
-
-def _csv_lines(records: list[UsageEntry]) -> str:
-    return "".join(
-        _csv_row([_csv_cell(value) for value in _ENTRY.dump_python(entry, mode="json").values()])
-        for entry in records
+        _csv_row([_csv_cell(record[name]) for name in _CSV_COLUMNS]) for record in _exported(page)
     )
 
 

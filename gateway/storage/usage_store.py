@@ -2,8 +2,21 @@
 
 A record is keyed by ``request_id``: inserting one that is already stored does nothing, so a
 retried write (after a timeout whose commit did land, or a spill-file replay) never duplicates.
-The cursor is the last row ``id`` seen; ids only grow, so paging by ``id > cursor`` returns
-every row exactly once even while new rows arrive.
+
+The export's record ``id`` is the row's primary key, and the cursor is the last ``id`` a reader
+has: a page holds the rows with ``id > cursor``. That returns every row exactly once, even to a
+follower polling while rows arrive, only if ids become visible in id order. Records are never
+deleted, so SQLite's rowid (max + 1, assigned under its single write lock) is. A PostgreSQL
+sequence is not by itself: two gateways' transactions can draw ids 7 and 8 and commit 8 first,
+and a reader that saw 8 would skip 7 for good. So ``insert_usage`` takes a transaction-scoped
+advisory lock before drawing ids: writers of usage records commit one at a time (each a short
+batch insert), and a row with a smaller id is always committed before one with a larger id.
+
+::
+
+    gateway A: lock ── ids 7..9 ── commit, unlock
+    gateway B:   waits ─────────────────────────── lock ── ids 10..12 ── commit, unlock
+    follower:  cursor 6 → sees nothing or 7..9 (never 10 before 7) → cursor 9 → 10..12
 """
 
 from __future__ import annotations
@@ -20,6 +33,9 @@ from sqlalchemy.orm import Session
 from gateway.storage.models import MAX_FINISH_REASON_LENGTH, UsageRecord, UsageStatus
 
 MAX_PAGE_SIZE = 1000
+# The pg_advisory_xact_lock key that orders usage-record commits by id: any fixed bigint
+# ("tollus" in ASCII) that no other lock of ours uses.
+USAGE_INSERT_LOCK_KEY = 0x746F6C6C7573
 _DATETIME_FIELDS = ("created_at", "finished_at")
 
 
@@ -93,8 +109,22 @@ class UsageEntry:
 
 @dataclass(frozen=True)
 class UsagePage:
+    """Records oldest first, with their row ids (``ids[i]`` is ``records[i]``'s ``id``)."""
+
     records: list[UsageEntry]
+    ids: list[int]
     next_cursor: int | None  # pass back as ``cursor``; None when this was the last page
+    # Where to poll from for records stored after this page: the last id returned, else the
+    # cursor the page was read from (None: from the start). Set on every page, the last included.
+    resume_cursor: int | None
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.records):
+            raise ValueError("a page needs one id per record")
+
+    @property
+    def has_more(self) -> bool:
+        return self.next_cursor is not None
 
 
 @dataclass(frozen=True)
@@ -122,6 +152,9 @@ def insert_usage(session: Session, entries: Iterable[UsageEntry]) -> int:
     if not rows:
         return 0
     dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        # Held to the end of the transaction: ids commit in id order (see the module docstring).
+        session.execute(select(func.pg_advisory_xact_lock(USAGE_INSERT_LOCK_KEY)))
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = (
         insert(UsageRecord)
@@ -141,7 +174,8 @@ def list_usage(
     cursor: int | None = None,
     limit: int = 100,
 ) -> UsagePage:
-    """Records in ``[start, end)`` oldest first, at most ``limit`` (capped) per page."""
+    """Records in ``[start, end)`` with ``id > cursor``, oldest first, at most ``limit``
+    (capped) per page."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
     limit = min(limit, MAX_PAGE_SIZE)
@@ -153,7 +187,9 @@ def list_usage(
     rows = rows[:limit]
     return UsagePage(
         records=[UsageEntry.from_row(row) for row in rows],
+        ids=[row.id for row in rows],
         next_cursor=rows[-1].id if has_more else None,
+        resume_cursor=rows[-1].id if rows else cursor,
     )
 
 

@@ -505,7 +505,8 @@ async def test_usage_records_carry_every_field(client: httpx.AsyncClient, db: Da
     answered = entry(2, finish_reason="tool_calls")
     insert(db, [record, answered])
     as_json = (await client.get("/admin/usage")).json()["data"]
-    assert as_json == [jsonable(record), jsonable(answered)]
+    exported = [{**jsonable(record), "id": 1}, {**jsonable(answered), "id": 2}]
+    assert as_json == exported
     assert [r["finish_reason"] for r in as_json] == [None, "tool_calls"]
     as_jsonl = (await client.get("/admin/usage?format=jsonl")).text
     assert [json.loads(line) for line in as_jsonl.splitlines()] == as_json
@@ -517,10 +518,11 @@ async def test_usage_records_carry_every_field(client: httpx.AsyncClient, db: Da
             else str(value).lower()
             if isinstance(value, bool)
             else str(value)
-            for name, value in jsonable(stored).items()
+            for name, value in stored.items()
         }
-        for stored in (record, answered)
+        for stored in exported
     ]
+    assert list(rows[0])[-1] == "id"  # appended: the older columns keep their positions
     assert rows[1]["finish_reason"] == "tool_calls"
 
 
@@ -673,8 +675,13 @@ async def test_the_openapi_document_lists_every_endpoint(
         if method in ("post", "put", "patch") and path != "/admin/tenants/{tenant_id}/keys":
             assert operation["requestBody"]["required"] is True
     assert "text/csv" in operations[("/v1/usage", "get")]["responses"]["200"]["content"]
-    record = document["components"]["schemas"]["UsageEntry"]["properties"]
-    assert record["finish_reason"]["anyOf"] == [{"type": "string"}, {"type": "null"}]
+    record = document["components"]["schemas"]["ExportedUsage"]
+    assert record["properties"]["finish_reason"]["anyOf"] == [{"type": "string"}, {"type": "null"}]
+    assert record["properties"]["id"] == {"type": "integer", "title": "Id"}
+    assert "id" in record["required"]
+    page = document["components"]["schemas"]["UsageList"]["properties"]
+    assert page["has_more"]["type"] == "boolean"
+    assert page["resume_cursor"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
     assert_refs_resolve(document, document)
 
 

@@ -254,3 +254,67 @@ async def test_an_unlimited_budget_reports_use_from_the_records_and_leaves_the_l
     with db.transaction() as session:
         insert_usage(session, [entry(2, "free", NOW)])
     assert (await client.get("/v1/budget", headers=bearer(key))).json()["used"] == 100
+
+
+def exported(response: httpx.Response) -> list[dict[str, Any]]:
+    """The records of a JSON, JSONL or CSV answer (CSV cells are strings)."""
+    assert response.status_code == 200, response.text
+    kind = response.headers["content-type"]
+    if kind.startswith("application/json"):
+        return list(response.json()["data"])
+    if kind.startswith("application/x-ndjson"):
+        return [json.loads(line) for line in response.text.splitlines()]
+    return list(csv.DictReader(io.StringIO(response.text)))
+
+
+@pytest.mark.usefixtures("records")
+@pytest.mark.parametrize("format_", ["json", "jsonl", "csv"])
+async def test_records_carry_a_stable_id_in_every_format(
+    client: httpx.AsyncClient, keys: dict[str, str], format_: str
+) -> None:
+    as_json = exported(await client.get("/v1/usage", headers=bearer(keys["a"])))
+    ids = {r["request_id"]: r["id"] for r in as_json}
+    assert all(isinstance(id_, int) for id_ in ids.values())
+    assert len(set(ids.values())) == len(ids) == 7
+    for _ in range(2):  # the same ids on every read, in every format
+        response = await client.get(f"/v1/usage?format={format_}", headers=bearer(keys["a"]))
+        assert {r["request_id"]: int(r["id"]) for r in exported(response)} == ids
+    # The id is the cursor: from a record's id come exactly the records after it.
+    after = await client.get(
+        "/v1/usage", params={"format": format_, "cursor": ids["a-2"]}, headers=bearer(keys["a"])
+    )
+    assert request_ids(after) == ["a-3", "a-4", "a-5", "a-99"]
+
+
+@pytest.mark.usefixtures("records")
+@pytest.mark.parametrize("format_", ["json", "jsonl", "csv"])
+async def test_a_follower_at_the_last_page_gets_only_new_records(
+    client: httpx.AsyncClient, db: Database, keys: dict[str, str], format_: str
+) -> None:
+    async def poll(cursor: int | None) -> tuple[list[str], int | None]:
+        params: dict[str, Any] = {"format": format_, "limit": 100}
+        if cursor is not None:
+            params["cursor"] = cursor
+        response = await client.get("/v1/usage", params=params, headers=bearer(keys["a"]))
+        if format_ == "json":
+            page = response.json()
+            assert (page["next_cursor"], page["has_more"]) == (None, False)
+            return request_ids(response), page["resume_cursor"]
+        assert "X-Next-Cursor" not in response.headers  # the last page, as before
+        resume = response.headers.get("X-Resume-Cursor")
+        return request_ids(response), None if resume is None else int(resume)
+
+    first, cursor = await poll(None)
+    assert first == [*(f"a-{n}" for n in range(6)), "a-99"]
+    assert cursor is not None
+    assert await poll(cursor) == ([], cursor)  # nothing new: nothing re-read
+    with db.transaction() as session:
+        insert_usage(session, [entry(7, "b", NOW), entry(7, "a", NOW), entry(8, "a", NOW)])
+    new, next_cursor = await poll(cursor)
+    assert new == ["a-7", "a-8"]
+    assert next_cursor is not None
+    assert next_cursor > cursor
+    assert await poll(next_cursor) == ([], next_cursor)
+    # A stream without a limit resumes from its last record's id.
+    streamed = exported(await client.get(f"/v1/usage?format={format_}", headers=bearer(keys["a"])))
+    assert int(streamed[-1]["id"]) == next_cursor

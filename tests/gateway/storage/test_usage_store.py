@@ -1,3 +1,4 @@
+import threading
 from datetime import timedelta
 
 import pytest
@@ -160,3 +161,62 @@ def test_a_spilled_record_from_before_finish_reasons_reads_as_none(make_entry):
     data = make_entry(1).to_json_dict()
     del data["finish_reason"]
     assert UsageEntry.from_json_dict(data) == make_entry(1, finish_reason=None)
+
+
+def test_ids_are_stable_and_a_follower_resumes_from_the_last_page(database, make_entry):
+    with database.transaction() as session:
+        insert_usage(session, [make_entry(n) for n in range(3)])
+    with database.session() as session:
+        last = list_usage(session, limit=10)
+        assert list_usage(session, limit=10).ids == last.ids  # stable across reads
+        assert last.ids == sorted(set(last.ids))
+        assert (last.next_cursor, last.has_more, last.resume_cursor) == (None, False, last.ids[-1])
+        idle = list_usage(session, cursor=last.resume_cursor)
+        assert (idle.records, idle.resume_cursor) == ([], last.resume_cursor)
+    with database.transaction() as session:
+        insert_usage(session, [make_entry(1), make_entry(3), make_entry(4)])  # req-1: a replay
+    with database.session() as session:
+        new = list_usage(session, cursor=idle.resume_cursor)
+        assert list_usage(session, limit=1).resume_cursor == last.ids[0]  # not the last page
+    assert [r.request_id for r in new.records] == ["req-3", "req-4"]
+    assert min(new.ids) > last.ids[-1]
+
+
+def test_a_record_committed_late_is_never_behind_a_followers_cursor(database, make_entry):
+    """Writer 1 draws its id and holds its transaction open while writer 2 inserts. Had writer
+    2 committed its larger id first, a follower reading then would move past writer 1's id
+    and never see that record (a PostgreSQL sequence hands out ids before commit)."""
+    drawn, release = threading.Event(), threading.Event()
+
+    def slow_writer() -> None:
+        with database.transaction() as session:
+            insert_usage(session, [make_entry(1)])
+            drawn.set()
+            release.wait(10)
+
+    def fast_writer() -> None:
+        with database.transaction() as session:
+            insert_usage(session, [make_entry(2)])
+
+    slow, fast = threading.Thread(target=slow_writer), threading.Thread(target=fast_writer)
+    slow.start()
+    seen: list[str] = []
+    try:
+        assert drawn.wait(10)
+        fast.start()
+        fast.join(1.0)  # long enough for writer 2 to commit, were it allowed to
+        cursor = None
+        for _ in range(2):
+            with database.session() as session:
+                page = list_usage(session, cursor=cursor)
+            seen += [r.request_id for r in page.records]
+            cursor = page.resume_cursor
+            release.set()
+            slow.join(10)
+            fast.join(10)
+    finally:
+        release.set()
+        slow.join(10)
+        if fast.ident is not None:  # started
+            fast.join(10)
+    assert sorted(seen) == ["req-1", "req-2"]
