@@ -11,6 +11,10 @@ stored quota, so the request path reads one consistent `TenantQuota`; the quota 
 ``PUT .../quota`` therefore has no ``tier``. ``PUT`` replaces the whole quota: omitted fields
 take `TenantQuota`'s defaults.
 
+Tenant ids are unique regardless of case: creating ``Acme`` beside ``acme`` is a 409 naming
+the existing id (ids keep their spelling; see `storage.tenants`). The tenant and key lists
+are pages (``limit``, ``cursor``, ``next_cursor``), read as the usage export's.
+
 Every change to a tenant, its quota or its keys bumps the tenant's auth epoch after it is
 committed, so the gateways' key caches (``key_cache``) see it on their next request.
 """
@@ -33,7 +37,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.api.admin_inputs import is_storable, not_found, parse_bool, path_id, read_model
+from gateway.api.admin_inputs import (
+    is_storable,
+    not_found,
+    parse_bool,
+    parse_page,
+    path_id,
+    read_model,
+)
 from gateway.api.admin_schemas import (
     DEFAULTS,
     ApiKey,
@@ -64,6 +75,7 @@ from gateway.ledger.budget_ledger import BudgetLedger
 from gateway.storage import api_keys, tenants
 from gateway.storage.database import Database
 from gateway.storage.models import ApiKeyRow, utc_now
+from openai_protocol.errors import echoed_id
 from policies.decision import Rejection
 from policies.quota import TenantQuota
 
@@ -156,27 +168,35 @@ class _AdminApi:
                 return tenants.create_tenant(
                     session, body.id, name=body.name, tier=body.tier, quota=quota, now=now
                 )
-            except tenants.TenantExistsError:
-                raise _tenant_exists(body.id) from None
+            except tenants.TenantExistsError as exc:
+                raise _tenant_exists(body.id, exc.existing_id) from None
 
         try:
             info = await self._transaction(create)
         except IntegrityError:  # created concurrently by another request
-            raise _tenant_exists(body.id) from None
+            raise _tenant_exists(body.id, None) from None
         logger.info("created tenant %s", info.id)
         return _json(_tenant_view(info), status_code=201)
 
     async def list_tenants(self, request: Request) -> Response:
-        """List tenants, oldest id first.
+        """List tenants by id, a page at a time.
         ---
-        {params: [IncludeDeleted], 200: TenantList, errors: [400]}
+        {params: [IncludeDeleted, IdCursor, PageLimit], 200: TenantList, errors: [400]}
         """
-        refuse_unknown_params(request.query_params, frozenset({"include_deleted"}))
-        include_deleted = parse_bool(request.query_params, "include_deleted")
-        infos = await self._transaction(
-            lambda session: tenants.list_tenants(session, include_deleted=include_deleted)
+        params = request.query_params
+        refuse_unknown_params(params, frozenset({"include_deleted", "cursor", "limit"}))
+        include_deleted = parse_bool(params, "include_deleted")
+        page_query = parse_page(params)
+        page = await self._transaction(
+            lambda session: tenants.tenant_page(
+                session,
+                include_deleted=include_deleted,
+                cursor=page_query.cursor,
+                limit=page_query.limit,
+            )
         )
-        return _json(TenantList(data=[_tenant_view(info) for info in infos]))
+        data = [_tenant_view(info) for info in page.tenants]
+        return _json(TenantList(data=data, next_cursor=page.next_cursor))
 
     async def get_tenant(self, request: Request) -> Response:
         """Get a tenant.
@@ -294,18 +314,31 @@ class _AdminApi:
         return _json(view, status_code=201, headers={"Cache-Control": "no-store"})
 
     async def list_keys(self, request: Request) -> Response:
-        """List a tenant's keys (revoked and expired ones too) by prefix.
+        """List a tenant's keys (revoked and expired ones too) by prefix, oldest first, a page
+        at a time.
         ---
-        {params: [TenantId], 200: ApiKeyList, errors: [404]}
+        {params: [TenantId, IdCursor, PageLimit], 200: ApiKeyList, errors: [400, 404]}
         """
         tenant_id = path_id(request, "tenant_id", "tenant")
+        refuse_unknown_params(request.query_params, frozenset({"cursor", "limit"}))
+        page_query = parse_page(request.query_params)
 
-        def list_(session: Session) -> list[api_keys.ApiKeyInfo]:
+        def list_(session: Session) -> api_keys.ApiKeyPage:
             _live_tenant(session, tenant_id)
-            return api_keys.list_keys(session, tenant_id)
+            try:
+                return api_keys.key_page(
+                    session, tenant_id, cursor=page_query.cursor, limit=page_query.limit
+                )
+            except api_keys.UnknownCursorError:
+                raise invalid_request(
+                    f"Invalid 'cursor': no key {echoed_id(page_query.cursor or '')!r} of "
+                    f"tenant {echoed_id(tenant_id)!r}; pass the next_cursor of the page before.",
+                    param="cursor",
+                ) from None
 
-        infos = await self._transaction(list_)
-        return _json(ApiKeyList(data=[_key_view(info) for info in infos]))
+        page = await self._transaction(list_)
+        data = [_key_view(info) for info in page.keys]
+        return _json(ApiKeyList(data=data, next_cursor=page.next_cursor))
 
     async def revoke_key(self, request: Request) -> Response:
         """Revoke a key at once (revoking it again changes nothing).
@@ -416,13 +449,22 @@ def _json(
     return JSONResponse(model.model_dump(mode="json"), status_code=status_code, headers=headers)
 
 
-def _tenant_exists(tenant_id: str) -> ApiError:
+def _tenant_exists(tenant_id: str, existing_id: str | None) -> ApiError:
+    """409 for a taken id; ``existing_id``: the id that holds it, when known (it differs
+    from ``tenant_id`` only in case if it is spelt otherwise)."""
+    if existing_id is None or existing_id == tenant_id:
+        message = f"Tenant {tenant_id!r} already exists"
+    else:
+        message = (
+            f"Tenant {tenant_id!r} differs only in case from the existing tenant "
+            f"{existing_id!r}; tenant ids are unique regardless of case"
+        )
     return ApiError(
         Rejection(
             409,
             "tenant_exists",
             "invalid_request_error",
-            f"Tenant {tenant_id!r} already exists (ids of deleted tenants stay taken).",
+            f"{message} (ids of deleted tenants stay taken).",
             "id",
         )
     )

@@ -1,5 +1,9 @@
-"""Reading admin requests: a JSON body into its pydantic model, query flags, and ids from
-the path, each refused in OpenAI's error format with the field named.
+"""Reading admin requests: a JSON body into its pydantic model, query flags, page cursors
+and ids from the path, each refused in OpenAI's error format with the field named.
+
+Lists are paged as the usage export is: ``limit`` (1 to ``MAX_PAGE_SIZE``, default
+``DEFAULT_PAGE_SIZE``) and ``cursor``, the ``next_cursor`` of the page before; here a cursor
+is the last id of that page.
 
 A path id the database cannot hold (a NUL, which PostgreSQL's ``text`` refuses, or a lone
 surrogate) names nothing: it is a 404 without a query. A path holding an encoded slash or
@@ -11,13 +15,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from gateway.api.admin_schemas import NON_BLANK_PATTERN, TENANT_ID_PATTERN, TEXT_PATTERN
+from gateway.api.admin_schemas import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    NAME_PATTERN,
+    NON_BLANK_PATTERN,
+    TENANT_ID_PATTERN,
+    TEXT_PATTERN,
+)
 from gateway.api.request_body import read_json
+from gateway.api.tenant_api import parse_int
 from gateway.errors import ApiError, invalid_request
 from openai_protocol.errors import echoed_id
 from policies.decision import Rejection
@@ -31,7 +44,10 @@ _PATTERN_RULES = {
     TEXT_PATTERN: "text without NUL characters",
     NON_BLANK_PATTERN: "a name that is not blank and has no NUL characters",
     TENANT_ID_PATTERN: "1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit",
+    NAME_PATTERN: "text without NUL characters, bidirectional controls (U+202A-U+202E, "
+    "U+2066-U+2069, U+200E, U+200F) or zero-width characters (U+200B-U+200D, U+2060, U+FEFF)",
 }
+MAX_CURSOR_LENGTH = 64  # the longest tenant id; key ids are shorter
 Model = TypeVar("Model", bound=BaseModel)
 _ENCODED_SEPARATOR = re.compile(rb"%(?:2f|5c)", re.IGNORECASE)
 
@@ -58,6 +74,25 @@ def parse_bool(params: Mapping[str, str], name: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise invalid_request(f"Invalid '{name}': use true or false.", param=name)
     return value in ("true", "1")
+
+
+@dataclass(frozen=True)
+class PageQuery:
+    cursor: str | None  # the last id of the page before; None: the first page
+    limit: int
+
+
+def parse_page(params: Mapping[str, str]) -> PageQuery:
+    """``cursor`` and ``limit`` of a listing; an empty ``cursor=`` is a 400, as elsewhere."""
+    limit = parse_int(params, "limit", 1, MAX_PAGE_SIZE)
+    cursor = params.get("cursor")
+    if cursor is not None and not (0 < len(cursor) <= MAX_CURSOR_LENGTH and is_storable(cursor)):
+        raise invalid_request(
+            "Invalid 'cursor': pass the next_cursor of the page before, "
+            f"got {echoed_id(cursor)!r}.",
+            param="cursor",
+        )
+    return PageQuery(cursor=cursor, limit=DEFAULT_PAGE_SIZE if limit is None else limit)
 
 
 def path_id(request: Request, name: str, what: str) -> str:

@@ -5,11 +5,17 @@ generator can test against: text fields refuse NUL (PostgreSQL's ``text`` cannot
 names that must not be blank say so with a pattern, and ``expires_at`` is an RFC 3339
 date-time with a time zone that stays within year 9999 in UTC. The one rule a schema
 cannot state, that ``expires_at`` lies in the future, is in its description.
+
+Tenant and key names are shown to people: they refuse bidirectional controls and
+zero-width characters (which make a name display as another, or two names look alike),
+and are stored NFC-normalized, so a composed and a decomposed spelling are the same name.
+Lists are pages: ``next_cursor`` goes back as ``cursor`` for the next one.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -20,6 +26,13 @@ from policies.quota import BudgetPeriod, PriorityClass, TenantQuota
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 TEXT_PATTERN = r"^[^\x00]*$"  # any text but NUL
 NON_BLANK_PATTERN = r"^[^\x00]*[^\x00\s][^\x00]*$"  # and at least one character that is not a space
+# Bidirectional controls (U+202A-202E, U+2066-2069, U+200E/200F) and zero-width characters
+# (U+200B-200D, U+2060, U+FEFF); the characters themselves, so every regex engine reads them.
+INVISIBLE_CHARACTERS = "\u200b-\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff"
+NAME_PATTERN = f"^[^\\x00{INVISIBLE_CHARACTERS}]*$"
+MAX_NAME_LENGTH = 200
+DEFAULT_PAGE_SIZE = 100  # as the usage export's
+MAX_PAGE_SIZE = 1000
 DEFAULTS = TenantQuota()
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
@@ -56,6 +69,14 @@ def _integral(value: object) -> object:
     return value
 
 
+def _nfc(value: str) -> str:
+    normalized = unicodedata.normalize("NFC", value)
+    if len(normalized) > MAX_NAME_LENGTH:  # composition can, rarely, lengthen a string
+        raise ValueError(f"at most {MAX_NAME_LENGTH} characters once NFC-normalized")
+    return normalized
+
+
+Name = Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN), AfterValidator(_nfc)]
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT), BeforeValidator(_integral)]
 ModelName = Annotated[str, Field(min_length=1, pattern=NON_BLANK_PATTERN)]
 
@@ -87,14 +108,14 @@ class QuotaSettings(Quota):
 class TenantCreate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     id: str = Field(pattern=TENANT_ID_PATTERN)
-    name: str = Field(default="", max_length=200, pattern=TEXT_PATTERN)
+    name: Name = ""
     tier: str = Field(default=DEFAULTS.tier, min_length=1, max_length=32, pattern=NON_BLANK_PATTERN)
     quota: Quota = Field(default_factory=Quota)
 
 
 class TenantUpdate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: str | None = Field(default=None, max_length=200, pattern=TEXT_PATTERN)
+    name: Name | None = None
     tier: str | None = Field(default=None, min_length=1, max_length=32, pattern=NON_BLANK_PATTERN)
 
 
@@ -110,13 +131,16 @@ class Tenant(BaseModel):
 
 
 class TenantList(BaseModel):
+    """One page of tenants, by id."""
+
     object: Literal["list"] = "list"
     data: list[Tenant]
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null: last.")
 
 
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: str = Field(default="", max_length=200, pattern=TEXT_PATTERN)
+    name: Name = ""
     priority: PriorityClass | None = None
     expires_at: UtcDateTime | None = Field(
         default=None,
@@ -145,8 +169,11 @@ class CreatedApiKey(ApiKey):
 
 
 class ApiKeyList(BaseModel):
+    """One page of a tenant's keys, oldest first."""
+
     object: Literal["list"] = "list"
     data: list[ApiKey]
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null: last.")
 
 
 class Deleted(BaseModel):

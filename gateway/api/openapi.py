@@ -17,7 +17,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.schemas import SchemaGenerator
 
+from gateway.api.admin_schemas import DEFAULT_PAGE_SIZE as ADMIN_DEFAULT_PAGE_SIZE
+from gateway.api.admin_schemas import MAX_PAGE_SIZE as ADMIN_MAX_PAGE_SIZE
 from gateway.api.admin_schemas import (
+    TEXT_PATTERN,
     ApiKey,
     ApiKeyCreate,
     ApiKeyList,
@@ -168,12 +171,13 @@ _RESPONSE_MODELS: list[type[BaseModel]] = [
     Budget,
 ]
 _TIME = {"type": "string", "format": "date-time"}
+_PATH_ID = {"type": "string", "pattern": r"^[^/\\]*$"}  # an encoded '/' or '\' is a 400
 _PARAMETERS = {
-    "TenantId": _param("tenant_id", "path", {"type": "string"}, "The tenant's id"),
+    "TenantId": _param("tenant_id", "path", _PATH_ID, "The tenant's id"),
     "ModelId": _param(
         "model", "path", {"type": "string"}, "A model, rollout or routing alias (may hold '/')"
     ),
-    "KeyId": _param("key_id", "path", {"type": "string"}, "The key's id (key_...)"),
+    "KeyId": _param("key_id", "path", _PATH_ID, "The key's id (key_...)"),
     "TenantFilter": _param("tenant_id", "query", {"type": "string"}, "Only this tenant"),
     "OwnTenant": _param(
         "tenant_id", "query", {"type": "string"}, "Optional; any tenant but the caller's: 403"
@@ -192,6 +196,18 @@ _PARAMETERS = {
         "query",
         {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE},
         f"Page size; json: default {DEFAULT_PAGE_SIZE}; jsonl/csv: default all, streamed",
+    ),
+    "IdCursor": _param(
+        "cursor",
+        "query",
+        {"type": "string", "minLength": 1, "maxLength": 64, "pattern": TEXT_PATTERN},
+        "next_cursor of the page before",
+    ),
+    "PageLimit": _param(
+        "limit",
+        "query",
+        {"type": "integer", "minimum": 1, "maximum": ADMIN_MAX_PAGE_SIZE},
+        f"Page size; default {ADMIN_DEFAULT_PAGE_SIZE}",
     ),
     "Format": _param("format", "query", {"enum": list(USAGE_FORMATS)}, "Default json"),
     "Period": _param("period", "query", {"enum": list(BUDGET_PERIODS)}, "Default month"),

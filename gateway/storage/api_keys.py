@@ -8,6 +8,9 @@ with one indexed lookup instead of tens of milliseconds of CPU.
 The lookup goes by the hash of the presented key, then compares the stored and computed hashes
 with ``hmac.compare_digest``, so no step compares secret material byte by byte with an early exit.
 Keys and hashes are never logged; ``repr`` of the values here leaves them out.
+
+A tenant's keys are listed oldest first in pages; the cursor is the last key id seen. Keys
+are revoked, never deleted, so a cursor stays valid, and keys created meanwhile come after it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.storage.models import ApiKeyRow, Tenant, utc_now
@@ -135,6 +138,48 @@ def list_keys(session: Session, tenant_id: str) -> list[ApiKeyInfo]:
         .order_by(ApiKeyRow.created_at, ApiKeyRow.id)
     )
     return [ApiKeyInfo.from_row(row) for row in session.scalars(query)]
+
+
+class UnknownCursorError(ValueError):
+    """The cursor names no key of the tenant: it did not come from a page of its keys."""
+
+
+@dataclass(frozen=True)
+class ApiKeyPage:
+    keys: list[ApiKeyInfo]
+    next_cursor: str | None  # pass back as ``cursor``; None when this was the last page
+
+
+def key_page(
+    session: Session, tenant_id: str, *, cursor: str | None = None, limit: int
+) -> ApiKeyPage:
+    """At most ``limit`` of the tenant's keys after the key ``cursor``, oldest first (then
+    by id). Raises ``UnknownCursorError`` if ``cursor`` is not one of the tenant's keys."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    query = (
+        select(ApiKeyRow)
+        .where(ApiKeyRow.tenant_id == tenant_id)
+        .order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+        .limit(limit + 1)
+    )
+    if cursor is not None:
+        after = session.get(ApiKeyRow, cursor)
+        if after is None or after.tenant_id != tenant_id:
+            raise UnknownCursorError(f"no key {cursor!r} of tenant {tenant_id!r}")
+        query = query.where(
+            or_(
+                ApiKeyRow.created_at > after.created_at,
+                and_(ApiKeyRow.created_at == after.created_at, ApiKeyRow.id > after.id),
+            )
+        )
+    rows = list(session.scalars(query))
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return ApiKeyPage(
+        keys=[ApiKeyInfo.from_row(row) for row in rows],
+        next_cursor=rows[-1].id if has_more else None,
+    )
 
 
 def revoke_key(session: Session, key_id: str, *, now: datetime | None = None) -> bool:

@@ -29,6 +29,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -102,6 +103,9 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
+    """A tenant. Ids are unique regardless of case (migration 0004): ``Acme`` cannot be
+    created beside ``acme``, while every id keeps the spelling it was created with."""
+
     __tablename__ = "tenants"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -111,6 +115,9 @@ class Tenant(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
     deleted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+Index("uq_tenants_lower_id", func.lower(Tenant.id), unique=True)
 
 
 class ApiKeyRow(Base):

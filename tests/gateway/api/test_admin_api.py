@@ -713,3 +713,123 @@ def test_plain_openapi_docstrings_pass_through_and_others_are_skipped() -> None:
     assert document["paths"] == {
         "/health": {"get": {"summary": "Liveness.", "responses": {"200": {"description": "OK"}}}}
     }
+
+
+# --- pages, ids and names -------------------------------------------------------------------
+
+
+async def walk(client: httpx.AsyncClient, path: str, limit: int, **query: str) -> list[str]:
+    """Every id of a listing, page by page through ``next_cursor``."""
+    ids: list[str] = []
+    cursor = None
+    while True:
+        params = {**query, "limit": str(limit)} | ({} if cursor is None else {"cursor": cursor})
+        response = await client.get(path, params=params)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        assert len(page["data"]) <= limit
+        ids += [item["id"] for item in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return ids
+        assert cursor == page["data"][-1]["id"]
+
+
+async def test_tenant_pages_walk_every_tenant_once(client: httpx.AsyncClient, db: Database) -> None:
+    ids = [f"t{n:03d}" for n in range(103)] + ["Zeta", "alpha", "Beta.x", "b_corp"]
+    for tenant_id in ids:
+        await create(client, tenant_id)
+    await client.delete("/admin/tenants/t007")
+    with db.session() as session:
+        expected = [t.id for t in list_tenants(session)]
+        everyone = [t.id for t in list_tenants(session, include_deleted=True)]
+    for limit in (1, 7, 106, 1000):
+        assert await walk(client, "/admin/tenants", limit) == expected
+    assert await walk(client, "/admin/tenants", 10, include_deleted="true") == everyone
+    assert len(set(everyone)) == len(ids)
+
+    first = (await client.get("/admin/tenants")).json()
+    assert len(first["data"]) == 100  # the default page, as the usage export's
+    assert first["next_cursor"] == expected[99]
+    rest = (await client.get("/admin/tenants", params={"cursor": first["next_cursor"]})).json()
+    assert [t["id"] for t in rest["data"]] == expected[100:]
+    assert rest["next_cursor"] is None
+    for query in ("limit=0", "limit=1001", "limit=", "limit=ten", "limit=-1", "limit=1.5"):
+        assert_error(await client.get(f"/admin/tenants?{query}"), 400, "limit")
+    for query in ("cursor=", f"cursor={'x' * 65}", "cursor=a%00b"):
+        assert_error(await client.get(f"/admin/tenants?{query}"), 400, "cursor")
+
+
+async def test_key_pages_walk_every_key_once(client: httpx.AsyncClient) -> None:
+    await create(client, "acme")
+    await create(client, "other")
+    created = [(await client.post("/admin/tenants/acme/keys")).json()["id"] for _ in range(7)]
+    other_key = (await client.post("/admin/tenants/other/keys")).json()["id"]
+    listed = (await client.get("/admin/tenants/acme/keys")).json()
+    assert sorted(k["id"] for k in listed["data"]) == sorted(created)
+    assert listed["next_cursor"] is None
+    everything = [k["id"] for k in listed["data"]]
+    for limit in (1, 3, 7):
+        assert await walk(client, "/admin/tenants/acme/keys", limit) == everything
+    for query in ("limit=0", "limit=1001", "limit="):
+        assert_error(await client.get(f"/admin/tenants/acme/keys?{query}"), 400, "limit")
+    for cursor in ("key_nope", other_key, ""):
+        response = await client.get("/admin/tenants/acme/keys", params={"cursor": cursor})
+        assert_error(response, 400, "cursor")
+    assert_error(await client.get("/admin/tenants/acme/keys?after=x"), 400, "after")
+    assert_error(await client.get("/admin/tenants/nobody/keys?limit=2"), 404)
+
+
+async def test_tenant_ids_differing_only_in_case_cannot_coexist(client: httpx.AsyncClient) -> None:
+    await create(client, "acme")
+    for variant in ("Acme", "ACME"):
+        error = assert_error(await client.post("/admin/tenants", json={"id": variant}), 409, "id")
+        assert error["code"] == "tenant_exists"
+        assert "'acme'" in error["message"]
+        assert "case" in error["message"]
+    assert [t["id"] for t in (await client.get("/admin/tenants")).json()["data"]] == ["acme"]
+    await create(client, "Widget")  # an id keeps its spelling
+    assert (await client.get("/admin/tenants/Widget")).json()["id"] == "Widget"
+    assert_error(await client.post("/admin/tenants", json={"id": "widget"}), 409, "id")
+
+
+async def test_names_are_nfc_normalized(client: httpx.AsyncClient) -> None:
+    composed, decomposed = "Caf\u00e9 M\u00fcller", "Cafe\u0301 Mu\u0308ller"
+    assert composed != decomposed
+    assert (await create(client, "acme", name=decomposed))["name"] == composed
+    assert (await client.get("/admin/tenants/acme")).json()["name"] == composed
+    await create(client, "other", name=composed)
+    patched = await client.patch("/admin/tenants/other", json={"name": "Cre\u0300me"})
+    assert patched.json()["name"] == "Cr\u00e8me"
+    key = await client.post("/admin/tenants/acme/keys", json={"name": decomposed})
+    assert key.json()["name"] == composed
+    listed = (await client.get("/admin/tenants/acme/keys")).json()["data"]
+    assert [k["name"] for k in listed] == [composed]
+
+
+INVISIBLE = [
+    *(chr(c) for c in range(0x202A, 0x202F)),  # embeddings and overrides
+    *(chr(c) for c in range(0x2066, 0x206A)),  # isolates
+    "\u200e",  # left-to-right mark
+    "\u200f",  # right-to-left mark
+    "\u200b",  # zero-width space
+    "\u200c",  # zero-width non-joiner
+    "\u200d",  # zero-width joiner
+    "\u2060",  # word joiner
+    "\ufeff",  # zero-width no-break space (BOM)
+]
+
+
+@pytest.mark.parametrize("character", INVISIBLE, ids=lambda c: f"U+{ord(c):04X}")
+async def test_names_refuse_bidi_controls_and_zero_width_characters(
+    client: httpx.AsyncClient, character: str
+) -> None:
+    name = f"Acme{character}Corp"
+    response = await client.post("/admin/tenants", json={"id": "x", "name": name})
+    error = assert_error(response, 400, "name")
+    assert "bidirectional controls" in error["message"]
+    await create(client, "acme", name="Acme")
+    assert_error(await client.patch("/admin/tenants/acme", json={"name": name}), 400, "name")
+    assert_error(await client.post("/admin/tenants/acme/keys", json={"name": name}), 400, "name")
+    assert (await client.get("/admin/tenants/acme")).json()["name"] == "Acme"
+    assert (await client.get("/admin/tenants/acme/keys")).json()["data"] == []

@@ -107,3 +107,27 @@ def test_comparisons_are_constant_time(tenant_db, monkeypatch):
         assert authenticate(session, created.key, now=T0) is not None
     assert len(calls) == 3
     assert calls[-1][0] == hash_key(created.key).encode()
+
+
+def test_key_pages_walk_every_key_once_oldest_first(tenant_db):
+    with tenant_db.transaction() as session:
+        # Three keys per instant: ties on created_at are ordered by id.
+        for n in range(11):
+            create_key(session, "acme", name=f"k{n}", now=T0 + timedelta(seconds=n // 3))
+        create_key(session, "other", now=T0)
+    with tenant_db.session() as session:
+        expected = [k.id for k in list_keys(session, "acme")]
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = api_keys.key_page(session, "acme", cursor=cursor, limit=2)
+            seen += [k.id for k in page.keys]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == expected
+        assert len(set(seen)) == 11
+        other_key = list_keys(session, "other")[0].id
+        for cursor in ("key_nope", other_key):
+            with pytest.raises(api_keys.UnknownCursorError):
+                api_keys.key_page(session, "acme", cursor=cursor, limit=2)

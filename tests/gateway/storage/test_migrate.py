@@ -1,3 +1,4 @@
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, pool, text
@@ -155,5 +156,34 @@ def test_0003_adds_finish_reason_null_for_rows_before_it(database_url):
         with engine.connect() as connection:
             ids = connection.execute(text("SELECT request_id FROM usage_records ORDER BY id"))
             assert [row[0] for row in ids] == ["before", "after"]  # the rows stay
+    finally:
+        engine.dispose()
+
+
+def test_0004_makes_tenant_ids_unique_regardless_of_case(database_url):
+    """Ids differing only in case from before 0004 stop the upgrade, named, and nothing is
+    renamed; once an operator resolves them the index refuses new case variants."""
+    upgrade(database_url, "0003")
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    insert = text(
+        "INSERT INTO tenants (id, name, tier, quota, created_at, updated_at)"
+        " VALUES (:id, '', 'free', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+    )
+    try:
+        with engine.begin() as connection:
+            for tenant_id in ("acme", "Acme", "other"):
+                connection.execute(insert, {"id": tenant_id})
+        with pytest.raises(RuntimeError, match="differ only in case") as raised:
+            upgrade(database_url, "0004")
+        assert sorted(str(raised.value).rsplit(": ", 1)[1].split(", ")) == ["Acme", "acme"]
+        assert current_revision(database_url) == "0003"
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE tenants SET id = 'acme-2' WHERE id = 'Acme'"))
+        upgrade(database_url, "0004")
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            connection.execute(insert, {"id": "OTHER"})
+        downgrade(database_url, "0003")
+        with engine.begin() as connection:
+            connection.execute(insert, {"id": "OTHER"})
     finally:
         engine.dispose()

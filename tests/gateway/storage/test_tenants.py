@@ -1,13 +1,17 @@
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import insert
+from sqlalchemy.exc import IntegrityError
 
+from gateway.storage.models import Tenant
 from gateway.storage.tenants import (
     TenantExistsError,
     create_tenant,
     delete_tenant,
     get_tenant,
     list_tenants,
+    tenant_page,
     update_tenant,
 )
 
@@ -69,3 +73,49 @@ def test_soft_delete_hides_the_tenant_but_keeps_the_row(database):
         assert kept.is_deleted
         assert [t.id for t in list_tenants(session)] == ["other"]
         assert [t.id for t in list_tenants(session, include_deleted=True)] == ["acme", "other"]
+
+
+def test_ids_differing_only_in_case_cannot_coexist(database):
+    with database.transaction() as session:
+        create_tenant(session, "acme", name="Acme", tier="free", quota={})
+        for variant in ("Acme", "ACME", "aCmE"):
+            with pytest.raises(TenantExistsError) as raised:
+                create_tenant(session, variant, name="x", tier="free", quota={})
+            assert raised.value.existing_id == "acme"
+        assert get_tenant(session, "Acme") is None  # lookups are exact: one spelling
+    times = {"created_at": T0, "updated_at": T0}
+    # The database refuses it too (a concurrent create skips the check above).
+    with pytest.raises(IntegrityError), database.transaction() as session:
+        session.execute(insert(Tenant).values(id="ACME", name="", tier="free", quota={}, **times))
+    with database.session() as session:
+        assert [t.id for t in list_tenants(session)] == ["acme"]
+
+
+def test_pages_walk_every_tenant_once(database):
+    ids = [f"t-{n:02d}" for n in range(23)] + ["Zeta", "alpha", "Beta.x", "b_corp"]
+    with database.transaction() as session:
+        for tenant_id in ids:
+            create_tenant(session, tenant_id, name="", tier="free", quota={}, now=T0)
+        for tenant_id in ids[::5]:
+            delete_tenant(session, tenant_id)
+    for include_deleted in (False, True):
+        with database.session() as session:
+            expected = [t.id for t in list_tenants(session, include_deleted=include_deleted)]
+            seen: list[str] = []
+            cursor = None
+            while True:
+                page = tenant_page(session, include_deleted=include_deleted, cursor=cursor, limit=4)
+                assert len(page.tenants) <= 4
+                seen += [t.id for t in page.tenants]
+                if page.next_cursor is None:
+                    break
+                assert page.next_cursor == page.tenants[-1].id
+                cursor = page.next_cursor
+        assert seen == expected
+        assert len(set(seen)) == len(ids) - (0 if include_deleted else len(ids[::5]))
+    with database.session() as session:
+        exact = tenant_page(session, include_deleted=True, limit=len(ids))
+        assert len(exact.tenants) == len(ids)
+        assert exact.next_cursor is None  # no empty page after a full last one
+        with pytest.raises(ValueError, match="at least 1"):
+            tenant_page(session, limit=0)
