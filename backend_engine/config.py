@@ -12,6 +12,11 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` shows
 
+# While another tenant waits, one tenant may run at most this share of max_num_seqs: a
+# quarter of the sequences stays for the others' arrivals, and a tenant alone (nobody else
+# waiting) still gets them all. 1.0 is no cap (a tenant could hold every sequence anyway).
+DEFAULT_MAX_RUNNING_SHARE = 0.75
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -41,6 +46,10 @@ class EngineConfig:
     enable_prefix_caching: bool = field(default=True, metadata={HELP: "Reuse shared prefixes."})
     max_num_batched_tokens: int = field(default=2048, metadata={HELP: "Token budget per step."})
     max_num_seqs: int = field(default=64, metadata={HELP: "Most sequences per step."})
+    max_running_share: float = field(
+        default=DEFAULT_MAX_RUNNING_SHARE,
+        metadata={HELP: "Most of max_num_seqs one tenant runs while another waits (0-1]."},
+    )
     max_model_len: int | None = field(
         default=None,
         metadata={HELP: "Longest sequence (prompt + output); default: the model's own."},
@@ -82,6 +91,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if not 0.0 < self.max_running_share <= 1.0:
+            raise ValueError(f"max_running_share must be in (0, 1], got {self.max_running_share}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(
                 f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"

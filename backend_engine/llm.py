@@ -30,6 +30,7 @@ class EngineOptions(TypedDict, total=False):
     enable_prefix_caching: bool
     max_num_batched_tokens: int
     max_num_seqs: int
+    max_running_share: float
     max_model_len: int | None
     scheduling: SchedulingMode
     watermark: float

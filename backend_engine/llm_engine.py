@@ -89,6 +89,7 @@ class LLMEngine:
             watermark=config.watermark,
             mode=config.scheduling,
             eos_token_ids=self.tokenizer.eos_token_ids,
+            max_running_share=config.max_running_share,
         )
         self.runner = plan.build(num_blocks, checkpoint)
         self.outputs = OutputProcessor(self.tokenizer)

@@ -1,15 +1,20 @@
 """Continuous batching: which requests run in the next step, and with how many tokens.
 
 Every step, under a token budget (``max_num_batched_tokens``):
-1. Running requests go first: decodes (one token each), then the next chunks of
-   prefills in progress. When KV blocks run out, the least important running
-   request (batch before interactive, latest arrival first) is preempted: its
-   blocks are freed and it is recomputed later, ahead of later arrivals.
-2. If nothing was preempted, waiting requests are admitted in ``WaitingQueue``
-   order while sequences, budget and blocks last, keeping a watermark of free
-   blocks so running requests can grow. A long prompt takes only what is left
-   of the budget; its remainder is prefilled in later steps (chunked prefill),
-   so it never stalls running decodes.
+1. Running decodes go first (one token each). When KV blocks run out, the least
+   important running request (batch before interactive, latest arrival first) is
+   preempted: its blocks are freed and it is recomputed later, ahead of later arrivals.
+2. The rest is prefill budget, shared fairly among tenants (:mod:`.prefill_budget`).
+   Prompts in progress take their next chunks from their tenant's share (blocks go to
+   them first, preempting as above); then, if nothing was preempted, waiting requests
+   are admitted in ``WaitingQueue`` order, each chunk within its tenant's share, keeping
+   a watermark of free blocks so running requests can grow. The first admission refused
+   for blocks ends admission for the step, so a large prompt is not overtaken for ever.
+3. What a tenant could not use goes to the others: prompts in progress, then admission.
+A long prompt thus takes only its share, and its remainder is prefilled in later steps
+(chunked prefill): it never stalls running decodes, nor another tenant's first token.
+While another tenant waits, a tenant running ``max_running_share`` of ``max_num_seqs``
+is admitted no more (nothing is preempted; the cap lifts when nobody else waits).
 
 A waiting request's prefix-cache lookup is made once and kept until it is admitted
 (redone only if a block it found was handed out meanwhile). After each step the
@@ -35,72 +40,44 @@ The scheduler is plain Python over token ids and block ids; it never sees a tens
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
-from backend_engine.config import SchedulingMode
+from backend_engine.config import DEFAULT_MAX_RUNNING_SHARE, SchedulingMode
 from backend_engine.core.kv_cache_manager import BlockCopy, CachedPrefix, KVCacheManager
-from backend_engine.core.request import OutputMatcher, Request, RequestStatus
+from backend_engine.core.prefill_budget import (
+    prefill_contenders,
+    running_cap,
+    share_prefill_budget,
+)
+from backend_engine.core.request import Request, RequestStatus
+from backend_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput, describe
 from backend_engine.core.stop_rules import token_stop
 from backend_engine.core.waiting_queue import WaitingQueue
 from backend_engine.outputs import FinishReason
-from backend_engine.sampling_params import SamplingParams
+
+__all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]  # the output's types, re-exported
 
 
-@dataclass(frozen=True)
-class ForkedChoice:
-    """A choice that takes its first token from its leader's logits row: the runner samples
-    it with the choice's own settings, generator (by ``request_id``) and matcher."""
+@dataclass
+class _Step:
+    """The step being planned. ``unscheduled``: running requests not yet scheduled (the
+    preemption victims); ``is_admission_closed``: an admission was refused for blocks."""
 
-    request_id: str
-    sampling_params: SamplingParams
-    matcher: OutputMatcher | None = None
+    budget: int
+    unscheduled: list[Request]
+    scheduled: dict[Request, int] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    is_admission_closed: bool = False
 
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    request_id: str
-    token_ids: list[int]  # the tokens to compute this step
-    start_position: int  # position of token_ids[0]
-    block_table: list[int]
-    sampling_params: SamplingParams
-    do_sample: bool  # this chunk ends at the last known token: sample the next one
-    # One token against the KV already cached: computed as a decode (one query row per
-    # sequence). Otherwise a prefill chunk (several query rows, causal within the chunk).
-    is_decode: bool
-    matcher: OutputMatcher | None = None  # the next token's mask, for a structured output
-    # With do_sample, the choices to fork off this request: each is sampled from its row too.
-    forks: tuple[ForkedChoice, ...] = ()
-    # The request's tokens so far (its own list, not a copy: read it before the step's update
-    # appends to it), of which the first ``num_prompt_tokens`` are the prompt: the penalties'
-    # history, and the prompt tokens whose logprobs this chunk computes.
-    all_token_ids: Sequence[int] = ()
-    num_prompt_tokens: int = 0
-    # With ``prompt_logprobs``: how many of the prompt's entries were already reported
-    # (a recompute after preemption owes none of those again).
-    num_reported_prompt_logprobs: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+    def add(self, request: Request, num_new: int) -> None:
+        self.scheduled[request] = self.scheduled.get(request, 0) + num_new
+        self.budget -= num_new
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
-    decodes: list[ScheduledRequest]  # each computes one token
-    prefills: list[ScheduledRequest]  # chunks of prompts (or of a recompute)
-    preempted_request_ids: list[str]
-    # KV blocks to copy before this step's forward pass (the partial blocks of forked choices).
-    block_copies: tuple[BlockCopy, ...] = ()
-
-    @property
-    def scheduled(self) -> list[ScheduledRequest]:
-        """Everything this step computes, decodes first: the flat batch layout."""
-        return self.decodes + self.prefills
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.decodes and not self.prefills and not self.block_copies
+def _is_prefill(request: Request) -> bool:
+    return request.num_tokens - request.num_computed_tokens > 1
 
 
 class Scheduler:
@@ -113,9 +90,11 @@ class Scheduler:
         watermark: float = 0.01,
         mode: SchedulingMode = "continuous",
         eos_token_ids: frozenset[int] = frozenset(),
+        max_running_share: float = DEFAULT_MAX_RUNNING_SHARE,
     ) -> None:
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
+        self.max_running_per_tenant = running_cap(max_num_seqs, max_running_share)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.mode = mode
@@ -156,63 +135,110 @@ class Scheduler:
         self.waiting.add(request)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
-        preempted: list[Request] = []
-
-        candidates = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
-        unscheduled = list(candidates)
-        for request in candidates:
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            if budget == 0:
-                break
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while self.kv_cache.allocate_slots(request, num_new) is None:
-                victim = max(unscheduled, key=lambda r: (r.priority, r.arrival_seq))
-                self._preempt(victim)
-                unscheduled.remove(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status is not RequestStatus.RUNNING:
-                continue
-            unscheduled.remove(request)
-            scheduled.append((request, num_new))
-            budget -= num_new
-
-        if not preempted and (self.mode == "continuous" or not self.running):
-            budget = self._admit(budget, scheduled)
-
-        described = [self._describe(r, n) for r, n in scheduled]
+        running = sorted(self.running, key=_is_prefill)  # decodes first, else in order
+        step = _Step(self.max_num_batched_tokens, list(running))
+        prefills = [r for r in running if _is_prefill(r)]
+        if self.mode == "continuous":
+            self._schedule_running(step, [r for r in running if not _is_prefill(r)])
+            self._share_prefill_budget(step, prefills)
+        else:
+            self._schedule_running(step, running)
+            if not step.preempted and not self.running:
+                self._admit(step)
+        described = [
+            describe(r, n, self.kv_cache.block_table(r.request_id))
+            for r, n in step.scheduled.items()
+        ]
         copies, self._block_copies = tuple(self._block_copies), []
         return SchedulerOutput(
             [item for item in described if item.is_decode],
             [item for item in described if not item.is_decode],
-            [r.request_id for r in preempted],
+            [r.request_id for r in step.preempted],
             copies,
         )
 
-    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
-        """Move waiting requests into ``running`` and schedule their first prefill chunk.
+    def _schedule_running(
+        self, step: _Step, requests: list[Request], shares: dict[str, int] | None = None
+    ) -> None:
+        """Schedule the next tokens of running requests, in order, each within its tenant's
+        share (if given) and the budget, preempting for blocks; one already scheduled this
+        step is only extended, where blocks allow."""
+        for request in requests:
+            if step.budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            done = step.scheduled.get(request, 0)
+            limit = step.budget if shares is None else min(shares[request.tenant_id], step.budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens - done, limit)
+            if num_new <= 0:
+                continue
+            if done:
+                if self.kv_cache.allocate_slots(request, done + num_new) is not None:
+                    step.add(request, num_new)
+                continue
+            while self.kv_cache.allocate_slots(request, num_new) is None:
+                victim = max(step.unscheduled, key=lambda r: (r.priority, r.arrival_seq))
+                self._preempt(victim)
+                step.unscheduled.remove(victim)
+                step.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            step.unscheduled.remove(request)
+            step.add(request, num_new)
+            if shares is not None:
+                shares[request.tenant_id] -= num_new
 
-        Continuous mode admits while the step has token budget left. Static mode forms a
-        whole batch of ``max_num_seqs`` at once: requests beyond this step's budget join the
-        batch with nothing scheduled and are prefilled, in chunks, over the next steps.
+    def _share_prefill_budget(self, step: _Step, prefills: list[Request]) -> None:
+        """Continuous mode's prefill phase (steps 2 and 3 of the module docstring)."""
+        running_by_tenant = Counter(r.tenant_id for r in self.running)
+        contenders = prefill_contenders(
+            prefills,
+            self.waiting,
+            running_by_tenant,
+            step.budget,
+            self.max_num_seqs - len(self.running),
+            self.max_running_per_tenant,
+            lambda r: r.num_tokens - self._cached_prefix(r).num_tokens,
+        )
+        shares = share_prefill_budget(step.budget, {c.tenant_id: c.num_tokens for c in contenders})
+        self._schedule_running(step, prefills, shares)
+        if not step.preempted:
+            self._admit(step, shares)
+        self._schedule_running(step, prefills + step.admitted)  # what a tenant could not use
+        if not step.preempted:
+            self._admit(step)
+
+    def _admit(self, step: _Step, shares: dict[str, int] | None = None) -> None:
+        """Move waiting requests into ``running`` in ``WaitingQueue`` order and schedule
+        their first prefill chunks: with ``shares``, only of tenants with some share left,
+        each chunk within it.
+
+        Continuous mode admits while tokens are left. Static mode forms a whole batch of
+        ``max_num_seqs`` at once: requests beyond this step's budget join the batch with
+        nothing scheduled and are prefilled, in chunks, over the next steps.
         """
         running_by_tenant = Counter(r.tenant_id for r in self.running)
         while (
             self.waiting
-            and (budget > 0 or self.mode == "static")
+            and (step.budget > 0 or self.mode == "static")
             and len(self.running) < self.max_num_seqs
+            and not step.is_admission_closed
         ):
-            request = self.waiting.peek(running_by_tenant)
+            tenants = None if shares is None else {t for t, n in shares.items() if n > 0}
+            request = self.waiting.peek(
+                running_by_tenant, tenants=tenants, max_running=self.max_running_per_tenant
+            )
             if request is None:
                 break
             prefix = self._cached_prefix(request)
-            num_new = min(request.num_tokens - prefix.num_tokens, budget)
+            limit = step.budget if shares is None else min(shares[request.tenant_id], step.budget)
+            num_new = min(request.num_tokens - prefix.num_tokens, limit)
             reserved = self.num_watermark_blocks if self.running else 0
             if self.kv_cache.allocate_slots(request, num_new, prefix, reserved) is None:
+                step.is_admission_closed = True
                 break
             self.waiting.remove(request)
             del self._prefixes[request.request_id]
@@ -222,11 +248,12 @@ class Scheduler:
                 self.first_admissions.append(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            step.admitted.append(request)
             running_by_tenant[request.tenant_id] += 1
             if num_new > 0:
-                scheduled.append((request, num_new))
-                budget -= num_new
-        return budget
+                step.add(request, num_new)
+            if shares is not None:
+                shares[request.tenant_id] -= num_new
 
     def _cached_prefix(self, request: Request) -> CachedPrefix:
         """The request's prefix-cache lookup, made once while it waits.
@@ -240,30 +267,6 @@ class Scheduler:
             prefix = self.kv_cache.get_computed_blocks(request)
             self._prefixes[request.request_id] = prefix
         return prefix
-
-    def _describe(self, request: Request, num_new: int) -> ScheduledRequest:
-        start = request.num_computed_tokens
-        do_sample = start + num_new == request.num_tokens
-        forks: tuple[ForkedChoice, ...] = ()
-        if do_sample and request.pending_forks:
-            forks = tuple(
-                ForkedChoice(c.request_id, c.sampling_params, c.matcher)
-                for c in request.pending_forks
-            )
-        return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start : start + num_new],
-            start_position=start,
-            block_table=self.kv_cache.block_table(request.request_id),
-            sampling_params=request.sampling_params,
-            do_sample=do_sample,
-            is_decode=num_new == 1,
-            matcher=request.matcher,
-            forks=forks,
-            all_token_ids=request.all_token_ids,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_reported_prompt_logprobs=len(request.prompt_logprobs or ()),
-        )
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache.free(request)

@@ -28,6 +28,7 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
     "max_num_batched_tokens": (["--max-num-batched-tokens", "512"], 512),
     "max_num_seqs": (["--max-num-seqs", "8"], 8),
+    "max_running_share": (["--max-running-share", "0.5"], 0.5),
     "max_model_len": (["--max-model-len", "1024"], 1024),
     "scheduling": (["--scheduling", "static"], "static"),
     "watermark": (["--watermark", "0.2"], 0.2),
@@ -95,6 +96,9 @@ def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> No
     result = runner.invoke(cli.engine_app, ["--model", "m", "--drain-grace-s", "-1"])
     assert result.exit_code == 2
     assert "drain_grace_s must be 0 or more" in result.output
+    result = runner.invoke(cli.engine_app, ["--model", "m", "--max-running-share", "0"])
+    assert result.exit_code == 2
+    assert "max_running_share must be in (0, 1]" in result.output
     assert started == []
 
 

@@ -316,3 +316,66 @@ def test_abort_frees_waiting_and_running_requests():
     assert h.scheduler.finish("missing", "abort") is None
     assert h.kv.num_used_blocks == 0
     assert h.scheduler.schedule().is_empty
+
+
+def test_a_tenants_long_prompt_in_progress_does_not_hold_back_another_tenants_first_token():
+    """The issue's probe in miniature: before, the prompt in progress took the whole budget
+    every step and the short request waited for it to end."""
+    h = Harness(num_blocks=256, budget=64)
+    chatty = h.add("chatty", num_prompt=4, max_tokens=50, tenant="a")
+    h.step()
+    long_prompt = h.add("long", num_prompt=400, max_tokens=2, tenant="a")
+    h.step()  # chatty decodes, long takes the other 63
+    short = h.add("short", num_prompt=8, max_tokens=2, tenant="b")
+    out = h.step()
+    assert [(s.request_id, s.num_tokens) for s in out.decodes] == [("chatty", 1)]
+    # b's whole prompt, and a takes the rest: the step's budget is spent all the same.
+    assert [(s.request_id, s.num_tokens, s.do_sample) for s in out.prefills] == [
+        ("long", 55, False),
+        ("short", 8, True),
+    ]
+    assert short.output_token_ids == [7]
+    assert long_prompt.num_computed_tokens == 63 + 55
+    assert chatty.num_output_tokens == 3
+
+
+def test_tenants_with_long_prompts_in_progress_share_the_prefill_budget():
+    h = Harness(num_blocks=512, budget=64)
+    a1 = h.add("a1", num_prompt=300, max_tokens=1, tenant="a")
+    a2 = h.add("a2", num_prompt=300, max_tokens=1, tenant="a")
+    h.step()  # a1: 64
+    b = h.add("b", num_prompt=100, max_tokens=1, tenant="b")
+    out = h.step()
+    # a's two prompts get a's half (a1 first, in running order), b the other half.
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("a1", 32), ("b", 32)]
+    for _ in range(2):
+        out = h.step()
+        assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("a1", 32), ("b", 32)]
+    out = h.step()  # b needs only 4 more: a takes the rest, a2 admitted with a's leftover
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("a1", 60), ("b", 4)]
+    assert b.is_finished
+    assert a1.num_computed_tokens == 64 + 3 * 32 + 60
+    assert a2.status is RequestStatus.WAITING  # admitted only when budget is left over
+
+
+def test_the_running_share_cap_holds_while_another_tenant_waits_and_lifts_when_none_does():
+    # 8 blocks of 4 tokens: b's first chunk (56 tokens, its share) never fits, so b waits.
+    h = Harness(num_blocks=8, max_num_seqs=4, watermark=0.0, max_running_share=0.5)
+    for i in range(4):
+        h.add(f"a{i}", num_prompt=4, max_tokens=20, tenant="a")
+    h.add("b", num_prompt=80, max_tokens=1, tenant="b", priority=Priority.BATCH)
+    # a is interactive, so before the cap it took all four sequences at once.
+    assert scheduled_ids(h.step()) == ["a0", "a1"]
+    assert scheduled_ids(h.step()) == ["a0", "a1"]  # two sequences free, b still waiting
+    h.scheduler.finish("b", "abort")
+    assert scheduled_ids(h.step()) == ["a0", "a1", "a2", "a3"]
+
+
+def test_the_running_share_cap_passes_a_tenant_over_for_one_that_fits():
+    h = Harness(max_num_seqs=4, max_running_share=0.5)
+    for i in range(3):
+        h.add(f"a{i}", tenant="a")
+    h.add("b", tenant="b", priority=Priority.BATCH)
+    out = h.step()
+    # a stops at its two while b waits; once b runs nobody else waits, and a2 comes in.
+    assert scheduled_ids(out) == ["a0", "a1", "b", "a2"]

@@ -49,3 +49,38 @@ def test_remove_unknown_is_false():
     q = WaitingQueue()
     assert q.remove(req("nobody", 0)) is False
     assert q.peek({}) is None
+
+
+def test_a_tenant_at_its_cap_is_passed_over_while_another_waits():
+    q = WaitingQueue()
+    q.add(req("x1", 0, "x"))
+    q.add(req("y1", 1, "y", Priority.BATCH))
+    # x is interactive, but runs 2 of the 2 it may while y waits.
+    assert q.peek({"x": 2}, max_running=2).request_id == "y1"
+    assert q.is_capped("x", {"x": 2}, max_running=2)
+    q.remove(q.peek({"x": 2}, max_running=2))
+    # Nobody else waits: the cap lifts.
+    assert not q.is_capped("x", {"x": 2}, max_running=2)
+    assert q.peek({"x": 2}, max_running=2).request_id == "x1"
+
+
+def test_the_cap_applies_to_preempted_requests_too():
+    q = WaitingQueue()
+    q.add_preempted(req("p", 0, "x"))
+    q.add(req("y1", 1, "y"))
+    assert q.peek({"x": 3}, max_running=3).request_id == "y1"
+    assert q.peek({"x": 3}).request_id == "p"
+
+
+def test_peek_among_some_tenants_and_one_tenants_requests_in_order():
+    q = WaitingQueue()
+    q.add(req("x1", 0, "x", Priority.BATCH))
+    q.add(req("y1", 1, "y"))
+    q.add(req("x2", 2, "x"))
+    q.add_preempted(req("xp", 3, "x", Priority.BATCH))
+    assert q.peek({}, tenants={"x"}).request_id == "x2"
+    assert q.peek({}, tenants=set()) is None
+    assert [r.request_id for r in q.of_tenant("x")] == ["x2", "xp", "x1"]
+    assert sorted(q.tenants) == ["x", "y"]
+    q.remove(q.peek({}, tenants={"y"}))
+    assert q.tenants == ["x"]
