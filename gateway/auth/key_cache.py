@@ -13,24 +13,17 @@ Reading the epoch before the key means a change committed before that epoch's bu
 in what was read; a change committed after it bumps the epoch again. Revoked and expired keys
 are never cached, and an entry's key expiry is checked on every use.
 
-An unknown key costs at most one database read per ``unknown_ttl_s``. A token not shaped
-like our keys (``api_keys.is_well_shaped``, the one rule the admin API's guard shares through
-this cache) is refused before any lookup, unread. A well-shaped key the database does not
-know is remembered, by its hash only, with the key set's epoch (``epochs``) read before that
-read, for ``unknown_ttl_s`` (least recently refused first out beyond ``max_unknown``); each
-distinct made-up key still costs its first read::
-
-    unknown, younger than unknown_ttl_s ─► key set's epoch still the one read before? ─► 401
-                                                        │ changed (a key was created)
-                                                        ▼
-                                                   read the database
-
-A key created through the admin API therefore works at once, on this gateway and on every
-replica sharing the epoch store: creating it bumps its tenant's epoch and with it the key
-set's, after the commit (the same order, and the same guarantee, as a revocation). Only a
-key written straight into the database waits out ``unknown_ttl_s`` (as a change made there
-waits out ``ttl_s``). An epoch store that cannot answer leaves the remembered refusals unused:
-the key is read from the database, as it was before.
+A made-up key costs no database read. A token not shaped like our keys
+(``api_keys.is_well_shaped``, the one rule the admin API's guard shares through this cache) is
+refused before any lookup. A well-shaped key with no entry is first looked up in the filter of
+the keys that exist (``known_key_filter``, 8 bytes a key): one it does not hold is refused
+unread; one it holds goes on to the read below (revoked and expired keys are in the filter, and
+that read refuses them as ever). The filter is read again, in one incremental query shared by
+concurrent misses, when the key set's epoch (``epochs``) moved since its last read: creating a
+key through the admin API bumps it after the commit, so the new key works at once on every
+gateway sharing the epoch store. A key written straight into the database, or created while
+the epoch store cannot answer, waits at most ``unknown_ttl_s`` (see the filter's docstring).
+``unknown_ttl_s == 0`` turns the filter off: every key without an entry is read.
 
 Keys exist here only as their SHA-256. Like the database's index, the dict finds an entry by
 that hash: a timing difference could only tell how much of the SHA-256 of a caller's own
@@ -66,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -75,6 +67,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.auth.bearer_keys import Caller, auth_unavailable, caller_of
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs
+from gateway.auth.known_key_filter import KnownKeyFilter
 from gateway.errors import ApiError, invalid_api_key
 from gateway.storage.api_keys import (
     AuthenticatedKey,
@@ -87,7 +80,6 @@ from gateway.storage.database import Database
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ENTRIES = 100_000
-DEFAULT_MAX_UNKNOWN = 100_000  # remembered refusals: some tens of MB at most
 
 
 @dataclass(frozen=True)
@@ -98,14 +90,6 @@ class CachedKey:
     expires_at: float | None  # unix seconds
     loaded_at: float  # the cache's clock: read again ttl_s after this
     verified_at: float  # the cache's clock: when the database last confirmed the key
-
-
-@dataclass(frozen=True)
-class UnknownKey:
-    """A well-shaped key the database did not know (kept under its hash only)."""
-
-    key_set: str  # the key set's epoch, read before the database was
-    refused_at: float  # the cache's clock
 
 
 class KeyCache:
@@ -119,7 +103,6 @@ class KeyCache:
         epochs_fail_open: bool = False,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         unknown_ttl_s: float = 0.0,
-        max_unknown: int = DEFAULT_MAX_UNKNOWN,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -129,8 +112,6 @@ class KeyCache:
             raise ValueError(f"stale_ttl_s must be >= 0, got {stale_ttl_s}")
         if unknown_ttl_s < 0:
             raise ValueError(f"unknown_ttl_s must be >= 0, got {unknown_ttl_s}")
-        if max_unknown < 1:
-            raise ValueError(f"max_unknown must be >= 1, got {max_unknown}")
         self._database = database
         self._epochs = epochs
         self._ttl_s = ttl_s
@@ -138,21 +119,18 @@ class KeyCache:
         self._epochs_fail_open = epochs_fail_open
         self._trust_s = max(ttl_s, stale_ttl_s)  # the longest any entry stands in memory
         self._max_entries = max_entries
-        self._unknown_ttl_s = unknown_ttl_s
-        self._max_unknown = max_unknown
         self._clock = clock
         self._wall_clock = wall_clock
         self._entries: dict[str, CachedKey] = {}
         self._reads: dict[str, asyncio.Future[CachedKey]] = {}  # by key hash: misses in flight
-        self._unknown: OrderedDict[str, UnknownKey] = OrderedDict()  # by key hash, LRU first
+        self.known_keys: KnownKeyFilter | None = None
+        if unknown_ttl_s > 0:
+            self.known_keys = KnownKeyFilter(
+                database, epochs, window_s=unknown_ttl_s, clock=clock, wall_clock=wall_clock
+            )
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    @property
-    def num_unknown(self) -> int:
-        """How many refused keys are remembered now."""
-        return len(self._unknown)
 
     async def key(self, token: str) -> CachedKey:
         """The active key for a presented bearer token; a 401 if there is none (a 503 if the
@@ -165,7 +143,7 @@ class KeyCache:
             now = self._clock()
             if now - entry.loaded_at < self._ttl_s and now - entry.verified_at < self._trust_s:
                 return self._unexpired(key_hash, entry)
-        elif await self._is_known_unknown(key_hash):
+        elif self.known_keys is not None and not await self.known_keys.may_hold(key_hash):
             raise invalid_api_key()
         if self._ttl_s == 0:  # every request reads for itself: none joins an earlier read
             return await self._refresh(key_hash, entry)
@@ -186,10 +164,8 @@ class KeyCache:
         """The miss path of `key`: read the key (and its tenant's epoch) from the stores."""
         tenant_id = entry.caller.tenant_id if entry is not None else None
         if tenant_id is None:  # a key's tenant never changes: only a first sight reads it
-            key_set = await self._key_set()
             found = await self._read(key_hash)
             if found is None:
-                self._remember_unknown(key_hash, key_set)
                 raise invalid_api_key()
             tenant_id = found.tenant.id
         epoch = await self._current_epoch(tenant_id)
@@ -209,41 +185,6 @@ class KeyCache:
             stale = replace(entry, loaded_at=self._clock())  # the database again after ttl_s
             self._entries[key_hash] = stale
             return self._unexpired(key_hash, stale)
-
-    async def _is_known_unknown(self, key_hash: str) -> bool:
-        """Whether the key was refused less than ``unknown_ttl_s`` ago and no key was created
-        (the key set's epoch unchanged) since the read that refused it."""
-        unknown = self._unknown.get(key_hash)
-        if unknown is None:
-            return False
-        if self._clock() - unknown.refused_at < self._unknown_ttl_s:
-            key_set = await self._key_set()
-            if key_set is not None and key_set == unknown.key_set:
-                if key_hash in self._unknown:
-                    self._unknown.move_to_end(key_hash)
-                return True
-        if self._unknown.get(key_hash) is unknown:
-            del self._unknown[key_hash]
-        return False
-
-    def _remember_unknown(self, key_hash: str, key_set: str | None) -> None:
-        if key_set is None or self._unknown_ttl_s == 0:
-            return
-        self._unknown.pop(key_hash, None)
-        if len(self._unknown) >= self._max_unknown:
-            self._unknown.popitem(last=False)
-        self._unknown[key_hash] = UnknownKey(key_set, self._clock())
-
-    async def _key_set(self) -> str | None:
-        """The key set's epoch, or ``None`` if the epoch store cannot answer (then no refusal
-        is remembered or trusted: the database answers, as without this cache)."""
-        if self._unknown_ttl_s == 0:
-            return None
-        try:
-            return await self._epochs.key_set()
-        except Exception as exc:
-            logger.debug("key set epoch unreadable (%s): reading the database", exc)
-            return None
 
     async def reload(self, entry: CachedKey, epoch: str) -> CachedKey:
         """The key as the database has it after ``epoch`` was read (the admission step saw the

@@ -11,6 +11,9 @@ Keys and hashes are never logged; ``repr`` of the values here leaves them out.
 
 A tenant's keys are listed oldest first in pages; the cursor is the last key id seen. Keys
 are revoked, never deleted, so a cursor stays valid, and keys created meanwhile come after it.
+
+``key_hash_prefixes`` reads only the first 8 bytes of each hash (16 hex digits), for the
+gateway's filter of the keys that exist (``gateway.auth.known_key_filter``).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import hashlib
 import hmac
 import re
 import secrets
+from array import array
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.storage.models import ApiKeyRow, Tenant, utc_now
@@ -49,6 +53,14 @@ def is_well_shaped(token: str) -> bool:
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+HASH_PREFIX_HEX_DIGITS = 16  # the first 8 bytes of a key's SHA-256
+
+
+def hash_prefix(key_hash: str) -> int:
+    """The first 8 bytes of a key's hash (``hash_key``), as an unsigned 64-bit int."""
+    return int(key_hash[:HASH_PREFIX_HEX_DIGITS], 16)
 
 
 def verify_key(key: str, key_hash: str) -> bool:
@@ -190,6 +202,18 @@ def revoke_key(session: Session, key_id: str, *, now: datetime | None = None) ->
     row.revoked_at = now or utc_now()
     session.flush()
     return True
+
+
+def key_hash_prefixes(session: Session, *, created_since: datetime | None = None) -> array[int]:
+    """``hash_prefix`` of every key (revoked and expired ones too), in no order; only the keys
+    created at or after ``created_since`` if given. Streamed: 8 bytes a key in memory."""
+    query = select(func.substr(ApiKeyRow.key_hash, 1, HASH_PREFIX_HEX_DIGITS))
+    if created_since is not None:
+        query = query.where(ApiKeyRow.created_at >= created_since)
+    prefixes = array("Q")
+    for prefix in session.scalars(query.execution_options(yield_per=10_000)):
+        prefixes.append(int(prefix, 16))
+    return prefixes
 
 
 def authenticate(
