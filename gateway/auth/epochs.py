@@ -17,9 +17,9 @@ epoch a stale entry still holds, except ``""`` itself; the cache's TTL bounds th
 changes made in the database without the admin API.
 
 Beside the tenants' epochs, one epoch of the whole key set changes with every ``bump``. The
-key cache remembers, with each key the database did not know, the key set's epoch read
-before that read: creating a key through the admin API of any replica bumps it, so a key
-once refused works on its first request after ``bump`` returns.
+filter of the keys that exist (``known_key_filter``) keeps the key set's epoch read before its
+last read of the keys, and reads the new ones when it moved: creating a key through the admin
+API of any replica bumps it, so the new key works on its first request after ``bump`` returns.
 
 Implementations: in process (one gateway, the embedded default) and Redis (any number of
 replicas). The Redis key shares the tenant's hash tag with its budget and rate-limit keys.

@@ -7,7 +7,7 @@ exist: 401, unread. A prefix it holds only means "maybe": the key goes on to the
 read, so a prefix shared by two keys (about n / 2**64 for a made-up key among n) costs a read,
 never a wrong answer. Revoked and expired keys stay in the filter: the read refuses them.
 
-Memory: 8 bytes a key, 8 MB at 1M keys (and some 45 MB more for a moment while the first load
+Memory: 8 bytes a key, 8 MB at 1M keys (and some 50 MB more for a moment while the first load
 sorts them; a later refresh copies the 8 MB array once, and only if it found a new key).
 
 When the filter is read again (one query, shared by every miss that waits for it, and
