@@ -15,7 +15,7 @@
     reservation_ttl_s: 600
     auth_cache_ttl_s: 10          # longest an API key is trusted from memory; 0: read every time
     auth_stale_ttl_s: 600         # database unreachable: verified keys keep working this long
-    auth_unknown_key_ttl_s: 5     # a key the DB did not know is refused unread this long; 0: never
+    auth_unknown_key_ttl_s: 5     # a key made around the admin API waits at most this; 0: no filter
     max_body_bytes: 1048576
     otel_endpoint: null           # null: no span export
     log_prompts: false
@@ -261,8 +261,9 @@ class GatewaySettings:
     # (see `gateway.auth.epochs`); this bounds how long a change made around it may go unseen.
     auth_cache_ttl_s: float = 10.0
     auth_stale_ttl_s: float = 600.0
-    # A key created through the admin API works at once even if it was refused as unknown
-    # before (the key set's auth epoch); this bounds only keys written straight in the database.
+    # A key created through the admin API works at once (the key set's auth epoch); this bounds
+    # how long the filter of known keys may refuse one written straight in the database or
+    # created while Redis is down (see `gateway.auth.known_key_filter`); 0: no filter.
     auth_unknown_key_ttl_s: float = DEFAULT_AUTH_UNKNOWN_KEY_TTL_S
     redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
     redis_timeout_s: float = DEFAULT_REDIS_TIMEOUT_S
