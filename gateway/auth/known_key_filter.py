@@ -144,6 +144,7 @@ class KnownKeyFilter:
                 refresh.done.add_done_callback(partial(self._refresh_ended, refresh))
             # Shielded: a caller that leaves (its client gone) does not cancel the others' read.
             was_read = await asyncio.shield(refresh.done)
+            self._refresh_ended(refresh, refresh.done)  # (its callback may not have run yet)
             is_later = refresh.number > ticket
             if not was_read or is_later or key_set is None or key_set == self._key_set:
                 return was_read
