@@ -83,6 +83,7 @@ def main() -> int:
     engine_port, gateway_port = free_port(), free_port()
     config = work / "tollway.yaml"
     config.write_text(
+        "drain_delay_s: 0\n"  # its SIGTERM at the end need not wait for load balancers
         "models:\n"
         "  remote:\n"
         f"    upstreams: [http://127.0.0.1:{engine_port}]\n"

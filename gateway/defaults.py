@@ -18,8 +18,9 @@ DEFAULT_DATABASE_FILENAME = "tollway.db"  # in the data directory, when no datab
 # checkpoint and, the first time, compiling the CPU kernels.
 DEFAULT_ENGINE_TIMEOUT_S = 600.0
 # A gateway told to stop (SIGTERM): how long it keeps serving while /ready says 503, so load
-# balancers stop sending to it, then how long streams in flight get to finish.
-DEFAULT_DRAIN_DELAY_S = 0.0
+# balancers stop sending to it (a readiness probe every few seconds notices within this), then
+# how long requests in flight get to finish before the gateway ends them itself.
+DEFAULT_DRAIN_DELAY_S = 5.0
 DEFAULT_DRAIN_GRACE_S = 30.0
 # Bounds on one gateway process's HTTP connections (gateway/launcher/bounded_http.py): a
 # request's headers must arrive within this long of the connection (or of its first byte on a

@@ -24,7 +24,7 @@
     ejection_failures: 3          # consecutive failures that eject a replica ...
     ejection_backoff_s: 1         # ... for this long, doubling per ejection in a row ...
     ejection_backoff_max_s: 30    # ... up to this; a success resets it
-    drain_delay_s: 0              # SIGTERM: keep serving, /ready 503, this long; then
+    drain_delay_s: 5              # SIGTERM: keep serving, /ready 503, this long; then
     drain_grace_s: 30             # stop taking requests, let those in flight finish this long
     header_timeout_s: 10          # a request's headers must arrive within this long; else 408
     body_timeout_s: 30            # its body within this long of its headers (total); else 408
@@ -66,7 +66,9 @@ row up to ``ejection_backoff_max_s``. With every replica skipped, all are tried 
 
 Drain (``tollway serve``): on SIGTERM ``GET /ready`` answers 503 at once (``/health`` stays
 200); the gateway keeps serving for ``drain_delay_s``, then stops accepting connections and
-gives requests in flight up to ``drain_grace_s`` to finish before it cancels them and exits.
+gives requests in flight up to ``drain_grace_s`` to finish; then it ends those still waiting on
+an engine (a 503 ``server_shutting_down``, or a stream's error event), billed for what their
+engines produced, and exits.
 
 Connections (``tollway serve``, see ``gateway/launcher/bounded_http.py``): a request's headers
 must arrive within ``header_timeout_s`` of its connection (or of its first byte on a kept-alive

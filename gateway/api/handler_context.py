@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry.trace import Tracer
 from starlette.requests import Request
@@ -14,6 +14,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.rollouts import LiveRollouts
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
+from gateway.upstream.drain_deadline import DrainDeadline
 from gateway.upstream.pool import UpstreamPool
 
 
@@ -28,6 +29,8 @@ class GatewayContext:
     metrics: GatewayMetrics
     tracer: Tracer
     rollouts: LiveRollouts
+    # Reached by `tollway serve`'s server at the end of its drain (launcher.draining_server).
+    drain_deadline: DrainDeadline = field(default_factory=DrainDeadline)
 
     @staticmethod
     def of(request: Request) -> GatewayContext:

@@ -12,7 +12,7 @@
     print the banner, run uvicorn until SIGINT/SIGTERM    gateway.launcher.draining_server
       header and body timeouts, a connection cap          gateway.launcher.bounded_http
       --config: apply its changed `rollouts:` meanwhile      gateway.launcher.config_reload
-    drain the gateway (/ready 503, requests in flight finish), then stop the engines
+    drain the gateway (/ready 503, requests in flight finish or are ended), then stop the engines
 
 Keys created on the first run are printed exactly once: in the banner, or, if start-up
 fails after they were created, in the error output.
@@ -120,7 +120,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
     from gateway.app import build_gateway
     from gateway.launcher.bounded_http import ConnectionLimits, protocol_with
     from gateway.launcher.config_reload import watching_rollouts
-    from gateway.launcher.draining_server import DrainingServer
+    from gateway.launcher.draining_server import DrainingServer, uvicorn_timeout_s
     from gateway.launcher.engine_processes import EngineSupervisor
 
     credentials: Credentials | None = None
@@ -143,7 +143,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                     )
                 ),
                 lifespan="on",
-                timeout_graceful_shutdown=settings.drain_grace_s,  # type: ignore[arg-type]
+                timeout_graceful_shutdown=uvicorn_timeout_s(settings.drain_grace_s),  # type: ignore[arg-type]
             )
             sock = config.bind_socket()
             # Listening from here on, so a client that connects as soon as the banner says
@@ -163,7 +163,11 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
                 is_shown = True
                 tune_gc_for_serving()
                 server = DrainingServer(
-                    config, app.state.readiness, drain_delay_s=settings.drain_delay_s
+                    config,
+                    app.state.readiness,
+                    app.state.gateway.drain_deadline,
+                    drain_delay_s=settings.drain_delay_s,
+                    drain_grace_s=settings.drain_grace_s,
                 )
                 server.run(sockets=[sock])
     except KeyboardInterrupt:

@@ -67,15 +67,24 @@ class Tollway:
 
     @classmethod
     def start(cls, root: Path, checkpoint: Path, engine_args: tuple[str, ...] = ()) -> Tollway:
-        config = root / "tollway.yaml"
         args = ", ".join(f'"{arg}"' for arg in ("--max-num-seqs", "32", *engine_args))
-        config.write_text(
-            f"models:\n  {MODEL}:\n    spawn: {{checkpoint: {checkpoint}, args: [{args}]}}\n"
+        tollway = cls.launch(
+            root,
+            "drain_delay_s: 0\n"  # `stop` (SIGTERM) need not wait for load balancers
+            f"models:\n  {MODEL}:\n    spawn: {{checkpoint: {checkpoint}, args: [{args}]}}\n",
         )
-        tollway = cls(data_dir=root / "data", config=config, port=free_port())
-        tollway._launch()
         tollway.api_key = tollway._banner_value("TOLLWAY_API_KEY")
         tollway.admin_key = tollway._banner_value("TOLLWAY_ADMIN_KEY")
+        return tollway
+
+    @classmethod
+    def launch(cls, root: Path, config_text: str) -> Tollway:
+        """``tollway serve`` on a config of the caller's (written to ``root/tollway.yaml``),
+        its data in ``root/data``; started when this returns."""
+        config = root / "tollway.yaml"
+        config.write_text(config_text)
+        tollway = cls(data_dir=root / "data", config=config, port=free_port())
+        tollway._launch()
         return tollway
 
     @property

@@ -131,14 +131,14 @@ def test_replica_and_drain_settings_have_documented_defaults_and_env_overrides()
     assert (watch.dns_refresh_s, watch.health_check_interval_s) == (5.0, 5.0)
     assert (watch.ejection.failures_to_eject, watch.ejection.backoff_s) == (3, 1.0)
     assert watch.ejection.backoff_max_s == 30.0
-    assert (defaults.drain_delay_s, defaults.drain_grace_s) == (0.0, 30.0)
+    assert (defaults.drain_delay_s, defaults.drain_grace_s) == (5.0, 30.0)
     env = {
         "TOLLWAY_DNS_REFRESH_S": "1",
         "TOLLWAY_HEALTH_CHECK_INTERVAL_S": "0",
         "TOLLWAY_EJECTION_FAILURES": "5",
         "TOLLWAY_EJECTION_BACKOFF_S": "2",
         "TOLLWAY_EJECTION_BACKOFF_MAX_S": "60",
-        "TOLLWAY_DRAIN_DELAY_S": "5",
+        "TOLLWAY_DRAIN_DELAY_S": "2",
         "TOLLWAY_DRAIN_GRACE_S": "45",
     }
     settings = GatewaySettings.from_dict(data, env=env)
@@ -146,7 +146,7 @@ def test_replica_and_drain_settings_have_documented_defaults_and_env_overrides()
     assert (watch.dns_refresh_s, watch.health_check_interval_s) == (1.0, 0.0)
     assert (watch.ejection.failures_to_eject, watch.ejection.backoff_s) == (5, 2.0)
     assert watch.ejection.backoff_max_s == 60.0
-    assert (settings.drain_delay_s, settings.drain_grace_s) == (5.0, 45.0)
+    assert (settings.drain_delay_s, settings.drain_grace_s) == (2.0, 45.0)
 
 
 def test_connection_limits_have_documented_defaults_and_env_overrides() -> None:

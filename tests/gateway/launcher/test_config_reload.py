@@ -142,6 +142,7 @@ def test_a_serving_gateway_moves_traffic_when_its_config_changes(tmp_path: Path)
             "admin_key_hash": hash_key(ADMIN_KEY),
             "data_dir": str(tmp_path / "data"),
             "port": port,
+            "drain_delay_s": 0,  # its stop (SIGTERM) need not wait for load balancers
         }
         write(path, config(upstreams, {"large-v1": 1}, **base))
         process = subprocess.Popen(

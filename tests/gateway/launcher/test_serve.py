@@ -501,7 +501,7 @@ def test_serve_end_to_end(short_tmp: Path, tiny: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TOLLWAY_DRAIN_DELAY_S": "0"},
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))
