@@ -5,6 +5,16 @@ recorded request's reservation is then settled (`settle`; `finish` does both). A
 request is recorded before the last bytes of its answer are sent and settled after, so a
 gateway killed once the client has its whole answer loses no record.
 
+No answer without its record: `record` returns once the record is durable (fsynced in the
+usage writer's spill file, or committed to the database), and raises `AnswerNotRecorded`
+when neither took it; the request path then answers a 503 instead (a stream: an error event
+before ``[DONE]``) and settles the reservation to `AnswerNotRecorded.num_tokens`: nothing
+when the record is gone, its tokens when it was kept (appended, only its fsync failed: it
+still reaches the database). The ledger therefore always equals the records. A refusal's
+record (`reject`) charges nothing and does not hold its answer back: it is appended at once,
+and one the spill file refuses is logged and counted
+(``tollway_gateway_usage_records_unaccepted{kind="refusal"}``).
+
 When a reservation is settled, and to what::
 
     engine usage arrived (completed, or it came before the end)  -> prompt + completion (engine)
@@ -37,10 +47,19 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry
-from gateway.storage.usage_writer import UsageWriter
+from gateway.storage.usage_writer import RecordNotAccepted, UsageWriter
 from gateway.upstream.stream_relay import UsageMeter
 
 logger = logging.getLogger(__name__)
+
+
+class AnswerNotRecorded(Exception):
+    """The request's usage record was not accepted: its answer must not complete.
+    ``num_tokens``: what its reservation settles to (0 unless the record was kept)."""
+
+    def __init__(self, request_id: str, num_tokens: int) -> None:
+        super().__init__(f"the usage record of {request_id} was not accepted")
+        self.num_tokens = num_tokens
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,11 @@ class Accountant:
         self._metrics = metrics
         self._retries = retries if retries is not None else LedgerRetries(ledger)
 
+    def takes_records(self) -> bool:
+        """Whether a request admitted now could have its record accepted (the usage writer's
+        `UsageWriter.takes_records`): when not, it is refused before any engine works."""
+        return self._writer.takes_records()
+
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
         reason = refusal.rejection.code
         metrics = self._metrics
@@ -75,7 +99,7 @@ class Accountant:
         self._count(
             info, refusal.served_model, refusal.version, f"rejected:{refusal.rejection.status}"
         )
-        self._submit(
+        entry = self._entry(
             info,
             served_model=refusal.served_model,
             model_version=refusal.version,
@@ -83,6 +107,11 @@ class Accountant:
             status=UsageStatus.REJECTED,
             reject_reason=reason,
         )
+        try:
+            self._writer.submit(entry)
+        except Exception:
+            metrics.child(metrics.usage_records_unaccepted, "refusal").inc()
+            logger.error("usage record %s of a refusal was not accepted", info.request_id)
         info.span.set_status(Status(StatusCode.ERROR, reason))
         info.span.end()
 
@@ -90,18 +119,23 @@ class Accountant:
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
     ) -> None:
         """`record`, then `settle`: for requests whose client gets no answer from an engine."""
-        await self.settle(admission, self.record(info, admission, meter, was_answered=was_answered))
+        try:
+            num_tokens = await self.record(info, admission, meter, was_answered=was_answered)
+        except AnswerNotRecorded as exc:
+            num_tokens = exc.num_tokens
+        await self.settle(admission, num_tokens)
 
-    def record(
+    async def record(
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
     ) -> int:
         """Write the request's one usage record and count it; returns the tokens its
         reservation settles to. ``was_answered``: an engine accepted the request (so its
         tokens count).
 
-        The record is durable (in the usage writer's spill file) on return, so the request
-        path calls this before the last bytes of an answer: a gateway that dies once the
-        client has its whole answer has its record. `settle` may come after.
+        The record is durable (fsynced in the usage writer's spill file, or in the database)
+        on return, so the request path calls this before the last bytes of an answer: a
+        gateway that dies once the client has its whole answer has its record. `settle` may
+        come after. Raises `AnswerNotRecorded` (counted, logged) when it was not accepted.
         """
         status = meter.status if meter.is_finished else UsageStatus.CANCELLED
         prompt, cached, completion = meter.tokens(admission.prompt_tokens)
@@ -111,12 +145,7 @@ class Accountant:
             finish_reason = None
         model, version = admission.served_model, admission.version
         prices = self._settings.models[version].prices  # each version is priced on its own
-        metrics = self._metrics
-        metrics.child(metrics.tokens, model, version, "input").inc(prompt - cached)
-        metrics.child(metrics.tokens, model, version, "cached_input").inc(cached)
-        metrics.child(metrics.tokens, model, version, "output").inc(completion)
-        self._count(info, model, version, status.value)
-        self._submit(
+        entry = self._entry(
             info,
             served_model=model,
             model_version=version,
@@ -129,7 +158,20 @@ class Accountant:
             ttft_ms=meter.ttft_ms,
             finish_reason=finish_reason,
         )
-        span = info.span
+        span, metrics = info.span, self._metrics
+        try:
+            await self._writer.accept(entry)
+        except RecordNotAccepted as exc:
+            metrics.child(metrics.usage_records_unaccepted, "answer").inc()
+            logger.error("usage record %s was not accepted: answered 503", info.request_id)
+            span.set_status(Status(StatusCode.ERROR, "usage_records_unavailable"))
+            span.end()
+            num_tokens = prompt + completion if exc.is_kept else 0
+            raise AnswerNotRecorded(info.request_id, num_tokens) from exc
+        metrics.child(metrics.tokens, model, version, "input").inc(prompt - cached)
+        metrics.child(metrics.tokens, model, version, "cached_input").inc(cached)
+        metrics.child(metrics.tokens, model, version, "output").inc(completion)
+        self._count(info, model, version, status.value)
         span.set_attribute("gen_ai.response.model", model)
         span.set_attribute("tollway.model_version", version)
         span.set_attribute("gen_ai.usage.input_tokens", prompt)
@@ -158,7 +200,7 @@ class Accountant:
         metrics = self._metrics
         metrics.child(metrics.requests, info.endpoint, model or "", version or "", status).inc()
 
-    def _submit(
+    def _entry(
         self,
         info: RequestInfo,
         *,
@@ -173,8 +215,8 @@ class Accountant:
         cost_micros: int = 0,
         ttft_ms: int | None = None,
         finish_reason: str | None = None,
-    ) -> None:
-        entry = UsageEntry(
+    ) -> UsageEntry:
+        return UsageEntry(
             request_id=info.request_id,
             tenant_id=info.caller.tenant_id,
             key_id=info.caller.key_id,
@@ -194,7 +236,3 @@ class Accountant:
             ttft_ms=ttft_ms,
             finish_reason=finish_reason,
         )
-        try:
-            self._writer.submit(entry)
-        except Exception:
-            logger.exception("usage record %s could not be accepted", info.request_id)

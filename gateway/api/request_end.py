@@ -11,20 +11,25 @@
     client gone before a JSON   at the end: "cancelled", what the  settled
     answer                      engine generated
 
-Recording before the last bytes makes the record durable (the usage writer's spill file)
-before the client has its whole answer: a gateway killed after that loses no record.
-Settling after them never delays the answer.
+Recording before the last bytes makes the record durable (fsynced in the usage writer's
+spill file, or in the database) before the client has its whole answer: a gateway killed
+after that loses no record. Settling after them never delays the answer. A record that
+neither could take turns the answer into a 503 ``usage_records_unavailable`` (a stream: an
+error event before ``[DONE]``), settled at once to what is recorded (`AnswerNotRecorded`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.accounting.settlement import Accountant, RequestInfo
+from gateway.accounting.settlement import Accountant, AnswerNotRecorded, RequestInfo
 from gateway.admission.outcomes import Admission, Refusal
+from gateway.errors import ApiError, usage_records_unavailable
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter
@@ -43,7 +48,16 @@ class RequestEnd:
     holds then. `reject` records the engine's refusal instead. `finish` settles once.
     """
 
-    __slots__ = ("_accountant", "_is_settled", "_num_tokens", "admission", "info", "meter")
+    __slots__ = (
+        "_accountant",
+        "_is_settled",
+        "_num_tokens",
+        "_recording",
+        "_refusal",
+        "admission",
+        "info",
+        "meter",
+    )
 
     def __init__(
         self, accountant: Accountant, info: RequestInfo, admission: Admission, meter: UsageMeter
@@ -54,18 +68,40 @@ class RequestEnd:
         self.meter = meter
         self._num_tokens: int | None = None  # what the reservation settles to, once recorded
         self._is_settled = False
+        self._recording: asyncio.Task[None] | None = None
+        self._refusal: AnswerNotRecorded | None = None  # the record was not accepted
 
-    def record(self, outcome: UsageStatus | None = None, *, was_answered: bool = True) -> None:
+    async def record(
+        self, outcome: UsageStatus | None = None, *, was_answered: bool = True
+    ) -> None:
         """Write the usage record unless it is written: ``outcome`` finishes the meter if it
         is not (a meter still unfinished records as cancelled); ``was_answered``: an engine
-        accepted the request, so its tokens count."""
-        if self._num_tokens is not None:
+        accepted the request, so its tokens count. Raises the 503 `ApiError`
+        (``usage_records_unavailable``) when the record was not accepted, after settling the
+        reservation to what was recorded: the caller answers that instead."""
+        if self._recording is not None or self._num_tokens is not None:
+            if self._recording is not None:  # another call's write: wait for its end
+                await run_to_end(self._recording)
             return
         if outcome is not None:
             self.meter.finish(outcome)
-        self._num_tokens = self._accountant.record(
-            self.info, self.admission, self.meter, was_answered=was_answered
-        )
+        # A task, run to its end even if this request is cancelled meanwhile (the client
+        # gone): what the reservation settles to must be what the writer took, and a second
+        # call (`finish`, after a cancel) waits for it instead of writing again.
+        self._recording = asyncio.ensure_future(self._write(was_answered))
+        await run_to_end(self._recording)
+        if self._refusal is not None:
+            raise usage_records_unavailable() from self._refusal
+
+    async def _write(self, was_answered: bool) -> None:
+        try:
+            self._num_tokens = await self._accountant.record(
+                self.info, self.admission, self.meter, was_answered=was_answered
+            )
+        except AnswerNotRecorded as exc:
+            self._num_tokens = exc.num_tokens
+            self._refusal = exc
+            await self._settle()
 
     def reject(self, rejection: Rejection) -> None:
         """Record the engine's refusal of the request as a refusal at the door (its code);
@@ -97,10 +133,14 @@ class RequestEnd:
             if closing is not None:
                 await closing.aclose()
         finally:
-            self.record(outcome, was_answered=was_answered)
-            if not self._is_settled and self._num_tokens is not None:
-                self._is_settled = True
-                await self._accountant.settle(self.admission, self._num_tokens)
+            with contextlib.suppress(ApiError):  # nobody to answer: counted, logged, settled
+                await self.record(outcome, was_answered=was_answered)
+            await self._settle()
+
+    async def _settle(self) -> None:
+        if not self._is_settled and self._num_tokens is not None:
+            self._is_settled = True
+            await self._accountant.settle(self.admission, self._num_tokens)
 
 
 class AnswerThenSettle(Response):

@@ -95,6 +95,13 @@ class GatewayMetrics:
             "Budget reservations held by requests in flight on this gateway.",
             registry=self.registry,
         )
+        self.usage_records_unaccepted = Counter(
+            "tollway_gateway_usage_records_unaccepted",
+            "Usage records neither the spill file nor the database took, by kind: an answer "
+            "(the request was answered 503 instead) or a refusal (its 4xx went out unrecorded).",
+            ("kind",),
+            registry=self.registry,
+        )
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 

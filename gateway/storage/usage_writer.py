@@ -2,25 +2,38 @@
 
 ::
 
-    submit(entry) ──► spill file (JSONL, appended and flushed) ──► buffer ──► writer thread
-                                                                               │ batches of
-    start-up: replay the spill file into the buffer                            ▼ max_batch_size
-                                                          insert_usage (idempotent by request_id)
-                                                           ok: drop from buffer; when the buffer
-                                                               is empty, truncate the spill file
-                                                           down: keep everything, back off, retry
+    accept(entry) ─► spill file (JSONL, appended whole) ─► buffer ─► writer thread
+         │ awaits                                                      │ batches of
+         ▼                                                             ▼ max_batch_size
+    syncer thread: one fsync for every record        insert_usage (idempotent by request_id)
+    appended since the last (group commit)             ok: drop from buffer; when the buffer
+         │ the file refused (disk full, read-only,         is empty, truncate the spill file
+         ▼ size limit) or the fsync failed              down: keep everything, back off, retry
+    the record inserted straight into the database
+         │ that failed too
+         ▼
+    RecordNotAccepted: the request's answer becomes a 503     start-up: replay the spill
+                                                              file into the buffer
 
-Why a thread and not an asyncio task: the database drivers are blocking, and retries may wait
-for minutes while the database is down; a thread keeps all of that off the event loop.
-``submit`` only takes a lock, appends a line to the spill file and to a deque, so it is safe to
-call from the event loop (or any thread) and never waits for the database.
+Why threads and not asyncio tasks: the database drivers are blocking, and retries may wait
+for minutes while the database is down; fsync may wait on a disk. Threads keep all of that
+off the event loop. ``submit`` only takes a lock and appends a line to the spill file and to
+a deque, so it is safe to call from the event loop (or any thread) and never waits.
 
-Invariant: every accepted record is in the spill file until it has been committed to the
-database. The file is truncated only when nothing is pending, so a crash at any point loses
-nothing; records committed just before a crash are replayed, and ``insert_usage`` ignores them.
-Appends are flushed to the OS at once (a process crash is safe) and fsynced before each batch
-is written (a machine crash loses at most the records accepted since the last batch, which
-``linger_s`` bounds: 0.2 s by default).
+Invariant: a record is accepted only once it is durable, fsynced in the spill file or
+committed to the database (`accept` returns), and every record in the spill file stays there
+until it has been committed to the database. The file is truncated only when nothing is
+pending, so a crash at any point loses nothing accepted; records committed just before a
+crash are replayed, and ``insert_usage`` ignores them. A request's answer completes only
+after its record is accepted (`gateway.accounting.settlement`), so no answer goes out
+without its record, even on a full disk.
+
+A record the spill file refuses is never appended later (`gateway.storage.spill_file`: an
+append lands whole or not at all). While the file refuses, ``spill_is_writable`` is false
+(``/ready`` answers 503 so load balancers move traffic away); it probes the file again at
+most every ``PROBE_INTERVAL_S``, so the writer notices the disk has room again without a
+request having to fail first. A record whose append succeeded but whose fsync failed is in
+the buffer and reaches the database like any other (`RecordNotAccepted.is_kept`).
 
 A record the database refuses as invalid (integrity or data error) would block every record
 behind it: it is moved to ``<spill>.rejected.jsonl`` and logged instead. Any other error (the
@@ -32,35 +45,40 @@ writer is refused with :class:`SpillFileHeldError`.
 
 from __future__ import annotations
 
-import fcntl
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import threading
+import time
 from collections import deque
 from itertools import islice
 from pathlib import Path
-from typing import IO
 
+import anyio
 import orjson
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from gateway.storage.database import Database
+from gateway.storage.spill_file import SpillFile, SpillFileHeldError
 from gateway.storage.usage_store import UsageEntry, insert_usage
+
+__all__ = ["PROBE_INTERVAL_S", "RecordNotAccepted", "SpillFileHeldError", "UsageWriter"]
 
 logger = logging.getLogger(__name__)
 
+PROBE_INTERVAL_S = 1.0  # a spill file that refused is tried again at most this often
 
-class SpillFileHeldError(RuntimeError):
-    """Another writer (another gateway on the same data directory) holds the spill file:
-    two writers would replay and truncate each other's records."""
 
-    def __init__(self, spill_path: Path) -> None:
-        super().__init__(
-            f"{spill_path} is held by another gateway (its usage spill file is locked): "
-            "stop that gateway first, or give this one another data directory"
-        )
-        self.spill_path = spill_path
+class RecordNotAccepted(Exception):
+    """Neither the spill file nor the database took the record. ``is_kept``: it was appended
+    (only its fsync failed), so it is in the buffer and will still reach the database:
+    whoever settles money for it must count it; otherwise it is gone."""
+
+    def __init__(self, request_id: str, *, is_kept: bool) -> None:
+        super().__init__(f"usage record {request_id} was not accepted (kept: {is_kept})")
+        self.is_kept = is_kept
 
 
 class UsageWriter:
@@ -87,11 +105,11 @@ class UsageWriter:
         self._max_backoff_s = max_backoff_s
         self._compact_after_lines = compact_after_lines
         # Wait this long for more records before committing a part-full batch, so one
-        # transaction (and one fsync) carries many records instead of one each. A commit
-        # costs ~0.6 ms of CPU (most of it holding the GIL the event loop needs) whatever
-        # its size: at 50 requests/s a 20 ms linger meant one commit per request. Records are
-        # durable in the spill file meanwhile; only their arrival in the database waits,
-        # and `flush` cuts the wait short.
+        # transaction carries many records instead of one each. A commit costs ~0.6 ms of
+        # CPU (most of it holding the GIL the event loop needs) whatever its size: at 50
+        # requests/s a 20 ms linger meant one commit per request. Records are durable in the
+        # spill file meanwhile; only their arrival in the database waits, and `flush` cuts
+        # the wait short.
         self._linger_s = linger_s
         self._num_flush_waiters = 0
         self._buffer: deque[UsageEntry] = deque()
@@ -100,13 +118,18 @@ class UsageWriter:
         self._thread: threading.Thread | None = None
         self.num_written = 0  # records committed by this writer (replays of stored ones included)
         self.num_rejected = 0
+        self.num_written_directly = 0  # records the spill file refused, committed at once
+        # Group commit: `accept` registers (its append's number, its future) and the syncer
+        # thread answers every waiter with one fsync.
+        self._num_appended = 0
+        self._sync_cond = threading.Condition()
+        self._sync_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
+        self._sync_thread: threading.Thread | None = None
+        self._refused_since: float | None = None  # the spill file's last refusal, until a probe
+        self._last_probe_at = 0.0
+        self._database_refused_at: float | None = None  # the last direct write's failure
         spill_path.parent.mkdir(parents=True, exist_ok=True)
-        self._spill: IO[str] = open(spill_path, "a+", encoding="utf-8")  # noqa: SIM115
-        try:
-            fcntl.flock(self._spill.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            self._spill.close()
-            raise SpillFileHeldError(spill_path) from exc
+        self._spill = SpillFile(spill_path)
         self._num_spilled_lines = self._replay()
 
     @property
@@ -119,23 +142,79 @@ class UsageWriter:
             if self._thread is not None:
                 raise RuntimeError("the usage writer is already started")
             self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
+            self._sync_thread = threading.Thread(
+                target=self._run_syncs, name="usage-spill-sync", daemon=True
+            )
             self._thread.start()
+            self._sync_thread.start()
 
-    def submit(self, entry: UsageEntry) -> None:
-        """Accept a record: durable in the spill file on return, written to the database later."""
-        line = orjson.dumps(entry.to_json_dict()).decode() + "\n"
+    async def accept(self, entry: UsageEntry) -> None:
+        """Make the record durable: appended to the spill file and fsynced (shared with every
+        record appended meanwhile), else committed straight to the database. Raises
+        `RecordNotAccepted` when neither could take it."""
+        try:
+            number = self.submit(entry)
+        except OSError:
+            if await self._write_directly(entry):
+                return
+            raise RecordNotAccepted(entry.request_id, is_kept=False) from None
+        if await self._synced(number) or await self._write_directly(entry):
+            return
+        raise RecordNotAccepted(entry.request_id, is_kept=True)
+
+    def submit(self, entry: UsageEntry) -> int:
+        """Append a record to the spill file and the buffer (written to the database later);
+        returns its number for `accept`'s fsync. Raises ``OSError`` when the spill file
+        refuses it: it is then not taken at all. Durable against a process crash on return,
+        against a machine crash once fsynced."""
+        line = orjson.dumps(entry.to_json_dict()) + b"\n"
         with self._cond:
-            if self._spill.closed:
+            if self._spill.is_closed:
                 raise RuntimeError("the usage writer is closed: close it after the server drains")
-            self._spill.write(line)
-            self._spill.flush()
+            try:
+                self._spill.append(line)
+            except OSError as exc:
+                self._refused(exc)
+                raise
+            self._refused_since = None
             self._num_spilled_lines += 1
+            self._num_appended += 1
             self._buffer.append(entry)
             # Wake the writer only when it has something to act on: the first record (it
             # waits for one) and a full batch (it lingers for one). A wake-up per record
             # would make the writer thread take the GIL from the event loop every request.
             if len(self._buffer) == 1 or len(self._buffer) == self._max_batch_size:
                 self._cond.notify_all()
+            return self._num_appended
+
+    def spill_is_writable(self) -> bool:
+        """Whether the spill file takes records: after a refusal, false until a probe (at
+        most every ``PROBE_INTERVAL_S``, made by this call) finds room again."""
+        if self._refused_since is None:
+            return True
+        now = time.monotonic()
+        if now - self._last_probe_at < PROBE_INTERVAL_S:
+            return False
+        self._last_probe_at = now
+        with self._cond:
+            if self._spill.is_closed:
+                return False
+            try:
+                self._spill.probe()
+            except OSError:
+                return False
+            self._refused_since = None
+        logger.warning("the usage spill file %s takes records again", self._spill_path)
+        return True
+
+    def takes_records(self) -> bool:
+        """False only while the spill file refuses and the database refused a record within
+        the last ``PROBE_INTERVAL_S``: a request then is refused before an engine works for
+        an answer it could not give. Otherwise the next record is tried."""
+        if self.spill_is_writable():
+            return True
+        refused_at = self._database_refused_at
+        return refused_at is None or time.monotonic() - refused_at >= PROBE_INTERVAL_S
 
     def flush(self, timeout: float) -> bool:
         """Wait until every accepted record is in the database; ``False`` on timeout."""
@@ -153,36 +232,94 @@ class UsageWriter:
         Returns ``False`` if records were still pending: they stay in the spill file and are
         written by the next writer started on it.
         """
-        if self._spill.closed:
+        if self._spill.is_closed:
             return not self._buffer
         is_flushed = self.flush(timeout) if self._thread is not None else not self._buffer
         with self._cond:
             self._is_closing = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=max(timeout, 1.0))
+        with self._sync_cond:
+            self._sync_cond.notify_all()
+        for thread in (self._thread, self._sync_thread):
+            if thread is not None:
+                thread.join(timeout=max(timeout, 1.0))
         with self._cond:
-            self._spill.flush()
-            os.fsync(self._spill.fileno())
-            self._spill.close()  # also releases the lock
+            self._spill.close()  # fsyncs; also releases the lock
         return is_flushed
 
+    def _refused(self, exc: OSError) -> None:
+        if self._refused_since is None:
+            logger.error(
+                "the usage spill file %s refuses records (%s): requests whose record the "
+                "database does not take at once are answered 503 until it has room",
+                self._spill_path,
+                exc,
+            )
+            self._refused_since = time.monotonic()
+            self._last_probe_at = self._refused_since
+
+    async def _synced(self, number: int) -> bool:
+        """Wait for an fsync covering append ``number``; ``False`` if the fsync failed."""
+        if self._sync_thread is None:  # not started (tools, tests): fsync here
+            try:
+                await anyio.to_thread.run_sync(self._spill.sync)
+            except OSError as exc:
+                self._refused(exc)
+                return False
+            return True
+        loop = asyncio.get_running_loop()
+        synced = loop.create_future()
+        with self._sync_cond:
+            self._sync_waiters.append((number, loop, synced))
+            self._sync_cond.notify()
+        return bool(await synced)
+
+    def _run_syncs(self) -> None:
+        while True:
+            with self._sync_cond:
+                self._sync_cond.wait_for(lambda: bool(self._sync_waiters) or self._is_closing)
+                if not self._sync_waiters:
+                    return
+                waiters, self._sync_waiters = self._sync_waiters, []
+            # Every waiter registered after its append: this fsync covers them all.
+            try:
+                self._spill.sync()
+                is_synced = True
+            except OSError as exc:
+                self._refused(exc)
+                is_synced = False
+            for _, loop, synced in waiters:
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
+                    loop.call_soon_threadsafe(_resolve, synced, is_synced)
+
+    async def _write_directly(self, entry: UsageEntry) -> bool:
+        """Commit one record at once (the spill file refused it); ``False`` if that failed."""
+        try:
+            await anyio.to_thread.run_sync(self._write, [entry])
+        except SQLAlchemyError as exc:
+            logger.error(
+                "usage record %s: the database refused it too (%s)",
+                entry.request_id,
+                type(exc).__name__,
+            )
+            self._database_refused_at = time.monotonic()
+            return False
+        self._database_refused_at = None
+        with self._cond:
+            self.num_written_directly += 1
+        return True
+
     def _replay(self) -> int:
-        self._spill.seek(0)
         num_lines = 0
-        line = ""
-        for line_number, line in enumerate(self._spill, start=1):
+        for line_number, line in enumerate(self._spill.lines(), start=1):
             num_lines += 1
             try:
                 self._buffer.append(UsageEntry.from_json_dict(json.loads(line)))
             except (ValueError, TypeError, KeyError) as exc:
-                # A torn last line from a crash mid-append; anything else is worth a look.
+                # A record the database would refuse; a torn line is never returned.
                 logger.warning(
                     "skipping unreadable line %d of %s: %s", line_number, self._spill_path, exc
                 )
-        if line and not line.endswith("\n"):
-            self._spill.write("\n")  # end the torn line, or the next append would join it
-            self._spill.flush()
         if self._buffer:
             logger.info("replaying %d usage records from %s", len(self._buffer), self._spill_path)
         return num_lines
@@ -205,10 +342,9 @@ class UsageWriter:
                 if self._is_closing:
                     return
                 batch = list(islice(self._buffer, self._max_batch_size))
-                self._spill.flush()
-                spill_fd = self._spill.fileno()
-            # fsync outside the lock: submit() (on the event loop) must never wait on a disk.
-            os.fsync(spill_fd)
+            # Records `submit`ted without `accept` (refusals) are fsynced here at the latest.
+            with contextlib.suppress(OSError):  # `accept` reports a failing fsync
+                self._spill.sync()
             try:
                 num_rejected = self._write(batch)
             except SQLAlchemyError as exc:
@@ -240,40 +376,44 @@ class UsageWriter:
         return 0
 
     def _reject(self, entry: UsageEntry) -> None:
+        record = json.dumps(entry.to_json_dict())
         logger.error(
             "database refused usage record %s; kept in %s", entry.request_id, self._rejected_path
         )
-        with open(self._rejected_path, "a", encoding="utf-8") as rejected:
-            rejected.write(json.dumps(entry.to_json_dict()) + "\n")
-            rejected.flush()
-            os.fsync(rejected.fileno())
+        try:
+            with open(self._rejected_path, "a", encoding="utf-8") as rejected:
+                rejected.write(record + "\n")
+                rejected.flush()
+                os.fsync(rejected.fileno())
+        except OSError as exc:  # the disk full too: the log keeps it
+            logger.error("could not keep refused usage record (%s): %s", exc, record)
 
     def _done(self, num_records: int, num_rejected: int) -> None:
         with self._cond:
-            if self._spill.closed:  # closed while this batch was in flight: replayed next time
+            if self._spill.is_closed:  # closed while this batch was in flight: replayed next time
                 return
             for _ in range(num_records):
                 self._buffer.popleft()
             self.num_written += num_records - num_rejected
             self.num_rejected += num_rejected
-            if not self._buffer:
-                self._spill.truncate(0)
-                self._num_spilled_lines = 0
-            elif self._num_spilled_lines > max(self._compact_after_lines, 2 * len(self._buffer)):
-                self._compact()
+            try:
+                if not self._buffer:
+                    self._spill.truncate()
+                    self._num_spilled_lines = 0
+                elif self._num_spilled_lines > max(
+                    self._compact_after_lines, 2 * len(self._buffer)
+                ):
+                    self._compact()
+            except OSError as exc:  # the file keeps written records: replayed, then ignored
+                logger.warning("could not shrink the usage spill file: %s", exc)
             self._cond.notify_all()
 
     def _compact(self) -> None:
         """Rewrite the spill file with only the pending records (caller holds the lock)."""
-        tmp_path = self._spill_path.with_name(self._spill_path.name + ".tmp")
-        with open(tmp_path, "w", encoding="utf-8") as tmp:
-            for entry in self._buffer:
-                tmp.write(json.dumps(entry.to_json_dict(), separators=(",", ":")) + "\n")
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_path, self._spill_path)
-        old = self._spill
-        self._spill = open(self._spill_path, "a+", encoding="utf-8")  # noqa: SIM115
-        fcntl.flock(self._spill.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        old.close()
+        self._spill.replace(orjson.dumps(entry.to_json_dict()) for entry in self._buffer)
         self._num_spilled_lines = len(self._buffer)
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():  # its request may have been cancelled meanwhile
+        future.set_result(value)

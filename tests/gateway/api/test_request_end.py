@@ -4,14 +4,16 @@ request_path/."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import httpx
 import pytest
 
-from gateway.accounting.settlement import Accountant, RequestInfo
+from gateway.accounting.settlement import Accountant, AnswerNotRecorded, RequestInfo
 from gateway.admission.outcomes import Admission, Refusal
 from gateway.api.request_end import AnswerThenSettle, RequestEnd
+from gateway.errors import ApiError
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter
@@ -34,14 +36,20 @@ INFO = cast(RequestInfo, object())  # only handed on to the accountant
 class RecordingAccountant:
     """What an `Accountant` was asked, in order; each record settles to 7 + 3 tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, refusal: AnswerNotRecorded | None = None) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.refusal = refusal  # raised by record: the usage writer did not take it
+        self.writing = asyncio.Event()  # set: records go through (cleared: they wait)
+        self.writing.set()
 
-    def record(
+    async def record(
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
     ) -> int:
         status = meter.status if meter.is_finished else UsageStatus.CANCELLED
         self.calls.append(("record", status, was_answered))
+        await self.writing.wait()
+        if self.refusal is not None:
+            raise self.refusal
         return 10 if was_answered else 0
 
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
@@ -51,8 +59,10 @@ class RecordingAccountant:
         self.calls.append(("settle", num_tokens))
 
 
-def request_end() -> tuple[RequestEnd, RecordingAccountant]:
-    accountant = RecordingAccountant()
+def request_end(
+    refusal: AnswerNotRecorded | None = None,
+) -> tuple[RequestEnd, RecordingAccountant]:
+    accountant = RecordingAccountant(refusal)
     end = RequestEnd(cast(Accountant, accountant), INFO, ADMISSION, UsageMeter())
     return end, accountant
 
@@ -69,8 +79,8 @@ class Stream(httpx.AsyncByteStream):
 
 async def test_recorded_before_the_end_is_recorded_once_and_settled_once() -> None:
     end, accountant = request_end()
-    end.record(UsageStatus.COMPLETED)
-    end.record(UsageStatus.UPSTREAM_ERROR)  # e.g. the relay's end, then the close
+    await end.record(UsageStatus.COMPLETED)
+    await end.record(UsageStatus.UPSTREAM_ERROR)  # e.g. the relay's end, then the close
     await end.finish()
     await end.finish(UsageStatus.UPSTREAM_ERROR, was_answered=False)
     assert accountant.calls == [("record", UsageStatus.COMPLETED, True), ("settle", 10)]
@@ -98,9 +108,42 @@ async def test_a_close_that_fails_still_records_and_settles() -> None:
 async def test_an_engine_refusal_is_its_one_record_and_releases_the_reservation() -> None:
     end, accountant = request_end()
     end.reject(Rejection.of(INVALID_REQUEST, "too long"))
-    end.record(UsageStatus.UPSTREAM_ERROR, was_answered=False)
+    await end.record(UsageStatus.UPSTREAM_ERROR, was_answered=False)
     await end.finish()
     assert accountant.calls == [("reject", INVALID_REQUEST.code, "m"), ("settle", 0)]
+
+
+@pytest.mark.parametrize("num_tokens_kept", [0, 10])
+async def test_an_answer_whose_record_was_not_accepted_is_a_503_settled_to_what_was_kept(
+    num_tokens_kept: int,
+) -> None:
+    end, accountant = request_end(AnswerNotRecorded("req-1", num_tokens_kept))
+    with pytest.raises(ApiError) as refused:
+        await end.record(UsageStatus.COMPLETED)
+    assert refused.value.rejection.status == 503
+    assert refused.value.rejection.code == "usage_records_unavailable"
+    assert refused.value.rejection.headers["Retry-After"]
+    assert accountant.calls[-1] == ("settle", num_tokens_kept)  # before the 503 is answered
+    await end.finish()  # the close: nothing written or settled again
+    assert accountant.calls == [
+        ("record", UsageStatus.COMPLETED, True),
+        ("settle", num_tokens_kept),
+    ]
+
+
+async def test_a_close_during_the_record_waits_for_it_and_settles_to_what_it_wrote() -> None:
+    end, accountant = request_end()
+    accountant.writing.clear()  # the record waits for its fsync
+    relay_end = asyncio.ensure_future(end.record(UsageStatus.COMPLETED))
+    await asyncio.sleep(0)
+    relay_end.cancel()  # the client left while the record was being written
+    closing = asyncio.ensure_future(end.finish())
+    await asyncio.sleep(0)
+    accountant.writing.set()
+    await closing
+    with pytest.raises(asyncio.CancelledError):
+        await relay_end
+    assert accountant.calls == [("record", UsageStatus.COMPLETED, True), ("settle", 10)]
 
 
 async def receive() -> dict[str, Any]:

@@ -1,3 +1,5 @@
+import asyncio
+import errno
 import json
 import os
 import subprocess
@@ -10,8 +12,9 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.storage import usage_writer
 from gateway.storage.database import Database
+from gateway.storage.spill_file import SpillFile
 from gateway.storage.usage_store import UsageEntry, insert_usage, list_usage
-from gateway.storage.usage_writer import UsageWriter
+from gateway.storage.usage_writer import PROBE_INTERVAL_S, RecordNotAccepted, UsageWriter
 from tests.support.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -236,3 +239,112 @@ def test_the_spill_file_is_compacted_under_sustained_backlog(
     assert all(lines == pending for lines, pending in compactions)
     assert spill.read_text() == ""
     assert not os.path.exists(str(spill) + ".tmp")
+
+
+# -- acceptance: durable before the answer completes ------------------------------------------
+
+
+def refuse_appends(monkeypatch: pytest.MonkeyPatch, code: int = errno.ENOSPC) -> None:
+    """The spill file's file system refuses every append (and the probe) with ``code``."""
+
+    def refused(*args: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(SpillFile, "append", refused)
+    monkeypatch.setattr(SpillFile, "probe", refused)
+
+
+async def test_accept_returns_once_an_fsync_covers_the_record_and_fsyncs_are_shared(
+    writer_db, make_entry, tmp_path, monkeypatch
+):
+    spill = tmp_path / "usage.jsonl"
+    synced_lines: list[int] = []
+    real_sync = SpillFile.sync
+
+    def slow_sync(self: SpillFile) -> None:
+        time.sleep(0.05)  # a disk's fsync: the records accepted meanwhile share the next one
+        real_sync(self)
+        synced_lines.append(spill.read_bytes().count(b"\n"))
+
+    monkeypatch.setattr(SpillFile, "sync", slow_sync)
+    writer = UsageWriter(writer_db, spill, linger_s=60)  # the database write waits: file only
+    writer.start()
+    try:
+        accepted = []
+
+        async def accept(n: int) -> None:
+            await writer.accept(make_entry(n))
+            accepted.append((n, max(synced_lines, default=0)))
+
+        await asyncio.gather(*(accept(n) for n in range(50)))
+        assert all(lines >= n + 1 for n, lines in accepted)  # fsynced with it in the file
+        assert 1 <= len(synced_lines) <= 10
+        assert stored_ids(writer_db) == []
+    finally:
+        assert writer.close(timeout=10)
+    assert sorted(stored_ids(writer_db)) == sorted(f"req-{n}" for n in range(50))
+
+
+async def test_a_record_the_spill_file_refuses_is_committed_at_once(
+    writer_db, make_entry, tmp_path, monkeypatch
+):
+    spill = tmp_path / "usage.jsonl"
+    writer = make_writer(writer_db, spill)
+    writer.start()
+    try:
+        refuse_appends(monkeypatch)
+        await writer.accept(make_entry(1))
+        assert stored_ids(writer_db) == ["req-1"]
+        assert writer.num_written_directly == 1
+        assert spill.read_bytes() == b""
+        assert not writer.spill_is_writable()
+        assert writer.takes_records()  # the database takes them
+        monkeypatch.undo()
+        assert not writer.spill_is_writable()  # probed again at most every PROBE_INTERVAL_S
+        wait_until(writer.spill_is_writable, 3 * PROBE_INTERVAL_S, "the probe to find room")
+        await writer.accept(make_entry(2))
+        assert writer.flush(timeout=10)
+    finally:
+        writer.close(timeout=5)
+    assert stored_ids(writer_db) == ["req-1", "req-2"]
+
+
+async def test_a_record_neither_takes_is_not_accepted_and_never_lands_later(
+    writer_db, outage, make_entry, tmp_path, monkeypatch
+):
+    spill = tmp_path / "usage.jsonl"
+    writer = make_writer(writer_db, spill)
+    writer.start()
+    try:
+        refuse_appends(monkeypatch, errno.EROFS)
+        with outage(), pytest.raises(RecordNotAccepted) as refused:
+            await writer.accept(make_entry(1))
+        assert not refused.value.is_kept
+        assert not writer.takes_records()  # refused before any engine works, for a while
+        monkeypatch.undo()
+        assert writer.flush(timeout=10)
+    finally:
+        writer.close(timeout=5)
+    assert stored_ids(writer_db) == []
+    assert make_writer(writer_db, spill).num_pending == 0  # nothing to replay either
+
+
+async def test_a_record_whose_fsync_failed_is_kept_and_lands_later(
+    writer_db, outage, make_entry, tmp_path, monkeypatch
+):
+    writer = make_writer(writer_db, tmp_path / "usage.jsonl")
+    writer.start()
+    try:
+
+        def failed(self: SpillFile) -> None:
+            raise OSError(errno.EIO, "injected")
+
+        monkeypatch.setattr(SpillFile, "sync", failed)
+        with outage(), pytest.raises(RecordNotAccepted) as refused:
+            await writer.accept(make_entry(1))
+        assert refused.value.is_kept  # appended: whoever settles money must count it
+        monkeypatch.undo()
+        assert writer.flush(timeout=10)
+    finally:
+        writer.close(timeout=5)
+    assert stored_ids(writer_db) == ["req-1"]
