@@ -5,11 +5,12 @@ Every step, under a token budget (``max_num_batched_tokens``):
    important running request (batch before interactive, latest arrival first) is
    preempted: its blocks are freed and it is recomputed later, ahead of later arrivals.
 2. The rest is prefill budget, shared fairly among tenants (:mod:`.prefill_budget`).
-   Prompts in progress take their next chunks from their tenant's share (blocks go to
-   them first, preempting as above); then, if nothing was preempted, waiting requests
-   are admitted in ``WaitingQueue`` order, each chunk within its tenant's share, keeping
-   a watermark of free blocks so running requests can grow. The first admission refused
-   for blocks ends admission for the step, so a large prompt is not overtaken for ever.
+   Each prompt in progress gets its next chunk from its tenant's share. If nothing was
+   preempted, waiting requests are then admitted in ``WaitingQueue`` order, each chunk
+   within its tenant's share, keeping free a watermark of blocks (so running requests can
+   grow) and the blocks that tenant's own chunks will take; then the chunks take theirs,
+   preempting as above if they must. The first admission refused for blocks ends
+   admission for the step, so a large prompt is not overtaken for ever.
 3. What a tenant could not use goes to the others: prompts in progress, then admission.
 A long prompt thus takes only its share, and its remainder is prefilled in later steps
 (chunked prefill): it never stalls running decodes, nor another tenant's first token.
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from backend_engine.config import DEFAULT_MAX_RUNNING_SHARE, SchedulingMode
 from backend_engine.core.kv_cache_manager import BlockCopy, CachedPrefix, KVCacheManager
@@ -52,32 +52,12 @@ from backend_engine.core.prefill_budget import (
 )
 from backend_engine.core.request import Request, RequestStatus
 from backend_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput, describe
+from backend_engine.core.step_plan import StepPlan, is_prefill
 from backend_engine.core.stop_rules import token_stop
 from backend_engine.core.waiting_queue import WaitingQueue
 from backend_engine.outputs import FinishReason
 
 __all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]  # the output's types, re-exported
-
-
-@dataclass
-class _Step:
-    """The step being planned. ``unscheduled``: running requests not yet scheduled (the
-    preemption victims); ``is_admission_closed``: an admission was refused for blocks."""
-
-    budget: int
-    unscheduled: list[Request]
-    scheduled: dict[Request, int] = field(default_factory=dict)
-    preempted: list[Request] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
-    is_admission_closed: bool = False
-
-    def add(self, request: Request, num_new: int) -> None:
-        self.scheduled[request] = self.scheduled.get(request, 0) + num_new
-        self.budget -= num_new
-
-
-def _is_prefill(request: Request) -> bool:
-    return request.num_tokens - request.num_computed_tokens > 1
 
 
 class Scheduler:
@@ -135,19 +115,21 @@ class Scheduler:
         self.waiting.add(request)
 
     def schedule(self) -> SchedulerOutput:
-        running = sorted(self.running, key=_is_prefill)  # decodes first, else in order
-        step = _Step(self.max_num_batched_tokens, list(running))
-        prefills = [r for r in running if _is_prefill(r)]
+        running = sorted(self.running, key=is_prefill)  # decodes first, else in order
+        step = StepPlan(self.max_num_batched_tokens, list(running))
+        prefills = [r for r in running if is_prefill(r)]
         if self.mode == "continuous":
-            self._schedule_running(step, [r for r in running if not _is_prefill(r)])
+            decodes = [r for r in running if not is_prefill(r)]
+            self._schedule_chunks(step, ((r, step.num_left(r)) for r in decodes))
             self._share_prefill_budget(step, prefills)
         else:
-            self._schedule_running(step, running)
+            self._schedule_chunks(step, ((r, step.num_left(r)) for r in running))
             if not step.preempted and not self.running:
                 self._admit(step)
+        place = {request: index for index, request in enumerate(self.running)}
         described = [
             describe(r, n, self.kv_cache.block_table(r.request_id))
-            for r, n in step.scheduled.items()
+            for r, n in sorted(step.scheduled.items(), key=lambda item: place[item[0]])
         ]
         copies, self._block_copies = tuple(self._block_copies), []
         return SchedulerOutput(
@@ -157,42 +139,47 @@ class Scheduler:
             copies,
         )
 
-    def _schedule_running(
-        self, step: _Step, requests: list[Request], shares: dict[str, int] | None = None
+    def _schedule_chunks(
+        self, step: StepPlan, chunks: Iterable[tuple[Request, int]], may_shrink: bool = False
     ) -> None:
-        """Schedule the next tokens of running requests, in order, each within its tenant's
-        share (if given) and the budget, preempting for blocks; one already scheduled this
-        step is only extended, where blocks allow."""
-        for request in requests:
-            if step.budget == 0:
-                break
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this step
+        """Schedule running requests' next tokens, in order, within the budget, preempting
+        for blocks (``may_shrink``: a chunk first shrinks to the blocks left); a request
+        already scheduled this step is only extended, where blocks allow."""
+        kv = self.kv_cache
+        for request, num_wanted in chunks:
+            num_new = min(num_wanted, step.budget)
+            if num_new <= 0 or request.status is not RequestStatus.RUNNING:
+                continue  # nothing left, or preempted earlier in this step
             done = step.scheduled.get(request, 0)
-            limit = step.budget if shares is None else min(shares[request.tenant_id], step.budget)
-            num_new = min(request.num_tokens - request.num_computed_tokens - done, limit)
-            if num_new <= 0:
-                continue
             if done:
-                if self.kv_cache.allocate_slots(request, done + num_new) is not None:
+                if kv.allocate_slots(request, done + num_new) is not None:
                     step.add(request, num_new)
                 continue
-            while self.kv_cache.allocate_slots(request, num_new) is None:
+            while kv.allocate_slots(request, num_new) is None:
+                num_blocks = len(kv.block_table(request.request_id)) + kv.num_free_blocks
+                num_fit = num_blocks * kv.block_size - request.num_computed_tokens
+                if may_shrink and 0 < num_fit < num_new:
+                    num_new = num_fit
+                    continue
                 victim = max(step.unscheduled, key=lambda r: (r.priority, r.arrival_seq))
                 self._preempt(victim)
                 step.unscheduled.remove(victim)
                 step.preempted.append(victim)
                 if victim is request:
                     break
-            if request.status is not RequestStatus.RUNNING:
-                continue
-            step.unscheduled.remove(request)
-            step.add(request, num_new)
-            if shares is not None:
-                shares[request.tenant_id] -= num_new
+            if request.status is RequestStatus.RUNNING:
+                step.unscheduled.remove(request)
+                step.add(request, num_new)
 
-    def _share_prefill_budget(self, step: _Step, prefills: list[Request]) -> None:
-        """Continuous mode's prefill phase (steps 2 and 3 of the module docstring)."""
+    def _share_prefill_budget(self, step: StepPlan, prefills: list[Request]) -> None:
+        """Continuous mode's prefill phase (steps 2 and 3 of the module docstring).
+
+        Admissions take their blocks before the prompts in progress do, less what each
+        tenant's own prompts in progress will take: another tenant's first chunk comes
+        before them for blocks as for tokens, and a chunk it leaves short of blocks shrinks
+        to those left (the watermark keeps some) rather than preempt; but a tenant never
+        admits a request at the cost of its own prompts in progress.
+        """
         running_by_tenant = Counter(r.tenant_id for r in self.running)
         contenders = prefill_contenders(
             prefills,
@@ -204,17 +191,32 @@ class Scheduler:
             lambda r: r.num_tokens - self._cached_prefix(r).num_tokens,
         )
         shares = share_prefill_budget(step.budget, {c.tenant_id: c.num_tokens for c in contenders})
-        self._schedule_running(step, prefills, shares)
+        chunks: list[tuple[Request, int]] = []
+        held: Counter[str] = Counter()  # blocks each tenant's chunks will take
+        for request in prefills:
+            num_new = min(step.num_left(request), shares[request.tenant_id])
+            if num_new > 0:
+                chunks.append((request, num_new))
+                shares[request.tenant_id] -= num_new
+                num_total = request.num_computed_tokens + num_new
+                num_held = self.kv_cache.blocks_needed(num_total)
+                held[request.tenant_id] += num_held - len(
+                    self.kv_cache.block_table(request.request_id)
+                )
         if not step.preempted:
-            self._admit(step, shares)
-        self._schedule_running(step, prefills + step.admitted)  # what a tenant could not use
+            self._admit(step, shares, held)
+        self._schedule_chunks(step, chunks, may_shrink=bool(step.admitted))
+        # What a tenant could not use: prompts in progress, then admission, as they come.
+        self._schedule_chunks(step, ((r, step.num_left(r)) for r in prefills + step.admitted))
         if not step.preempted:
             self._admit(step)
 
-    def _admit(self, step: _Step, shares: dict[str, int] | None = None) -> None:
+    def _admit(
+        self, step: StepPlan, shares: dict[str, int] | None = None, held: Counter[str] | None = None
+    ) -> None:
         """Move waiting requests into ``running`` in ``WaitingQueue`` order and schedule
         their first prefill chunks: with ``shares``, only of tenants with some share left,
-        each chunk within it.
+        each chunk within it, leaving free the blocks ``held`` for the tenant's own chunks.
 
         Continuous mode admits while tokens are left. Static mode forms a whole batch of
         ``max_num_seqs`` at once: requests beyond this step's budget join the batch with
@@ -237,6 +239,7 @@ class Scheduler:
             limit = step.budget if shares is None else min(shares[request.tenant_id], step.budget)
             num_new = min(request.num_tokens - prefix.num_tokens, limit)
             reserved = self.num_watermark_blocks if self.running else 0
+            reserved += held[request.tenant_id] if held is not None else 0
             if self.kv_cache.allocate_slots(request, num_new, prefix, reserved) is None:
                 step.is_admission_closed = True
                 break

@@ -379,3 +379,19 @@ def test_the_running_share_cap_passes_a_tenant_over_for_one_that_fits():
     out = h.step()
     # a stops at its two while b waits; once b runs nobody else waits, and a2 comes in.
     assert scheduled_ids(out) == ["a0", "a1", "b", "a2"]
+
+
+def test_another_tenants_first_chunk_gets_its_blocks_before_a_prompt_in_progress():
+    """Before, the prompt in progress took the free blocks first (here: it did not fit, and
+    preempted itself) and the short request waited; now the short request gets its blocks and
+    the chunk shrinks to the blocks left."""
+    h = Harness(num_blocks=40, budget=64, watermark=0.05)  # 2 blocks kept free
+    long_prompt = h.add("long", num_prompt=400, max_tokens=2, tenant="a")
+    h.step()
+    h.step()  # long: 128 tokens in 32 blocks, 8 free
+    h.add("short", num_prompt=8, max_tokens=2, tenant="b")
+    out = h.step()
+    assert out.preempted_request_ids == []
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("long", 24), ("short", 8)]
+    assert long_prompt.num_computed_tokens == 152
+    assert h.kv.num_free_blocks == 0

@@ -1,0 +1,294 @@
+"""Tenant fairness against long prompts (issue #27's probe): tenant B's time to first token
+alone and while tenant A floods the engine with long prompts, and A's throughput, for the
+engine before the change and after it, side by side in one run.
+
+    python -m bench.tenant_fairness --before 979e4dd          # the code before issue #27 item 3
+    python -m bench.tenant_fairness --before 979e4dd --a-streams 48 --a-prompt-len 2000
+
+``--before REV`` is checked out with ``git worktree add`` into a temporary directory; each
+arm (before, after: this checkout) runs in a fresh process whose ``backend_engine`` is that
+arm's own (the process checks which file it imported), with the same settings, the same
+demo checkpoint and the same prompts. In each arm an ``AsyncEngine`` is started on the
+checkpoint; then
+1. B alone: B sends ``--b-requests`` short prompts one after another (each after a random
+   pause of up to ``--b-gap-ms``, so they land anywhere in a step) and times each one's first
+   token from the moment it is submitted;
+2. A's flood: A keeps ``--a-streams`` requests of ``--a-prompt-len`` random tokens in flight
+   (each stream sends its next one when the last ends); once every stream has had a first
+   token, B sends the same requests again. A's throughput is A's tokens over B's window:
+   each A prompt whose first token came in the window, and each A output token that did.
+Prompts are random token ids, distinct per request (no prefix-cache hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workloads import command_line, demo_model
+
+REPO = Path(__file__).resolve().parents[1]
+B_TTFT_TARGET = 3.0  # B's p50 TTFT under A's flood, at most this many times B's alone
+A_THROUGHPUT_TARGET = 0.9  # A's throughput after, at least this share of before's
+RESULT_PREFIX = "RESULT "
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0-1) by linear interpolation, as numpy's default."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
+    """One arm, in this process: B alone, then B under A's flood (see the module docstring)."""
+    import backend_engine
+    from backend_engine import EngineConfig, SamplingParams
+    from backend_engine.async_engine import AsyncEngine
+
+    config = EngineConfig(
+        model=args.model,
+        dtype="float32",
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks or None,
+        num_threads=args.num_threads or None,
+        show_progress=False,
+    )
+    engine = AsyncEngine(config)
+    await engine.start()
+    vocab = engine.engine.model_config.vocab_size
+    rng = random.Random(args.seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(10, vocab - 16) for _ in range(n)]
+
+    b_gaps = [rng.uniform(0, args.b_gap_ms / 1e3) for _ in range(args.b_requests)]
+    b_params = SamplingParams(temperature=0, max_tokens=args.b_max_tokens, ignore_eos=True)
+    a_params = SamplingParams(temperature=0, max_tokens=args.a_max_tokens, ignore_eos=True)
+    ids = iter(range(1 << 62))
+
+    async def first_token_s(prompt: list[int], tenant: str, params: SamplingParams) -> float:
+        start = time.perf_counter()
+        first: float | None = None
+        async for delta in engine.generate(
+            f"{tenant}{next(ids)}", prompt, params, tenant_id=tenant
+        ):
+            if first is None and delta.new_token_ids:
+                first = time.perf_counter() - start
+        assert first is not None
+        return first
+
+    async def b_series() -> list[float]:
+        ttfts = []
+        for gap in b_gaps:
+            await asyncio.sleep(gap)
+            ttfts.append(await first_token_s(tokens(args.b_prompt_len), "b", b_params))
+        return ttfts
+
+    await first_token_s(tokens(args.a_prompt_len), "warm", a_params)  # first-call costs
+    await first_token_s(tokens(args.b_prompt_len), "warm", b_params)
+    b_alone = await b_series()
+
+    window: list[float] = []  # [start, end] of B's series under the flood
+    a_tokens = 0
+    started_streams: set[int] = set()
+    all_started = asyncio.Event()
+
+    def in_window(now: float) -> bool:
+        return len(window) == 1 or (len(window) == 2 and window[0] <= now <= window[1])
+
+    async def a_stream(stream: int) -> None:
+        nonlocal a_tokens
+        while True:
+            prompt = tokens(args.a_prompt_len)
+            is_first = True
+            async for delta in engine.generate(f"a{next(ids)}", prompt, a_params, tenant_id="a"):
+                if not delta.new_token_ids:
+                    continue
+                now = time.perf_counter()
+                if is_first:
+                    is_first = False
+                    started_streams.add(stream)
+                    if len(started_streams) == args.a_streams:
+                        all_started.set()
+                    if in_window(now):
+                        a_tokens += len(prompt)
+                if in_window(now):
+                    a_tokens += len(delta.new_token_ids)
+
+    flood = [asyncio.create_task(a_stream(i)) for i in range(args.a_streams)]
+    await all_started.wait()
+    window.append(time.perf_counter())
+    b_flood = await b_series()
+    window.append(time.perf_counter())
+    for task in flood:
+        task.cancel()
+    for task in flood:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await engine.shutdown()
+    seconds = window[1] - window[0]
+    return {
+        "backend_engine": backend_engine.__file__,
+        "b_alone_ms": [x * 1e3 for x in b_alone],
+        "b_flood_ms": [x * 1e3 for x in b_flood],
+        "a_tokens_per_s": a_tokens / seconds,
+        "window_s": seconds,
+    }
+
+
+def run_arm(repo: Path, args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """One arm in a fresh process whose ``backend_engine`` comes from ``repo``."""
+    forwarded = [
+        f"--{name.replace('_', '-')}={getattr(args, name)}"
+        for name in ARM_SETTINGS
+        if name != "model"
+    ]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        f"--engine-repo={repo}",
+        f"--model={model}",
+        *forwarded,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [x for x in result.stdout.splitlines() if x.startswith(RESULT_PREFIX)]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"the arm in {repo} failed:\n{result.stderr[-4000:]}")
+    measured: dict[str, Any] = json.loads(lines[-1][len(RESULT_PREFIX) :])
+    if not Path(measured["backend_engine"]).resolve().is_relative_to(repo.resolve()):
+        raise SystemExit(f"the arm in {repo} imported {measured['backend_engine']}")
+    return measured
+
+
+ARM_SETTINGS = (
+    "model",
+    "a_streams",
+    "a_prompt_len",
+    "a_max_tokens",
+    "b_requests",
+    "b_prompt_len",
+    "b_max_tokens",
+    "b_gap_ms",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "num_kv_blocks",
+    "num_threads",
+    "seed",
+)
+
+
+def summarize(label: str, runs: list[dict[str, Any]]) -> dict[str, float]:
+    alone = [x for run in runs for x in run["b_alone_ms"]]
+    flood = [x for run in runs for x in run["b_flood_ms"]]
+    figures = {
+        "alone_p50": statistics.median(alone),
+        "alone_p99": percentile(alone, 0.99),
+        "flood_p50": statistics.median(flood),
+        "flood_p99": percentile(flood, 0.99),
+        "a_tokens_per_s": statistics.median(run["a_tokens_per_s"] for run in runs),
+    }
+    print(
+        f"{label}: B alone p50 {figures['alone_p50']:8.1f} ms  p99 {figures['alone_p99']:8.1f} ms"
+        f" | B under A's flood p50 {figures['flood_p50']:8.1f} ms  p99 "
+        f"{figures['flood_p99']:8.1f} ms ({figures['flood_p50'] / figures['alone_p50']:.1f}x alone)"
+        f" | A {figures['a_tokens_per_s']:8.0f} tokens/s (windows: "
+        + ", ".join(f"{run['window_s']:.1f}" for run in runs)
+        + " s)"
+    )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="git revision of the engine before the change")
+    parser.add_argument("--model", help="checkpoint; default: the demo model of --size")
+    parser.add_argument("--size", default="small", help="demo model size when --model is absent")
+    parser.add_argument("--repeats", type=int, default=1, help="arms each, alternating")
+    parser.add_argument("--a-streams", type=int, default=16)
+    parser.add_argument("--a-prompt-len", type=int, default=2000)
+    parser.add_argument("--a-max-tokens", type=int, default=16)
+    parser.add_argument("--b-requests", type=int, default=30)
+    parser.add_argument("--b-prompt-len", type=int, default=32)
+    parser.add_argument("--b-max-tokens", type=int, default=4)
+    parser.add_argument("--b-gap-ms", type=float, default=100.0)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument(
+        "--num-kv-blocks", type=int, default=0, help="KV blocks (0: the engine's default budget)"
+    )
+    parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine-repo", help=argparse.SUPPRESS)  # an arm's own process
+    args = parser.parse_args()
+
+    if args.engine_repo:
+        sys.path.insert(0, args.engine_repo)
+        result = asyncio.run(measure_arm(args))
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return
+    if not args.before:
+        parser.error("--before REV is required: the engine to compare against")
+
+    import torch
+
+    model = demo_model(args.size, args.model)
+    with tempfile.TemporaryDirectory(prefix="tollway-fairness-") as scratch:
+        before_repo = Path(scratch) / "before"
+        add = ["worktree", "add", "--detach", "-q", str(before_repo), args.before]
+        subprocess.run(["git", "-C", str(REPO), *add], check=True)
+        try:
+            arms: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+            for _ in range(args.repeats):
+                arms["before"].append(run_arm(before_repo, args, model))
+                arms["after"].append(run_arm(REPO, args, model))
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(before_repo)],
+                check=False,
+            )
+    print(f"command: {command_line()}")
+    print(
+        f"model: {model}; A: {args.a_streams} streams of {args.a_prompt_len}-token prompts, "
+        f"max_tokens={args.a_max_tokens}; B: {args.b_requests} requests of "
+        f"{args.b_prompt_len} tokens one at a time, max_tokens={args.b_max_tokens}; "
+        f"max_num_batched_tokens={args.max_num_batched_tokens}, max_num_seqs="
+        f"{args.max_num_seqs}; before: {args.before}; repeats: {args.repeats}; torch threads: "
+        f"{args.num_threads or torch.get_num_threads()}"
+    )
+    before = summarize("before", arms["before"])
+    after = summarize("after ", arms["after"])
+    for label, figures in (("before", before), ("after", after)):
+        ratio = figures["flood_p50"] / figures["alone_p50"]
+        print(
+            f"{label}: B's p50 TTFT under A's flood / alone: {ratio:.2f}x "
+            f"(target <= {B_TTFT_TARGET:.0f}x)"
+        )
+    print(
+        f"B's p50 TTFT under A's flood, before / after: "
+        f"{before['flood_p50'] / after['flood_p50']:.2f}x"
+    )
+    print(
+        f"A's throughput, after / before: {after['a_tokens_per_s'] / before['a_tokens_per_s']:.3f}"
+        f" (target >= {A_THROUGHPUT_TARGET})"
+    )
+
+
+if __name__ == "__main__":
+    main()
