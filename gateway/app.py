@@ -124,9 +124,9 @@ def build_gateway(
     replica_router = ReplicaRouter(settings.models, upstreams.client)
     upstreams.replica_order = replica_router
     pool_load = PoolLoadView(upstreams.replica_set, replica_router, routed_large_models(settings))
-    readiness = Readiness()
     provider = build_tracer_provider(settings.otel_endpoint, span_exporter)
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
+    readiness = Readiness(writer)  # not ready while the spill file refuses records
     retries = LedgerRetries(ledger)
     accountant = Accountant(settings, ledger, writer, metrics, retries)
     rollouts = LiveRollouts(settings.rollouts)  # replaced whole by a config reload

@@ -96,6 +96,20 @@ def state_unavailable(what: str) -> ApiError:
     )
 
 
+def usage_records_unavailable() -> ApiError:
+    """The 503 for a request whose usage record neither the spill file nor the database
+    took (`gateway.storage.usage_writer`): no answer goes out without its record."""
+    return ApiError(
+        Rejection.of(
+            vocabulary.USAGE_RECORDS_UNAVAILABLE,
+            "The gateway cannot record usage right now (its disk and its database refused "
+            "the record), so it cannot answer; nothing is charged for this request. Please "
+            "retry.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    )
+
+
 def change_not_announced() -> ApiError:
     """The 503 for an admin change saved in the database whose announcement to the other
     replicas (the auth epoch, in Redis) failed: retrying the request announces it."""
@@ -169,6 +183,21 @@ def unreadable_engine_answer() -> ApiError:
 MID_STREAM_ERROR = Rejection.of(
     vocabulary.UPSTREAM_ERROR,
     "The engine failed while generating this response; the tokens sent so far are charged.",
+)
+
+
+# What a request still in flight at a stopping gateway's drain deadline gets
+# (`gateway.upstream.drain_deadline`): a 503 to retry (another replica serves it), or a
+# stream's last event; billed for what its engine produced either way.
+SHUTTING_DOWN = Rejection.of(
+    vocabulary.SERVER_SHUTTING_DOWN,
+    "The gateway is shutting down and stopped this request before its answer was complete; "
+    "retry it. What the engine generated for it is charged.",
+    headers={"Retry-After": str(RETRY_AFTER_S)},
+)
+SHUTTING_DOWN_MID_STREAM = Rejection.of(
+    vocabulary.SERVER_SHUTTING_DOWN,
+    "The gateway is shutting down and ended this stream; the tokens sent so far are charged.",
 )
 
 

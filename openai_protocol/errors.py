@@ -96,6 +96,9 @@ INVALID_API_KEY: Final = _kind("invalid_api_key", 401)
 UPSTREAM_ERROR: Final = _kind("upstream_error", 502)  # an engine failed or answered wrongly
 UPSTREAM_UNAVAILABLE: Final = _kind("upstream_unavailable", 503)  # no engine could take it
 SERVICE_UNAVAILABLE: Final = _kind("service_unavailable", 503)  # Redis or the database
+SERVER_SHUTTING_DOWN: Final = _kind("server_shutting_down", 503)  # ended at a drain's deadline
+# Neither the spill file nor the database took the request's usage record: no answer.
+USAGE_RECORDS_UNAVAILABLE: Final = _kind("usage_records_unavailable", 503)
 
 VOCABULARY: Final[Mapping[str, ErrorKind]] = MappingProxyType(
     {
@@ -115,6 +118,8 @@ VOCABULARY: Final[Mapping[str, ErrorKind]] = MappingProxyType(
             UPSTREAM_ERROR,
             UPSTREAM_UNAVAILABLE,
             SERVICE_UNAVAILABLE,
+            SERVER_SHUTTING_DOWN,
+            USAGE_RECORDS_UNAVAILABLE,
         )
     }
 )

@@ -10,7 +10,9 @@ _forward: UpstreamPool.open, then one function per kind of answer:
      ├─ _engine_error ─4xx (the engine's refusal) / 502 (its failure)
      ├─ _json_answer (a body that is not JSON: 502)
      ├─ _streamed_answer
-     └─ _after_departure (the client left before a JSON answer) ─499
+     ├─ _after_departure (the client left before a JSON answer) ─499
+     └─ _at_drain_deadline (the gateway is stopping: its drain's deadline came first) ─503
+   (none while neither the spill file nor the database takes records: 503 at once)
    each ending through the request's `RequestEnd` (`gateway.api.request_end` says what each
    records and when): one usage record, durable before the answer's last bytes, then the
    upstream call closed and the reservation settled after them.
@@ -28,6 +30,7 @@ token relayed; a non-streamed request up to where the engine stopped (asked to b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Coroutine
@@ -47,14 +50,17 @@ from gateway.api.request_end import AnswerThenSettle, RequestEnd
 from gateway.auth.bearer_keys import bearer_token
 from gateway.completion_body import CompletionBody
 from gateway.errors import (
+    SHUTTING_DOWN,
     ApiError,
     error_response,
     from_engine_answer,
     invalid_api_key,
     to_rejection,
     unreadable_engine_answer,
+    usage_records_unavailable,
 )
 from gateway.storage.models import UsageStatus
+from gateway.upstream.drain_deadline import DrainCutOff, DrainDeadline
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
 from openai_protocol.disconnect import until_client_leaves
@@ -65,6 +71,7 @@ ROUTE_HEADER = "x-tollway-route"
 VERSION_HEADER = "x-tollway-model-version"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 STOP_GRACE_S = 5.0  # how long an engine asked to stop a request has to answer
+CUT_OFF_STOP_WAIT_S = 1.0  # the same at the drain's deadline (within draining_server.BACKSTOP_S)
 _PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS: dict[Endpoint, str] = {"chat": "chat", "completions": "text_completion"}
 
@@ -149,15 +156,24 @@ async def _forward(
     (`_json_answer`); or nothing, the client having left first (`_after_departure`). Each
     ends the request through its `RequestEnd`."""
     end = RequestEnd(ctx.accountant, info, admission, _usage_meter(ctx, admission))
+    if not ctx.accountant.takes_records():  # its answer could not be recorded: ask no engine
+        refusal = usage_records_unavailable()
+        end.reject(refusal.rejection)
+        await end.finish()
+        raise refusal
     opening = _open_upstream(ctx, info, body, admission, path)
     # Non-streamed, the call goes on if the client leaves (see _after_departure).
     answering = None if body.is_stream else asyncio.ensure_future(opening)
+    model = admission.served_model
+    headers = _answer_headers(admission)
     try:
-        call = await (
+        call = await ctx.drain_deadline.wait(
             opening
             if answering is None
             else until_client_leaves(request.receive, asyncio.shield(answering))
         )
+    except DrainCutOff:
+        return await _at_drain_deadline(ctx, end, answering, headers)
     except BaseException:
         if answering is not None:
             answering.cancel()
@@ -165,12 +181,10 @@ async def _forward(
         raise
     if call is None:  # the client left before a non-streamed answer was ready
         return await _after_departure(ctx, end, answering)
-    model = admission.served_model
-    headers = _answer_headers(admission)
     if call.status_code >= 400:
         return await _engine_error(end, call, model, headers)
     if body.is_stream:
-        return _streamed_answer(end, call, body.include_usage, model, headers)
+        return _streamed_answer(end, call, body.include_usage, model, headers, ctx.drain_deadline)
     return await _json_answer(end, call, model, headers)
 
 
@@ -182,7 +196,7 @@ async def _engine_error(
     request) as a refusal at the door, with its code. Nothing is charged either way."""
     rejection = from_engine_answer(call.status_code, call.body, model)
     if rejection.status >= 500:
-        end.record(UsageStatus.UPSTREAM_ERROR, was_answered=False)
+        await end.record(UsageStatus.UPSTREAM_ERROR, was_answered=False)
     else:
         end.reject(rejection)
     await end.finish()
@@ -195,13 +209,19 @@ def _streamed_answer(
     include_usage: bool,
     model: str,
     headers: dict[str, str],
+    deadline: DrainDeadline,
 ) -> Response:
     """The engine's events relayed as they come (`relay_events` measures them): recorded
     before ``[DONE]`` is sent, or at the close if the stream stopped earlier (client gone,
     engine failed); the upstream call closed and the reservation settled when the response
-    ends, however it ends."""
+    ends, however it ends. At the drain's deadline the relay ends the stream itself."""
     events = relay_events(
-        call, end.meter, include_usage=include_usage, before_end=end.record, model_name=model
+        call,
+        end.meter,
+        include_usage=include_usage,
+        before_end=end.record,
+        model_name=model,
+        deadline=deadline,
     )
     return EventStreamResponse(
         events, on_close=functools.partial(end.finish, closing=call), headers=headers
@@ -218,7 +238,7 @@ async def _json_answer(
         await end.finish(UsageStatus.UPSTREAM_ERROR, was_answered=False)
         raise unreadable_engine_answer()
     measure_body(answer, end.meter)
-    end.record(UsageStatus.COMPLETED)
+    await end.record(UsageStatus.COMPLETED)
     return AnswerThenSettle(_with_model(call.body, answer, model), headers, end.finish)
 
 
@@ -230,20 +250,54 @@ async def _after_departure(
     it cannot (an engine without the stop endpoint, a failure) or does not answer within
     ``STOP_GRACE_S``, the upstream call is cancelled (the engine aborts) and the prompt
     alone is charged. Recorded as cancelled either way."""
-    stopped = None
     if answering is not None:
-        try:
-            if await ctx.upstreams.stop(end.admission.version, end.info.request_id):
-                stopped = await asyncio.wait_for(answering, STOP_GRACE_S)  # cancels on timeout
-        except Exception:  # the call's own failure, or the wait's timeout
-            pass
-        answering.cancel()
-        await asyncio.gather(answering, return_exceptions=True)
+        await _stop_and_measure(ctx, end, answering, STOP_GRACE_S)
+    await end.finish()
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _at_drain_deadline(
+    ctx: GatewayContext,
+    end: RequestEnd,
+    answering: asyncio.Future[UpstreamCall] | None,
+    headers: dict[str, str],
+) -> Response:
+    """The gateway is stopping and its drain's deadline came before the engine's answer
+    (`gateway.upstream.drain_deadline`): a 503 ``server_shutting_down`` with ``Retry-After``,
+    recorded as cancelled and settled first. A non-streamed request is charged what its
+    engine generated, as in `_after_departure` but waiting at most ``CUT_OFF_STOP_WAIT_S``
+    (uvicorn cancels what is left soon after); a stream that has not started, nothing."""
+    if answering is not None:
+        await _stop_and_measure(ctx, end, answering, CUT_OFF_STOP_WAIT_S)
+        await end.record(UsageStatus.CANCELLED)
+    else:
+        await end.record(UsageStatus.CANCELLED, was_answered=False)
+    await end.finish()
+    return error_response(SHUTTING_DOWN, headers)
+
+
+async def _stop_and_measure(
+    ctx: GatewayContext, end: RequestEnd, answering: asyncio.Future[UpstreamCall], wait_s: float
+) -> None:
+    """Ask the engine to stop the request ``answering`` waits for, and measure the answer
+    it then gives at once (its usage: what it generated), or the one that came meanwhile.
+    Within ``wait_s`` or not at all: then, or if the engine cannot stop it, the call is
+    cancelled (the engine aborts) and nothing is measured (the prompt alone is charged)."""
+    model, request_id = end.admission.version, end.info.request_id
+
+    async def stopped_answer() -> UpstreamCall | None:
+        if answering.done() or await ctx.upstreams.stop(model, request_id):
+            return await answering
+        return None
+
+    stopped = None
+    with contextlib.suppress(Exception):  # the call's own failure, or the wait's timeout
+        stopped = await asyncio.wait_for(stopped_answer(), wait_s)
+    answering.cancel()
+    await asyncio.gather(answering, return_exceptions=True)
     answer = _json_object(stopped.body) if stopped and stopped.status_code < 400 else None
     if answer is not None:
         measure_body(answer, end.meter)
-    await end.finish()
-    return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 def _open_upstream(

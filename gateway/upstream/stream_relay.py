@@ -21,21 +21,26 @@ a stream the client left before its finish chunk arrived.
                      │ UsageMeter: usage, num_relayed_tokens, first/last token times,
                      │             finish_reason, outcome
                      ▼
-                 before_end (the request path records the usage: before [DONE] is sent)
+                 before_end (the request path records the usage: before [DONE] is sent;
+                             a record not accepted sends its 503 error event first)
+
+A stopping gateway's drain deadline (``deadline``) ends a stream still waiting on its engine
+with a ``server_shutting_down`` error event and ``[DONE]``, billed as a client that left.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 
-from gateway.errors import MID_STREAM_ERROR
+from gateway.errors import MID_STREAM_ERROR, SHUTTING_DOWN_MID_STREAM, ApiError
 from gateway.storage.models import MAX_FINISH_REASON_LENGTH, UsageStatus
+from gateway.upstream.drain_deadline import DrainCutOff, DrainDeadline
 from gateway.upstream.pool import UpstreamCall
 from openai_protocol.sse import DONE, event
 
@@ -114,25 +119,34 @@ async def relay_events(
     meter: UsageMeter,
     *,
     include_usage: bool,
-    before_end: Callable[[], None] | None = None,
+    before_end: Callable[[], Awaitable[None]] | None = None,
     model_name: str | None = None,
+    deadline: DrainDeadline | None = None,
 ) -> AsyncIterator[str]:
     """The client's SSE stream, one string per batch of upstream events (events that arrived
     together are written together: one send, not one per event). Ends with ``[DONE]``; a
     broken upstream ends it with an error event first. ``before_end`` runs once the meter is
     finished, before the batch with ``[DONE]`` is yielded (a client that leaves earlier never
     reaches it). ``model_name``: the ``model`` every chunk carries to the client (None: the
-    engine's). The caller closes ``call`` when the response ends, however it ends."""
+    engine's). ``deadline``: the drain's (`gateway.upstream.drain_deadline`); reached while
+    the stream waits on the engine, it ends the stream with a ``server_shutting_down`` error
+    event and ``[DONE]``, the meter finished as cancelled (what was relayed is charged). The
+    caller closes ``call`` when the response ends, however it ends."""
     if call.events is None:
         raise ValueError("relay_events needs a streaming upstream call")
+    events = call.events
+    status, error = UsageStatus.UPSTREAM_ERROR, MID_STREAM_ERROR  # unless cut off
     try:
-        async for batch in call.events:
+        while (batch := await _next_batch(events, deadline)) is not None:
             out, is_broken = [], False
             for payload in batch:
                 if payload == "[DONE]":
                     meter.finish(UsageStatus.COMPLETED)
                     if before_end is not None:
-                        before_end()
+                        try:
+                            await before_end()
+                        except ApiError as refusal:  # not recorded: the answer must not end
+                            out.append(event(refusal.rejection.error_body()))
                     out.append(DONE)
                     yield "".join(out)
                     return
@@ -149,10 +163,28 @@ async def relay_events(
                 break
     except httpx.HTTPError:
         pass
-    meter.finish(UsageStatus.UPSTREAM_ERROR)
+    except DrainCutOff:  # charged as a client that left: what was relayed
+        status, error = UsageStatus.CANCELLED, SHUTTING_DOWN_MID_STREAM
+    meter.finish(status)
     if before_end is not None:
-        before_end()
-    yield event(MID_STREAM_ERROR.error_body()) + DONE
+        try:
+            await before_end()
+        except ApiError as refusal:  # not recorded: say so rather than the cause
+            error = refusal.rejection
+    yield event(error.error_body()) + DONE
+
+
+async def _next_batch(
+    events: AsyncIterator[list[str]], deadline: DrainDeadline | None
+) -> list[str] | None:
+    """The engine's next batch of events (None after the last); `DrainCutOff` if the drain's
+    deadline comes first."""
+    try:
+        if deadline is None:
+            return await anext(events)
+        return await deadline.wait(anext(events))
+    except StopAsyncIteration:
+        return None
 
 
 def _relayed(

@@ -97,6 +97,9 @@ GATEWAY_ERRORS = [
     (gateway_errors.change_not_announced().rejection, vocabulary.SERVICE_UNAVAILABLE),
     (gateway_errors.to_rejection(RuntimeError("bug")), vocabulary.INTERNAL_ERROR),
     (gateway_errors.from_engine_answer(500, b"", "m"), vocabulary.UPSTREAM_ERROR),
+    (gateway_errors.usage_records_unavailable().rejection, vocabulary.USAGE_RECORDS_UNAVAILABLE),
+    (gateway_errors.SHUTTING_DOWN, vocabulary.SERVER_SHUTTING_DOWN),
+    (gateway_errors.SHUTTING_DOWN_MID_STREAM, vocabulary.SERVER_SHUTTING_DOWN),
 ]
 
 

@@ -1,6 +1,8 @@
 """A ``tollway serve`` process told to stop (SIGTERM) drains: ``/ready`` turns 503 while it
 keeps serving for ``drain_delay_s``, then it stops taking connections, lets streams in
-flight finish within ``drain_grace_s``, and exits 0. The engine is the stand-in (no torch)."""
+flight finish within ``drain_grace_s``, ends those still running with an error event and
+``[DONE]``, and exits 0. The engine is the stand-in (no torch). tests/faults/test_drain_timeout.py
+has the rest: a non-streamed request's 503, the records against the ledger."""
 
 from __future__ import annotations
 
@@ -96,6 +98,7 @@ class Stream:
     def __init__(self, base: str, key: str, max_tokens: int) -> None:
         self.num_words = 0
         self.is_done = False
+        self.is_shutting_down = False  # an error event said server_shutting_down
         self.status = 0
         self.first_word = threading.Event()
         self.ended = threading.Event()
@@ -115,6 +118,8 @@ class Stream:
                     if self.num_words:
                         self.first_word.set()
                     self.is_done = self.is_done or line == "data: [DONE]"
+                    if '"code":"server_shutting_down"' in line:
+                        self.is_shutting_down = True
         except httpx.TransportError:
             pass  # cut off
         finally:
@@ -173,7 +178,9 @@ def test_sigterm_reports_not_ready_then_lets_streams_finish(tmp_path: Path) -> N
     assert usage_records(tmp_path / "data") == [("completed", num_words)]
 
 
-def test_streams_still_running_after_the_grace_period_are_cut(tmp_path: Path) -> None:
+def test_streams_still_running_after_the_grace_period_end_with_an_error_event(
+    tmp_path: Path,
+) -> None:
     num_words = 300  # 30 s
     with (
         stand_in_engine(num_chunks=num_words, itl_ms=ITL_MS) as engine,
@@ -187,7 +194,8 @@ def test_streams_still_running_after_the_grace_period_are_cut(tmp_path: Path) ->
         assert process.wait(timeout=20) == 0, "".join(lines)
         assert time.monotonic() - signalled < 8  # drain_grace_s, not a default of 10 s or more
         stream.join()
-        assert not stream.is_done
+        assert stream.is_shutting_down  # the gateway's own end, not a cut connection
+        assert stream.is_done
         assert stream.num_words < num_words
     # Billed for what was relayed, as for a client that leaves.
     assert usage_records(tmp_path / "data") == [("cancelled", stream.num_words)]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from gateway.errors import usage_records_unavailable
 from gateway.storage.models import UsageStatus
+from gateway.upstream.drain_deadline import DrainDeadline
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter, measure_body, relay_events
 
@@ -141,7 +144,7 @@ async def test_before_end_runs_once_the_meter_is_final_and_before_done_is_sent(
     sent: list[str] = []
     seen_at_end: list[tuple[UsageStatus, int, bool]] = []
 
-    def before_end() -> None:
+    async def before_end() -> None:
         is_done_sent = "[DONE]" in "".join(sent)
         seen_at_end.append((meter.status, meter.num_relayed_tokens, is_done_sent))
 
@@ -153,14 +156,37 @@ async def test_before_end_runs_once_the_meter_is_final_and_before_done_is_sent(
     assert sent[-1].endswith("data: [DONE]\n\n")
 
 
+@pytest.mark.parametrize("fail_after", [None, 2])
+async def test_a_record_not_accepted_sends_its_503_error_event_before_done(
+    fail_after: int | None,
+) -> None:
+    """No answer ends without its record: the client sees the refusal, not a clean end."""
+    payloads = [chunk("a"), chunk("b"), chunk(usage=USAGE), "[DONE]"]
+
+    async def before_end() -> None:
+        raise usage_records_unavailable()
+
+    relay = relay_events(
+        call_with(payloads, fail_after=fail_after),
+        UsageMeter(),
+        include_usage=True,
+        before_end=before_end,
+    )
+    received = split_events(await collect(relay))
+    error = json.loads(received[-2].removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == ("usage_records_unavailable", "server_error")
+    assert received[-1] == "data: [DONE]\n\n"
+
+
 async def test_before_end_does_not_run_for_a_client_that_leaves() -> None:
     called: list[None] = []
     payloads = [chunk("a"), chunk("b"), chunk(usage=USAGE), "[DONE]"]
+
+    async def before_end() -> None:
+        called.append(None)
+
     events = relay_events(
-        call_with(payloads),
-        UsageMeter(),
-        include_usage=True,
-        before_end=lambda: called.append(None),
+        call_with(payloads), UsageMeter(), include_usage=True, before_end=before_end
     )
     await events.__anext__()
     await events.aclose()
@@ -345,3 +371,38 @@ async def test_a_fallback_count_never_exceeds_what_the_choices_could_generate() 
     assert meter.tokens(counted_prompt_tokens=3) == (3, 0, 6)  # what the reservation holds
     meter.observe_usage({"prompt_tokens": 3, "completion_tokens": 9})
     assert meter.tokens(counted_prompt_tokens=3) == (3, 0, 9)  # the engine's word is final
+
+
+async def test_the_drain_s_deadline_ends_a_stream_with_an_error_event_and_done() -> None:
+    """A stopping gateway's deadline, reached while the stream waits on its engine: the
+    client gets a ``server_shutting_down`` error event and ``[DONE]``; the meter, finished as
+    cancelled, holds what was relayed, and the request's record (``before_end``) comes first."""
+    deadline = DrainDeadline()
+    engine_waits = asyncio.Event()
+
+    async def events() -> AsyncIterator[list[str]]:
+        yield [chunk("a"), chunk("b")]
+        engine_waits.set()
+        await asyncio.sleep(60)  # the engine is slow: nothing more before the deadline
+        yield [chunk("c")]
+
+    response = httpx.Response(200, request=httpx.Request("POST", "http://engine"))
+    call = UpstreamCall(response, "http://engine", events=events())
+    meter = UsageMeter()
+    finished_at_record: list[bool] = []
+
+    async def record() -> None:
+        finished_at_record.append(meter.is_finished)
+
+    relay = relay_events(call, meter, include_usage=False, before_end=record, deadline=deadline)
+    sent = asyncio.ensure_future(collect(relay))
+    await asyncio.wait_for(engine_waits.wait(), 5)
+    deadline.reach()
+    received = split_events(await asyncio.wait_for(sent, 5))
+    assert len(received) == 4
+    error = json.loads(received[-2].removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == ("server_shutting_down", "server_error")
+    assert received[-1] == "data: [DONE]\n\n"
+    assert meter.status is UsageStatus.CANCELLED
+    assert meter.num_relayed_tokens == 2
+    assert finished_at_record == [True]
