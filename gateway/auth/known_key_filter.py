@@ -106,7 +106,18 @@ class KnownKeyFilter:
         prefix = hash_prefix(key_hash)
         if self._holds(prefix):
             return True
-        ticket = self._num_refreshes  # a refresh numbered above it began after this miss
+        in_flight = self._in_flight
+        if in_flight is not None:
+            # A read under way may bring the key (one created just before it began): wait for
+            # it, at no cost to the window, before asking for another. A burst of requests
+            # with a key written straight into the database otherwise spent the window's
+            # refreshes while the first one was still reading, and the rest were refused.
+            await asyncio.wait({in_flight.done})
+            if self._holds(prefix):
+                return True
+        # A refresh numbered above the ticket counts as begun after this miss (the one just
+        # waited for included: a key made between its start and this miss waits for the next).
+        ticket = self._num_refreshes if in_flight is None else in_flight.number - 1
         key_set = await self._read_key_set()
         if not self._needs_refresh(ticket, key_set):
             return self._holds(prefix)  # a refresh may have ended meanwhile

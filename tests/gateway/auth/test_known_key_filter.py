@@ -98,6 +98,22 @@ async def test_misses_after_a_bump_share_one_refresh(any_db: Database) -> None:
     assert len(reads) == 1
 
 
+async def test_a_burst_for_a_key_written_in_the_database_waits_for_the_read_under_way(
+    any_db: Database,
+) -> None:
+    """No epoch explains the misses (the key was written straight into the database): the
+    burst's first miss starts a read, the others wait for it instead of spending the
+    window's refreshes, and none is refused."""
+    known = KnownKeyFilter(any_db, MemoryAuthEpochs(), window_s=5, clock=Clock())
+    assert not await known.may_hold(hash_key(generate_key()))
+    token, key_hash = key_hashes(1)
+    store_keys(any_db, token)
+    with counted_reads(any_db) as reads:
+        answers = await asyncio.gather(*(known.may_hold(key_hash[0]) for _ in range(200)))
+    assert answers == [True] * 200
+    assert len(reads) == 1
+
+
 async def test_misses_the_epoch_does_not_explain_refresh_a_few_times_a_window(
     db: Database,
 ) -> None:
