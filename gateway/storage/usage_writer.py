@@ -5,8 +5,8 @@
     accept(entry) ─► spill file (JSONL, appended whole) ─► buffer ─► writer thread
          │ awaits                                                      │ batches of
          ▼                                                             ▼ max_batch_size
-    syncer thread: one fsync for every record        insert_usage (idempotent by request_id)
-    appended since the last (group commit)             ok: drop from buffer; when the buffer
+    group_fsync: one fsync for every record          insert_usage (idempotent by request_id)
+    appended since the last (its own thread)           ok: drop from buffer; when the buffer
          │ the file refused (disk full, read-only,         is empty, truncate the spill file
          ▼ size limit) or the fsync failed              down: keep everything, back off, retry
     the record inserted straight into the database
@@ -45,7 +45,6 @@ writer is refused with :class:`SpillFileHeldError`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -61,6 +60,7 @@ import orjson
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from gateway.storage.database import Database
+from gateway.storage.group_fsync import GroupFsync
 from gateway.storage.spill_file import SpillFile, SpillFileHeldError
 from gateway.storage.usage_store import UsageEntry, insert_usage
 
@@ -119,18 +119,13 @@ class UsageWriter:
         self.num_written = 0  # records committed by this writer (replays of stored ones included)
         self.num_rejected = 0
         self.num_written_directly = 0  # records the spill file refused, committed at once
-        # Group commit: `accept` registers (its append's number, its future) and the syncer
-        # thread answers every waiter with one fsync.
-        self._num_appended = 0
-        self._sync_cond = threading.Condition()
-        self._sync_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
-        self._sync_thread: threading.Thread | None = None
         self._refused_since: float | None = None  # the spill file's last refusal, until a probe
         self._last_probe_at = 0.0
         self._database_refused_at: float | None = None  # the last direct write's failure
         spill_path.parent.mkdir(parents=True, exist_ok=True)
         self._spill = SpillFile(spill_path)
         self._num_spilled_lines = self._replay()
+        self._group_fsync = GroupFsync(lambda: self._spill.sync(), self._refused)
 
     @property
     def num_pending(self) -> int:
@@ -142,31 +137,27 @@ class UsageWriter:
             if self._thread is not None:
                 raise RuntimeError("the usage writer is already started")
             self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
-            self._sync_thread = threading.Thread(
-                target=self._run_syncs, name="usage-spill-sync", daemon=True
-            )
             self._thread.start()
-            self._sync_thread.start()
+            self._group_fsync.start()
 
     async def accept(self, entry: UsageEntry) -> None:
         """Make the record durable: appended to the spill file and fsynced (shared with every
         record appended meanwhile), else committed straight to the database. Raises
         `RecordNotAccepted` when neither could take it."""
         try:
-            number = self.submit(entry)
+            self.submit(entry)
         except OSError:
             if await self._write_directly(entry):
                 return
             raise RecordNotAccepted(entry.request_id, is_kept=False) from None
-        if await self._synced(number) or await self._write_directly(entry):
+        if await self._group_fsync.synced() or await self._write_directly(entry):
             return
         raise RecordNotAccepted(entry.request_id, is_kept=True)
 
-    def submit(self, entry: UsageEntry) -> int:
-        """Append a record to the spill file and the buffer (written to the database later);
-        returns its number for `accept`'s fsync. Raises ``OSError`` when the spill file
-        refuses it: it is then not taken at all. Durable against a process crash on return,
-        against a machine crash once fsynced."""
+    def submit(self, entry: UsageEntry) -> None:
+        """Append a record to the spill file and the buffer (written to the database later).
+        Raises ``OSError`` when the spill file refuses it: it is then not taken at all.
+        Durable against a process crash on return, against a machine crash once fsynced."""
         line = orjson.dumps(entry.to_json_dict()) + b"\n"
         with self._cond:
             if self._spill.is_closed:
@@ -178,14 +169,12 @@ class UsageWriter:
                 raise
             self._refused_since = None
             self._num_spilled_lines += 1
-            self._num_appended += 1
             self._buffer.append(entry)
             # Wake the writer only when it has something to act on: the first record (it
             # waits for one) and a full batch (it lingers for one). A wake-up per record
             # would make the writer thread take the GIL from the event loop every request.
             if len(self._buffer) == 1 or len(self._buffer) == self._max_batch_size:
                 self._cond.notify_all()
-            return self._num_appended
 
     def spill_is_writable(self) -> bool:
         """Whether the spill file takes records: after a refusal, false until a probe (at
@@ -238,11 +227,9 @@ class UsageWriter:
         with self._cond:
             self._is_closing = True
             self._cond.notify_all()
-        with self._sync_cond:
-            self._sync_cond.notify_all()
-        for thread in (self._thread, self._sync_thread):
-            if thread is not None:
-                thread.join(timeout=max(timeout, 1.0))
+        if self._thread is not None:
+            self._thread.join(timeout=max(timeout, 1.0))
+        self._group_fsync.close(timeout=max(timeout, 1.0))
         with self._cond:
             self._spill.close()  # fsyncs; also releases the lock
         return is_flushed
@@ -257,40 +244,6 @@ class UsageWriter:
             )
             self._refused_since = time.monotonic()
             self._last_probe_at = self._refused_since
-
-    async def _synced(self, number: int) -> bool:
-        """Wait for an fsync covering append ``number``; ``False`` if the fsync failed."""
-        if self._sync_thread is None:  # not started (tools, tests): fsync here
-            try:
-                await anyio.to_thread.run_sync(self._spill.sync)
-            except OSError as exc:
-                self._refused(exc)
-                return False
-            return True
-        loop = asyncio.get_running_loop()
-        synced = loop.create_future()
-        with self._sync_cond:
-            self._sync_waiters.append((number, loop, synced))
-            self._sync_cond.notify()
-        return bool(await synced)
-
-    def _run_syncs(self) -> None:
-        while True:
-            with self._sync_cond:
-                self._sync_cond.wait_for(lambda: bool(self._sync_waiters) or self._is_closing)
-                if not self._sync_waiters:
-                    return
-                waiters, self._sync_waiters = self._sync_waiters, []
-            # Every waiter registered after its append: this fsync covers them all.
-            try:
-                self._spill.sync()
-                is_synced = True
-            except OSError as exc:
-                self._refused(exc)
-                is_synced = False
-            for _, loop, synced in waiters:
-                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
-                    loop.call_soon_threadsafe(_resolve, synced, is_synced)
 
     async def _write_directly(self, entry: UsageEntry) -> bool:
         """Commit one record at once (the spill file refused it); ``False`` if that failed."""
@@ -412,8 +365,3 @@ class UsageWriter:
         """Rewrite the spill file with only the pending records (caller holds the lock)."""
         self._spill.replace(orjson.dumps(entry.to_json_dict()) for entry in self._buffer)
         self._num_spilled_lines = len(self._buffer)
-
-
-def _resolve(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():  # its request may have been cancelled meanwhile
-        future.set_result(value)
