@@ -2,22 +2,30 @@
 alone and while tenant A floods the engine with long prompts, and A's throughput, for the
 engine before the change and after it, side by side in one run.
 
-    python -m bench.tenant_fairness --before 979e4dd          # the code before issue #27 item 3
-    python -m bench.tenant_fairness --before 979e4dd --a-streams 48 --a-prompt-len 2000
+    python -m bench.tenant_fairness --before 6d3574d          # the code before issue #27 item 3
+    python -m bench.tenant_fairness --before 6d3574d --max-num-batched-tokens 2048
 
 ``--before REV`` is checked out with ``git worktree add`` into a temporary directory; each
 arm (before, after: this checkout) runs in a fresh process whose ``backend_engine`` is that
-arm's own (the process checks which file it imported), with the same settings, the same
-demo checkpoint and the same prompts. In each arm an ``AsyncEngine`` is started on the
-checkpoint; then
-1. B alone: B sends ``--b-requests`` short prompts one after another (each after a random
-   pause of up to ``--b-gap-ms``, so they land anywhere in a step) and times each one's first
-   token from the moment it is submitted;
-2. A's flood: A keeps ``--a-streams`` requests of ``--a-prompt-len`` random tokens in flight
-   (each stream sends its next one when the last ends); once every stream has had a first
-   token, B sends the same requests again. A's throughput is A's tokens over B's window:
-   each A prompt whose first token came in the window, and each A output token that did.
-Prompts are random token ids, distinct per request (no prefix-cache hits).
+arm's own (the process checks which file it imported), with the same settings and the same
+demo checkpoint (``--size``, written once). In each arm an ``AsyncEngine`` is started; then
+1. B alone: B sends ``--b-requests`` prompts of ``--b-prompt-len`` tokens one after another
+   (each after a random pause of up to ``--b-gap-ms``, so they land anywhere in a step) and
+   times each one's first token from the moment it is submitted;
+2. A's flood: A keeps ``--a-streams`` requests of ``--a-prompt-len`` tokens in flight (each
+   stream sends its next one when the last ends); once every stream has had a first token,
+   B sends its requests again, for at least ``--min-window-s``. A's throughput is A's
+   tokens over B's window: the prompt of each A request whose first token came in it, and
+   each A output token that did.
+Prompts are random token ids, a fresh one per request (no prefix-cache hits).
+
+The defaults are the probe's (48 streams of 2,000 tokens, B's short prompts, 64 sequences)
+with the probe's KV capacity in tokens (728 blocks of 16: SmolLM2-135M's default 512 MiB in
+float32), on the small demo model, with a step budget fitted to this CPU: on 2 cores a
+256-token step of the small model takes about 3 times B's 32-token prefill (8 against
+2.5 ms), a step of the engine's default 2,048 tokens 60 times or more (150 ms and up), and
+B's first token waits at least for the step in flight plus its own step, whatever the order
+of the work. docs/benchmarks.md has both.
 """
 
 from __future__ import annotations
@@ -78,7 +86,7 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
     def tokens(n: int) -> list[int]:
         return [rng.randrange(10, vocab - 16) for _ in range(n)]
 
-    b_gaps = [rng.uniform(0, args.b_gap_ms / 1e3) for _ in range(args.b_requests)]
+    gaps = random.Random(args.seed + 1)  # B's pauses, the same in both arms
     b_params = SamplingParams(temperature=0, max_tokens=args.b_max_tokens, ignore_eos=True)
     a_params = SamplingParams(temperature=0, max_tokens=args.a_max_tokens, ignore_eos=True)
     ids = iter(range(1 << 62))
@@ -94,18 +102,19 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
         assert first is not None
         return first
 
-    async def b_series() -> list[float]:
-        ttfts = []
-        for gap in b_gaps:
-            await asyncio.sleep(gap)
+    async def b_series(min_seconds: float) -> list[float]:
+        ttfts: list[float] = []
+        start = time.perf_counter()
+        while len(ttfts) < args.b_requests or time.perf_counter() - start < min_seconds:
+            await asyncio.sleep(gaps.uniform(0, args.b_gap_ms / 1e3))
             ttfts.append(await first_token_s(tokens(args.b_prompt_len), "b", b_params))
         return ttfts
 
     await first_token_s(tokens(args.a_prompt_len), "warm", a_params)  # first-call costs
     await first_token_s(tokens(args.b_prompt_len), "warm", b_params)
-    b_alone = await b_series()
+    b_alone = await b_series(0.0)
 
-    window: list[float] = []  # [start, end] of B's series under the flood
+    window: list[float] = []  # when B's series under the flood started, and ended
     a_tokens = 0
     started_streams: set[int] = set()
     all_started = asyncio.Event()
@@ -135,7 +144,7 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
     flood = [asyncio.create_task(a_stream(i)) for i in range(args.a_streams)]
     await all_started.wait()
     window.append(time.perf_counter())
-    b_flood = await b_series()
+    b_flood = await b_series(args.min_window_s)
     window.append(time.perf_counter())
     for task in flood:
         task.cancel()
@@ -186,6 +195,7 @@ ARM_SETTINGS = (
     "b_prompt_len",
     "b_max_tokens",
     "b_gap_ms",
+    "min_window_s",
     "max_num_batched_tokens",
     "max_num_seqs",
     "num_kv_blocks",
@@ -220,18 +230,19 @@ def main() -> None:
     parser.add_argument("--before", help="git revision of the engine before the change")
     parser.add_argument("--model", help="checkpoint; default: the demo model of --size")
     parser.add_argument("--size", default="small", help="demo model size when --model is absent")
-    parser.add_argument("--repeats", type=int, default=1, help="arms each, alternating")
-    parser.add_argument("--a-streams", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2, help="arms each, alternating")
+    parser.add_argument("--a-streams", type=int, default=48)
     parser.add_argument("--a-prompt-len", type=int, default=2000)
     parser.add_argument("--a-max-tokens", type=int, default=16)
     parser.add_argument("--b-requests", type=int, default=30)
     parser.add_argument("--b-prompt-len", type=int, default=32)
     parser.add_argument("--b-max-tokens", type=int, default=4)
     parser.add_argument("--b-gap-ms", type=float, default=100.0)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--min-window-s", type=float, default=10.0)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument(
-        "--num-kv-blocks", type=int, default=0, help="KV blocks (0: the engine's default budget)"
+        "--num-kv-blocks", type=int, default=728, help="KV blocks (0: the engine's default budget)"
     )
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)

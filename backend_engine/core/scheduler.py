@@ -143,8 +143,9 @@ class Scheduler:
         self, step: StepPlan, chunks: Iterable[tuple[Request, int]], may_shrink: bool = False
     ) -> None:
         """Schedule running requests' next tokens, in order, within the budget, preempting
-        for blocks (``may_shrink``: a chunk first shrinks to the blocks left); a request
-        already scheduled this step is only extended, where blocks allow."""
+        for blocks (``may_shrink``: a chunk first shrinks to the blocks left above the
+        watermark); a request already scheduled this step is only extended, where blocks
+        allow."""
         kv = self.kv_cache
         for request, num_wanted in chunks:
             num_new = min(num_wanted, step.budget)
@@ -156,7 +157,8 @@ class Scheduler:
                     step.add(request, num_new)
                 continue
             while kv.allocate_slots(request, num_new) is None:
-                num_blocks = len(kv.block_table(request.request_id)) + kv.num_free_blocks
+                num_free = kv.num_free_blocks - self.num_watermark_blocks
+                num_blocks = len(kv.block_table(request.request_id)) + num_free
                 num_fit = num_blocks * kv.block_size - request.num_computed_tokens
                 if may_shrink and 0 < num_fit < num_new:
                     num_new = num_fit
@@ -177,8 +179,8 @@ class Scheduler:
         Admissions take their blocks before the prompts in progress do, less what each
         tenant's own prompts in progress will take: another tenant's first chunk comes
         before them for blocks as for tokens, and a chunk it leaves short of blocks shrinks
-        to those left (the watermark keeps some) rather than preempt; but a tenant never
-        admits a request at the cost of its own prompts in progress.
+        to those left above the watermark rather than preempt; but a tenant never admits a
+        request at the cost of its own prompts in progress.
         """
         running_by_tenant = Counter(r.tenant_id for r in self.running)
         contenders = prefill_contenders(
