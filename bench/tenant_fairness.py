@@ -79,6 +79,18 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
         show_progress=False,
     )
     engine = AsyncEngine(config)
+    # When each engine step started and ended (appended on the engine's thread), to count
+    # the steps each B request waited through.
+    steps: list[tuple[float, float]] = []
+    step = engine.engine.step
+
+    def timed_step() -> list[Any]:
+        start = time.perf_counter()
+        deltas = step()
+        steps.append((start, time.perf_counter()))
+        return deltas
+
+    engine.engine.step = timed_step  # type: ignore[method-assign]
     await engine.start()
     vocab = engine.engine.model_config.vocab_size
     rng = random.Random(args.seed)
@@ -91,6 +103,8 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
     a_params = SamplingParams(temperature=0, max_tokens=args.a_max_tokens, ignore_eos=True)
     ids = iter(range(1 << 62))
 
+    b_spans: list[tuple[float, float]] = []  # each B request's submission and first token
+
     async def first_token_s(prompt: list[int], tenant: str, params: SamplingParams) -> float:
         start = time.perf_counter()
         first: float | None = None
@@ -98,9 +112,11 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
             f"{tenant}{next(ids)}", prompt, params, tenant_id=tenant
         ):
             if first is None and delta.new_token_ids:
-                first = time.perf_counter() - start
+                first = time.perf_counter()
         assert first is not None
-        return first
+        if tenant == "b":
+            b_spans.append((start, first))
+        return first - start
 
     async def b_series(min_seconds: float) -> list[float]:
         ttfts: list[float] = []
@@ -144,8 +160,16 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
     flood = [asyncio.create_task(a_stream(i)) for i in range(args.a_streams)]
     await all_started.wait()
     window.append(time.perf_counter())
+    num_alone = len(b_spans)
     b_flood = await b_series(args.min_window_s)
     window.append(time.perf_counter())
+    # Steps that started after a B request was submitted, up to the one that gave its first
+    # token: 1 is the next step.
+    b_steps = [
+        sum(1 for begin, _ in steps if submitted < begin < first)
+        for submitted, first in b_spans[num_alone:]
+    ]
+    flood_steps = [end - begin for begin, end in steps if window[0] <= begin <= window[1]]
     for task in flood:
         task.cancel()
     for task in flood:
@@ -159,6 +183,8 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
         "b_flood_ms": [x * 1e3 for x in b_flood],
         "a_tokens_per_s": a_tokens / seconds,
         "window_s": seconds,
+        "b_flood_steps": b_steps,
+        "flood_step_ms": [x * 1e3 for x in flood_steps],
     }
 
 
@@ -214,13 +240,25 @@ def summarize(label: str, runs: list[dict[str, Any]]) -> dict[str, float]:
         "flood_p99": percentile(flood, 0.99),
         "a_tokens_per_s": statistics.median(run["a_tokens_per_s"] for run in runs),
     }
+    b_steps = [n for run in runs for n in run["b_flood_steps"]]
+    step_ms = [x for run in runs for x in run["flood_step_ms"]]
     print(
         f"{label}: B alone p50 {figures['alone_p50']:8.1f} ms  p99 {figures['alone_p99']:8.1f} ms"
         f" | B under A's flood p50 {figures['flood_p50']:8.1f} ms  p99 "
         f"{figures['flood_p99']:8.1f} ms ({figures['flood_p50'] / figures['alone_p50']:.1f}x alone)"
-        f" | A {figures['a_tokens_per_s']:8.0f} tokens/s (windows: "
+        f" | A {figures['a_tokens_per_s']:8.0f} tokens/s (runs: B under the flood p50 "
+        + ", ".join(f"{statistics.median(run['b_flood_ms']):.1f}" for run in runs)
+        + " ms; A "
+        + ", ".join(f"{run['a_tokens_per_s']:.0f}" for run in runs)
+        + " tokens/s over "
         + ", ".join(f"{run['window_s']:.1f}" for run in runs)
         + " s)"
+    )
+    print(
+        f"{label}: under the flood, B's first token came in step {statistics.median(b_steps):.0f}"
+        f" after its arrival at the median, {percentile(b_steps, 0.99):.0f} at p99, "
+        f"{max(b_steps)} at most (1: the next step); a step took {statistics.median(step_ms):.1f}"
+        f" ms at the median, {percentile(step_ms, 0.99):.1f} ms at p99"
     )
     return figures
 
