@@ -202,9 +202,8 @@ class Scheduler:
                 shares[request.tenant_id] -= num_new
                 num_total = request.num_computed_tokens + num_new
                 num_held = self.kv_cache.blocks_needed(num_total)
-                held[request.tenant_id] += num_held - len(
-                    self.kv_cache.block_table(request.request_id)
-                )
+                num_held -= len(self.kv_cache.block_table(request.request_id))
+                held[request.tenant_id] += max(num_held, 0)
         if not step.preempted:
             self._admit(step, shares, held)
         self._schedule_chunks(step, chunks, may_shrink=bool(step.admitted))
