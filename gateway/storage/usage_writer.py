@@ -146,7 +146,7 @@ class UsageWriter:
         `RecordNotAccepted` when neither could take it."""
         try:
             self.submit(entry)
-        except OSError:
+        except (OSError, RuntimeError):  # refused, or the writer closed (shutting down)
             if await self._write_directly(entry):
                 return
             raise RecordNotAccepted(entry.request_id, is_kept=False) from None
