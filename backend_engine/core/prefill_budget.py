@@ -16,6 +16,15 @@ exists because a packet cannot be split, is never needed. A tenant with one shor
 therefore has it prefilled in the next step however long the other tenants' prompts are,
 and the split is work-conserving: what a tenant cannot use goes to the others.
 
+Except in a *first-token step*: when a tenant with no prompt in progress has a request to
+admit while another tenant has prompts in progress, the step carries the newcomer's own
+share and the running decodes only (:func:`first_token_tenants`). The step is then as short
+as the newcomer's chunk, and its first token waits for the rest of the step in flight plus
+that short step, not for a full step of the other tenant's chunks as well. The others' chunks
+are only shifted by one short step, and two first-token steps never follow each other, so a
+stream of newcomers cannot starve the prompts in progress (they get at least every other
+step, whole).
+
 Pure decisions over requests and counts; the scheduler spends the shares.
 """
 
@@ -108,6 +117,18 @@ def prefill_contenders(
         for tenant, num_tokens in demand.items()
     ]
     return sorted(contenders, key=lambda c: c.turn_key)
+
+
+def first_token_tenants(
+    contenders: Iterable[PrefillContender], running_prefills: Iterable[Request]
+) -> frozenset[str]:
+    """The tenants whose first chunk makes this step a first-token step: those contending
+    with no prompt in progress (their demand is only waiting requests), when some other
+    tenant has a prompt in progress. Empty when nobody is left waiting for a step's worth of
+    another tenant's chunks (one tenant, or nobody with a prompt in progress)."""
+    in_progress = {request.tenant_id for request in running_prefills}
+    newcomers = frozenset(c.tenant_id for c in contenders if c.tenant_id not in in_progress)
+    return newcomers if in_progress and newcomers else frozenset()
 
 
 def running_cap(max_num_seqs: int, max_running_share: float) -> int:

@@ -4,7 +4,8 @@ Every step, under a token budget (``max_num_batched_tokens``):
 1. Running decodes go first (one token each). When KV blocks run out, the least
    important running request (batch before interactive, latest arrival first) is
    preempted: its blocks are freed and it is recomputed later, ahead of later arrivals.
-2. The rest is prefill budget, shared fairly among tenants (:mod:`.prefill_budget`).
+2. The rest is prefill budget, shared fairly among tenants (:mod:`.prefill_budget`); a
+   tenant's first chunk while another has prompts in progress gets a short step of its own.
    Each prompt in progress gets its next chunk from its tenant's share. If nothing was
    preempted, waiting requests are then admitted in ``WaitingQueue`` order, each chunk
    within its tenant's share, keeping free a watermark of blocks (so running requests can
@@ -46,6 +47,7 @@ from collections.abc import Iterable, Mapping
 from backend_engine.config import DEFAULT_MAX_RUNNING_SHARE, SchedulingMode
 from backend_engine.core.kv_cache_manager import BlockCopy, CachedPrefix, KVCacheManager
 from backend_engine.core.prefill_budget import (
+    first_token_tenants,
     prefill_contenders,
     running_cap,
     share_prefill_budget,
@@ -93,6 +95,7 @@ class Scheduler:
         # Requests admitted for the first time since the engine last took this list (for
         # their queue times: the scheduler itself reads no clock).
         self.first_admissions: list[Request] = []
+        self._was_first_token_step = False  # two never follow each other (prefill_budget)
 
     @property
     def num_unfinished(self) -> int:
@@ -180,7 +183,8 @@ class Scheduler:
         tenant's own prompts in progress will take: another tenant's first chunk comes
         before them for blocks as for tokens, and a chunk it leaves short of blocks shrinks
         to those left above the watermark rather than preempt; but a tenant never admits a
-        request at the cost of its own prompts in progress.
+        request at the cost of its own prompts in progress. A first-token step schedules the
+        newcomers' shares alone: what they leave goes to nobody, so the step stays short.
         """
         running_by_tenant = Counter(r.tenant_id for r in self.running)
         contenders = prefill_contenders(
@@ -193,6 +197,12 @@ class Scheduler:
             lambda r: r.num_tokens - self._cached_prefix(r).num_tokens,
         )
         shares = share_prefill_budget(step.budget, {c.tenant_id: c.num_tokens for c in contenders})
+        newcomers = (
+            frozenset() if self._was_first_token_step else first_token_tenants(contenders, prefills)
+        )
+        self._was_first_token_step = bool(newcomers)
+        if newcomers:  # a first-token step: the newcomers' shares and the decodes only
+            shares = {t: n if t in newcomers else 0 for t, n in shares.items()}
         chunks: list[tuple[Request, int]] = []
         held: Counter[str] = Counter()  # blocks each tenant's chunks will take
         for request in prefills:
@@ -207,6 +217,8 @@ class Scheduler:
         if not step.preempted:
             self._admit(step, shares, held)
         self._schedule_chunks(step, chunks, may_shrink=bool(step.admitted))
+        if newcomers:
+            return
         # What a tenant could not use: prompts in progress, then admission, as they come.
         self._schedule_chunks(step, ((r, step.num_left(r)) for r in prefills + step.admitted))
         if not step.preempted:

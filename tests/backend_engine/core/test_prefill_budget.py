@@ -1,6 +1,8 @@
 import pytest
 
 from backend_engine.core.prefill_budget import (
+    PrefillContender,
+    first_token_tenants,
     prefill_contenders,
     running_cap,
     share_prefill_budget,
@@ -70,6 +72,20 @@ def test_a_capped_tenant_wants_only_its_prompts_in_progress():
         running_prefills, waiting, {"a": 2}, 2048, 8, 2, lambda r: r.num_tokens
     )
     assert {c.tenant_id: c.num_tokens for c in contenders} == {"a": 50, "b": 30}
+
+
+def test_a_first_token_step_is_for_tenants_with_no_prompt_in_progress_while_another_has():
+    def contenders(*tenants):
+        return [PrefillContender(t, 30, (0, 0, i)) for i, t in enumerate(tenants)]
+
+    a_in_progress = [req("a1", 0, "a", 2000, num_computed=500)]
+    assert first_token_tenants(contenders("b", "a", "c"), a_in_progress) == {"b", "c"}
+    # one tenant, or nobody's prompt in progress: no first-token step.
+    assert first_token_tenants(contenders("a"), a_in_progress) == frozenset()
+    assert first_token_tenants(contenders("b", "c"), []) == frozenset()
+    # b's prompt is in progress too: both are sharing the budget already.
+    b_in_progress = [*a_in_progress, req("b1", 1, "b", 300, num_computed=30)]
+    assert first_token_tenants(contenders("a", "b"), b_in_progress) == frozenset()
 
 
 def test_the_running_cap_is_the_share_rounded_down_and_at_least_one():

@@ -320,7 +320,8 @@ def test_abort_frees_waiting_and_running_requests():
 
 def test_a_tenants_long_prompt_in_progress_does_not_hold_back_another_tenants_first_token():
     """The issue's probe in miniature: before, the prompt in progress took the whole budget
-    every step and the short request waited for it to end."""
+    every step and the short request waited for it to end; then it shared the step with the
+    prompt's chunk. Now b's first token has a short step of its own (a first-token step)."""
     h = Harness(num_blocks=256, budget=64)
     chatty = h.add("chatty", num_prompt=4, max_tokens=50, tenant="a")
     h.step()
@@ -329,14 +330,33 @@ def test_a_tenants_long_prompt_in_progress_does_not_hold_back_another_tenants_fi
     short = h.add("short", num_prompt=8, max_tokens=2, tenant="b")
     out = h.step()
     assert [(s.request_id, s.num_tokens) for s in out.decodes] == [("chatty", 1)]
-    # b's whole prompt, and a takes the rest: the step's budget is spent all the same.
-    assert [(s.request_id, s.num_tokens, s.do_sample) for s in out.prefills] == [
-        ("long", 55, False),
-        ("short", 8, True),
-    ]
+    # b's whole prompt alone: a's chunk waits one (short) step, a's decodes do not.
+    assert [(s.request_id, s.num_tokens, s.do_sample) for s in out.prefills] == [("short", 8, True)]
     assert short.output_token_ids == [7]
-    assert long_prompt.num_computed_tokens == 63 + 55
-    assert chatty.num_output_tokens == 3
+    assert long_prompt.num_computed_tokens == 63
+    out = h.step()  # then a's chunk takes what the decodes leave, as before
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [
+        ("chatty", 1),
+        ("short", 1),
+        ("long", 62),
+    ]
+    assert chatty.num_output_tokens == 4
+
+
+def test_first_token_steps_never_follow_each_other():
+    """A newcomer every step would otherwise defer the prompts in progress for ever."""
+    h = Harness(num_blocks=512, budget=64)
+    long_prompt = h.add("long", num_prompt=400, max_tokens=1, tenant="a")
+    h.step()
+    h.add("b", num_prompt=8, max_tokens=4, tenant="b")
+    assert [(s.request_id, s.num_tokens) for s in h.step().prefills] == [("b", 8)]
+    h.add("c", num_prompt=8, max_tokens=4, tenant="c")
+    out = h.step()  # c shares this step with a's chunk; the next newcomer gets one alone
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("long", 55), ("c", 8)]
+    h.add("d", num_prompt=8, max_tokens=4, tenant="d")
+    out = h.step()
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("b", 1), ("c", 1), ("d", 8)]
+    assert long_prompt.num_computed_tokens == 64 + 55
 
 
 def test_tenants_with_long_prompts_in_progress_share_the_prefill_budget():
@@ -345,16 +365,16 @@ def test_tenants_with_long_prompts_in_progress_share_the_prefill_budget():
     a2 = h.add("a2", num_prompt=300, max_tokens=1, tenant="a")
     h.step()  # a1: 64
     b = h.add("b", num_prompt=100, max_tokens=1, tenant="b")
-    out = h.step()
-    # a's two prompts get a's half (a1 first, in running order), b the other half.
-    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("a1", 32), ("b", 32)]
+    out = h.step()  # b's first chunk (its share) in a first-token step
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("b", 32)]
+    # then a's two prompts get a's half (a1 first, in running order), b the other half.
     for _ in range(2):
         out = h.step()
         assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("a1", 32), ("b", 32)]
     out = h.step()  # b needs only 4 more: a takes the rest, a2 admitted with a's leftover
     assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("a1", 60), ("b", 4)]
     assert b.is_finished
-    assert a1.num_computed_tokens == 64 + 3 * 32 + 60
+    assert a1.num_computed_tokens == 64 + 2 * 32 + 60
     assert a2.status is RequestStatus.WAITING  # admitted only when budget is left over
 
 
@@ -384,15 +404,19 @@ def test_the_running_share_cap_passes_a_tenant_over_for_one_that_fits():
 def test_another_tenants_first_chunk_gets_its_blocks_before_a_prompt_in_progress():
     """Before, the prompt in progress took the free blocks first (here: it did not fit, and
     preempted itself) and the short request waited; now the short request gets its blocks and
-    the chunk shrinks to the blocks left above the watermark."""
+    the chunk shrinks to the blocks left above the watermark (here in the step after a
+    first-token step, which another newcomer shares with the chunk)."""
     h = Harness(num_blocks=40, budget=64, watermark=0.05)  # 2 blocks kept free
     long_prompt = h.add("long", num_prompt=400, max_tokens=2, tenant="a")
     h.step()
     h.step()  # long: 128 tokens in 32 blocks, 8 free
-    h.add("short", num_prompt=8, max_tokens=2, tenant="b")
-    out = h.step()
+    h.add("short_b", num_prompt=8, max_tokens=4, tenant="b")
+    out = h.step()  # a first-token step: short_b's 2 blocks, long waits
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("short_b", 8)]
+    h.add("short_c", num_prompt=8, max_tokens=4, tenant="c")
+    out = h.step()  # short_b's decode takes a block: 5 free, short_c 2 of them
     assert out.preempted_request_ids == []
-    # long shrinks to the 4 blocks left above the watermark.
-    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("long", 16), ("short", 8)]
-    assert long_prompt.num_computed_tokens == 144
+    # long shrinks to the 1 block left above the watermark.
+    assert [(s.request_id, s.num_tokens) for s in out.prefills] == [("long", 4), ("short_c", 8)]
+    assert long_prompt.num_computed_tokens == 132
     assert h.kv.num_free_blocks == 2
