@@ -17,6 +17,13 @@ HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` s
 # waiting) still gets them all. 1.0 is no cap (a tenant could hold every sequence anyway).
 DEFAULT_MAX_RUNNING_SHARE = 0.75
 
+# A step's token budget when none is set, by device. On a GPU a 2,048-token step takes
+# milliseconds. On a CPU it takes seconds (2.2 s for SmolLM2-135M on 2 cores), and every
+# stream sharing the engine waits that long for its next token, another tenant's first token
+# included: 256 keeps a CPU step near a quarter of that, with the same offline throughput
+# and a lone 2,000-token prompt's first token 8-16% later (docs/benchmarks.md, issue #27).
+DEFAULT_STEP_TOKENS = {"cpu": 256, "cuda": 2048}
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -44,7 +51,10 @@ class EngineConfig:
         default=None, metadata={HELP: "Number of KV blocks; overrides the memory budget."}
     )
     enable_prefix_caching: bool = field(default=True, metadata={HELP: "Reuse shared prefixes."})
-    max_num_batched_tokens: int = field(default=2048, metadata={HELP: "Token budget per step."})
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={HELP: "Token budget per step; default: 2048 on CUDA, 256 on the CPU."},
+    )
     max_num_seqs: int = field(default=64, metadata={HELP: "Most sequences per step."})
     max_running_share: float = field(
         default=DEFAULT_MAX_RUNNING_SHARE,
@@ -84,6 +94,13 @@ class EngineConfig:
         metadata={HELP: "On SIGTERM, seconds requests in flight get to finish before abort."},
     )
 
+    @property
+    def step_token_budget(self) -> int:
+        """``max_num_batched_tokens``, or the device's default (`DEFAULT_STEP_TOKENS`)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEFAULT_STEP_TOKENS["cpu" if self.device == "cpu" else "cuda"]
+
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
@@ -93,7 +110,7 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if not 0.0 < self.max_running_share <= 1.0:
             raise ValueError(f"max_running_share must be in (0, 1], got {self.max_running_share}")
-        if self.max_num_batched_tokens <= 0:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise ValueError(
                 f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
             )

@@ -28,7 +28,7 @@ class EngineOptions(TypedDict, total=False):
     kv_cache_memory_bytes: int
     num_kv_blocks: int | None
     enable_prefix_caching: bool
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int | None
     max_num_seqs: int
     max_running_share: float
     max_model_len: int | None

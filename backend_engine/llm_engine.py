@@ -84,7 +84,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_batched_tokens=config.step_token_budget,
             max_model_len=self.max_model_len,
             watermark=config.watermark,
             mode=config.scheduling,

@@ -2,8 +2,8 @@
 alone and while tenant A floods the engine with long prompts, and A's throughput, for the
 engine before the change and after it, side by side in one run.
 
-    python -m bench.tenant_fairness --before 6d3574d          # the code before issue #27 item 3
-    python -m bench.tenant_fairness --before 6d3574d --max-num-batched-tokens 2048
+    python -m bench.tenant_fairness --before 6d3574d          # each engine at its own default
+    python -m bench.tenant_fairness --before 6d3574d --max-num-batched-tokens 2048   # both at
 
 ``--before REV`` is checked out with ``git worktree add`` into a temporary directory; each
 arm (before, after: this checkout) runs in a fresh process whose ``backend_engine`` is that
@@ -21,11 +21,12 @@ Prompts are random token ids, a fresh one per request (no prefix-cache hits).
 
 The defaults are the probe's (48 streams of 2,000 tokens, B's short prompts, 64 sequences)
 with the probe's KV capacity in tokens (728 blocks of 16: SmolLM2-135M's default 512 MiB in
-float32), on the small demo model, with a step budget fitted to this CPU: on 2 cores a
-256-token step of the small model takes about 3 times B's 32-token prefill (8 against
-2.5 ms), a step of the engine's default 2,048 tokens 60 times or more (150 ms and up), and
-B's first token waits at least for the step in flight plus its own step, whatever the order
-of the work. docs/benchmarks.md has both.
+float32), on the small demo model. The step budget is each engine's own default unless
+``--max-num-batched-tokens`` sets one for both: the engine before issue #27 stepped 2,048
+tokens everywhere; since, a CPU engine steps 256 (`EngineConfig.DEFAULT_STEP_TOKENS`), as on
+2 cores a 2,048-token step of even the small model takes 150 ms and up, 60 times B's 32-token
+prefill, and B's first token waits at least for the step in flight plus its own step,
+whatever the order of the work. docs/benchmarks.md has both.
 """
 
 from __future__ import annotations
@@ -69,10 +70,13 @@ async def measure_arm(args: argparse.Namespace) -> dict[str, Any]:
     from backend_engine import EngineConfig, SamplingParams
     from backend_engine.async_engine import AsyncEngine
 
+    step_budget = {}  # unset: the arm's engine's own default
+    if args.max_num_batched_tokens is not None:
+        step_budget["max_num_batched_tokens"] = args.max_num_batched_tokens
     config = EngineConfig(
         model=args.model,
         dtype="float32",
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        **step_budget,
         max_num_seqs=args.max_num_seqs,
         num_kv_blocks=args.num_kv_blocks or None,
         num_threads=args.num_threads or None,
@@ -193,7 +197,7 @@ def run_arm(repo: Path, args: argparse.Namespace, model: str) -> dict[str, Any]:
     forwarded = [
         f"--{name.replace('_', '-')}={getattr(args, name)}"
         for name in ARM_SETTINGS
-        if name != "model"
+        if name != "model" and getattr(args, name) is not None
     ]
     command = [
         sys.executable,
@@ -277,7 +281,9 @@ def main() -> None:
     parser.add_argument("--b-max-tokens", type=int, default=4)
     parser.add_argument("--b-gap-ms", type=float, default=100.0)
     parser.add_argument("--min-window-s", type=float, default=10.0)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, help="both arms' step budget; default: each's own"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument(
         "--num-kv-blocks", type=int, default=728, help="KV blocks (0: the engine's default budget)"
@@ -317,7 +323,8 @@ def main() -> None:
         f"model: {model}; A: {args.a_streams} streams of {args.a_prompt_len}-token prompts, "
         f"max_tokens={args.a_max_tokens}; B: {args.b_requests} requests of "
         f"{args.b_prompt_len} tokens one at a time, max_tokens={args.b_max_tokens}; "
-        f"max_num_batched_tokens={args.max_num_batched_tokens}, max_num_seqs="
+        f"max_num_batched_tokens={args.max_num_batched_tokens or 'each engine default'}, "
+        "max_num_seqs="
         f"{args.max_num_seqs}; before: {args.before}; repeats: {args.repeats}; torch threads: "
         f"{args.num_threads or torch.get_num_threads()}"
     )
