@@ -65,7 +65,8 @@ def model_memory(model: ModelSpec, shape: RequestShape) -> ModelMemory:
         PlanStep(
             "weights_bytes",
             "Weights",
-            f"{_n(m.num_params)} params × {_n(model.weight_bytes_per_param)} B = {_bytes(weights)}",
+            f"{_n(m.num_params)} params × {_n(model.weight_bytes_per_param)} B = {_bytes(weights)}"
+            + (f" ({model.weight_format})" if model.weight_format else ""),
         ),
         PlanStep(
             "kv_bytes_per_stream",

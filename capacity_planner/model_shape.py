@@ -1,8 +1,9 @@
 """A model's shape for planning: layers, KV heads, head dimension and parameter count.
 
 Read from a Hugging Face directory (``config.json``; parameters counted from the safetensors
-headers, else estimated from the config) or a GGUF file (its metadata and tensor infos), or
-given directly. The config's keys are read by `model_files` (``ModelConfig.from_dict``, and
+headers, else estimated from the config) or a GGUF file (its metadata and tensor infos, and
+how its weights are stored: their formats and bytes, `StoredWeights`), or given directly. The
+config's keys are read by `model_files` (``ModelConfig.from_dict``, and
 ``hf_config`` for a GGUF file's metadata) without checking that this engine serves the model:
 the planner plans any Llama-style decoder. Nothing here loads a weight or imports torch: a
 safetensors file starts with an 8-byte length and a JSON header that lists every tensor's
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +28,27 @@ _NOT_A_SHAPE = (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionErr
 
 
 @dataclass(frozen=True)
+class StoredWeights:
+    """How a checkpoint file stores its weights (a GGUF file's tensor types): the bytes they
+    take and each format's share of the parameters, largest first."""
+
+    num_bytes: int
+    formats: tuple[tuple[str, float], ...]  # (format, share of the parameters)
+
+    def describe(self, num_params: int) -> str:
+        bits = 8 * self.num_bytes / num_params
+        shares = ", ".join(f"{name} {share:.0%}" for name, share in self.formats)
+        return f"{shares} as stored: {bits:.2f} bits a weight"
+
+
+@dataclass(frozen=True)
 class ModelShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
     num_params: int
     source: str  # "given", or the checkpoint it was read from
+    stored: StoredWeights | None = None  # a GGUF file's own formats (None: not known)
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "num_kv_heads", "head_dim", "num_params"):
@@ -86,13 +103,16 @@ def estimate_params(config: ModelConfig) -> int:
     return heads * config.vocab_size * hidden + config.num_hidden_layers * per_layer + hidden
 
 
-def _shape(config: ModelConfig, num_params: int, *, source: Path) -> ModelShape:
+def _shape(
+    config: ModelConfig, num_params: int, *, source: Path, stored: StoredWeights | None = None
+) -> ModelShape:
     return ModelShape(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         num_params=num_params,
         source=str(source),
+        stored=stored,
     )
 
 
@@ -116,9 +136,16 @@ def _shape_from_gguf(file: Path) -> ModelShape:
 
     reader = open_gguf(file)  # a GGUFError (a ValueError) naming the file if unreadable
     num_params = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    by_format: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        by_format[tensor.tensor_type.name] += int(tensor.n_elements)
+    stored = StoredWeights(
+        num_bytes=sum(int(tensor.n_bytes) for tensor in reader.tensors),
+        formats=tuple((name, n / num_params) for name, n in by_format.most_common()),
+    )
     try:
         config = ModelConfig.from_dict(hf_config(reader, check_support=False), check_support=False)
-        return _shape(config, num_params, source=file)
+        return _shape(config, num_params, source=file, stored=stored)
     except GGUFError:
         raise  # the metadata key that is missing or wrong, by name
     except _NOT_A_SHAPE as exc:

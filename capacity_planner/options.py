@@ -165,10 +165,17 @@ def _model(o: dict[str, Any]) -> ModelSpec:
             num_params=int(o["params"]),
             source="given",
         )
-    weight_format = o["weight_quantization"] or o["dtype"]
+    if o["weight_quantization"] is None and shape.stored is not None:
+        # A GGUF file is served as it stores its weights (its quantization, detected).
+        weight_bytes_per_param = shape.stored.num_bytes / shape.num_params
+        weight_format = shape.stored.describe(shape.num_params)
+    else:
+        weight_format = o["weight_quantization"] or o["dtype"]
+        weight_bytes_per_param = bytes_per_element(weight_format)
     return ModelSpec(
         shape=shape,
-        weight_bytes_per_param=bytes_per_element(weight_format),
+        weight_bytes_per_param=weight_bytes_per_param,
+        weight_format=weight_format,
         kv_bytes_per_element=bytes_per_element(o["kv_cache_dtype"] or o["dtype"]),
     )
 

@@ -104,8 +104,9 @@ class RequestShape:
 @dataclass(frozen=True)
 class ModelSpec:
     shape: ModelShape
-    weight_bytes_per_param: float  # the dtype's, or the weight quantization's
+    weight_bytes_per_param: float  # the dtype's, the weight quantization's, or the file's
     kv_bytes_per_element: float
+    weight_format: str = ""  # how the weights are held, for the report ("" : not said)
 
     def __post_init__(self) -> None:
         _positive(self, "weight_bytes_per_param", "kv_bytes_per_element")

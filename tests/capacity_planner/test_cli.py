@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+from gguf import GGMLQuantizationType as Q
 from typer.testing import CliRunner
 
+from capacity_planner.model_shape import shape_from_checkpoint
 from gateway.launcher.cli import app
 from tests.support.gguf_files import hf_tensors, write_gguf
 
@@ -85,6 +88,23 @@ def test_a_gguf_checkpoint_and_a_custom_gpu(tmp_path: Path) -> None:
     assert data["model"]["num_layers"] == 2  # type: ignore[index]
     assert data["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 1  # fp8: one byte an element
     assert data["gpu"]["name"] == "custom"  # type: ignore[index]
+
+
+def test_a_gguf_file_is_planned_as_it_stores_its_weights(tmp_path: Path) -> None:
+    """Its quantization detected (Q8_0: 8.5 bits a weight), unless --weight-quantization says
+    how it will be served."""
+    gguf = write_gguf(tmp_path / "m.gguf", hf_tensors(), qtype=Q.Q8_0)
+    args = (
+        "--requests-per-day", "1e6", "--peak-factor", "3", "--prompt-tokens", "3000",
+        "--output-tokens", "500", "--model", str(gguf), "--gpu", "l4",
+    )  # fmt: skip
+    stored = plan(*args)
+    shape = shape_from_checkpoint(gguf)
+    assert shape.stored is not None
+    assert stored["weights_bytes"] == shape.stored.num_bytes
+    assert stored["weights_bytes"] < shape.num_params * 1.1  # about a byte a weight, not bf16's 2
+    as_int4 = plan(*args, "--weight-quantization", "int4")
+    assert as_int4["weights_bytes"] == math.ceil(shape.num_params * 0.5)
 
 
 @pytest.mark.parametrize(

@@ -108,11 +108,31 @@ def test_a_gguf_file_gives_its_shape_and_param_count(tmp_path: Path, qtype: Q) -
     assert estimate_params(ModelConfig.from_dict(config, check_support=False)) == shape.num_params
 
 
+@pytest.mark.parametrize(("qtype", "bits"), [(Q.F32, 32.0), (Q.Q8_0, 8.5), (Q.Q4_1, 5.0)])
+def test_a_gguf_file_says_how_it_stores_its_weights(tmp_path: Path, qtype: Q, bits: float) -> None:
+    """2-D weights in ``qtype`` (8.5 bits a weight for Q8_0: 32 int8 and an fp16 scale; 5 for
+    Q4_1), norms in F32: the bytes are the tensors' as stored, not a format's nominal size."""
+    tensors = hf_tensors()
+    shape = shape_from_checkpoint(write_gguf(tmp_path / "model.gguf", tensors, qtype=qtype))
+    assert shape.stored is not None
+    norms = sum(t.size for name, t in tensors.items() if t.ndim == 1)
+    matrices = shape.num_params - norms
+    assert shape.stored.num_bytes == matrices * bits / 8 + norms * 4
+    share = 1.0 if qtype == Q.F32 else matrices / shape.num_params  # the norms' F32 apart
+    assert shape.stored.formats[0] == (qtype.name, share)
+    assert sum(share for _, share in shape.stored.formats) == pytest.approx(1.0)
+
+
 def test_the_bundled_smollm2_gguf(smollm2_gguf: Path) -> None:
     shape = shape_from_checkpoint(smollm2_gguf)
     # SmolLM2-135M: 30 layers, 3 KV heads of 64; 134.5 million parameters (tied embeddings).
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (30, 3, 64)
     assert round(shape.num_params / 1e6, 1) == 134.5
+    # Its quantization, detected: mostly Q4_1, some Q8_0, the norms in F32.
+    assert shape.stored is not None
+    assert [name for name, _ in shape.stored.formats] == ["Q4_1", "Q8_0", "F32"]
+    assert 5.0 < 8 * shape.stored.num_bytes / shape.num_params < 6.0
+    assert shape.stored.describe(shape.num_params).endswith("bits a weight")
 
 
 def test_a_config_the_engine_does_not_serve_still_gives_its_shape(tmp_path: Path) -> None:
