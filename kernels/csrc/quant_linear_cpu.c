@@ -1,0 +1,296 @@
+/*
+ * y = x @ W.T where W [N, K] stays in the GGUF file's quantized blocks (ggml's layouts):
+ *
+ *   Q8_0 (34 bytes): fp16 d, int8 q[32]              value q[i] * d
+ *   Q4_0 (18 bytes): fp16 d, uint8 qs[16]            value (nibble - 8) * d
+ *   Q4_1 (20 bytes): fp16 d, fp16 m, uint8 qs[16]    value nibble * d + m
+ *
+ * (nibble i < 16 is qs[i] & 15, nibble i >= 16 is qs[i - 16] >> 4.)
+ *
+ *   w: [N, K / 32 blocks] raw bytes    x: [M, K] float32    y: [M, N] float32
+ *
+ * Two ways to spend a block (the method argument; kernels/cpu_quant_linear.py says which is the
+ * default and why):
+ *   DECODE_TO_FLOAT  decode the block to 32 floats and FMA with x: the dequantized matmul, up
+ *                    to summation order.
+ *   INT8_ACTIVATIONS quantize x to int8 per block of 32 (scale max|x| / 127, as llama.cpp's
+ *                    Q8_0 activations) and take integer dot products (AVX-512 VNNI or AVX-VNNI
+ *                    when the compiler targets them, plain C otherwise): W @ x_hat exactly up
+ *                    to float rounding, x_hat being x rounded to its int8 grid.
+ *
+ * Work: output features (rows of W) split evenly over OpenMP threads; each output is computed
+ * by one thread in one fixed order, so results are bit-identical for any thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 1
+#define QK 32          /* values per block */
+#define ROW_TILE 4     /* rows of x that share one decoded block */
+#define M_CHUNK 64     /* rows of x kept hot in cache while a thread walks its outputs */
+
+enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8 }; /* ggml's type ids */
+enum { DECODE_TO_FLOAT = 0, INT8_ACTIVATIONS = 1 };
+enum { OK = 0, BAD_ARGUMENTS = 1, NO_MEMORY = 2 };
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define HAS_VNNI 1
+#else
+#define HAS_VNNI 0
+#endif
+
+typedef float v16 __attribute__((vector_size(64)));
+
+int tollway_quant_linear_abi_version(void) { return TOLLWAY_QUANT_LINEAR_ABI_VERSION; }
+int tollway_quant_linear_has_vnni(void) { return HAS_VNNI; }
+
+static int64_t block_bytes(int type) {
+    switch (type) {
+    case TYPE_Q4_0: return 18;
+    case TYPE_Q4_1: return 20;
+    case TYPE_Q8_0: return 34;
+    default: return 0;
+    }
+}
+
+static inline float fp16_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    float value;
+    if (exponent == 0) value = ldexpf((float)mantissa, -24);
+    else if (exponent == 31) value = mantissa ? NAN : INFINITY;
+    else value = ldexpf((float)(mantissa | 0x400), exponent - 25);
+    return (h & 0x8000) ? -value : value;
+#endif
+}
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float sum16(v16 v) {
+    float total = 0.0f;
+    for (int i = 0; i < 16; ++i) total += v[i];
+    return total;
+}
+
+/* ---- DECODE_TO_FLOAT ---------------------------------------------------------------- */
+
+static inline void decode_block(const uint8_t *block, int type, float out[QK]) {
+    const float d = fp16_to_float(block);
+    if (type == TYPE_Q8_0) {
+        const int8_t *q = (const int8_t *)(block + 2);
+        for (int i = 0; i < QK; ++i) out[i] = (float)q[i] * d;
+    } else if (type == TYPE_Q4_0) {
+        const uint8_t *q = block + 2;
+        for (int i = 0; i < QK / 2; ++i) {
+            out[i] = (float)((q[i] & 15) - 8) * d;
+            out[i + QK / 2] = (float)((q[i] >> 4) - 8) * d;
+        }
+    } else {
+        const float m = fp16_to_float(block + 2);
+        const uint8_t *q = block + 4;
+        for (int i = 0; i < QK / 2; ++i) {
+            out[i] = (float)(q[i] & 15) * d + m;
+            out[i + QK / 2] = (float)(q[i] >> 4) * d + m;
+        }
+    }
+}
+
+/* y[m0 : m0 + rows, n] for one row of W, rows <= ROW_TILE. */
+static void float_row(const uint8_t *wrow, int type, int64_t bytes, const float *x, float *y,
+                      int64_t N, int64_t K, int64_t n, int64_t m0, int64_t rows) {
+    v16 acc[ROW_TILE][2];
+    memset(acc, 0, sizeof acc);
+    float wf[QK];
+    for (int64_t b = 0; b < K / QK; ++b) {
+        decode_block(wrow + b * bytes, type, wf);
+        const v16 w0 = load16(wf), w1 = load16(wf + 16);
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *xb = x + (m0 + r) * K + b * QK;
+            acc[r][0] += w0 * load16(xb);
+            acc[r][1] += w1 * load16(xb + 16);
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum16(acc[r][0] + acc[r][1]);
+}
+
+/* ---- INT8_ACTIVATIONS --------------------------------------------------------------- */
+
+/* x's row as int8 blocks: q[i] = round(x[i] / d), d = max|x| / 127 per block (0 for a zero
+   block); dsum[b] = d * sum(q) (Q4_1's min multiplies it). */
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *dsum) {
+    for (int64_t b = 0; b < K / QK; ++b) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+        const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < QK; ++i) {
+            const int v = (int)roundf(xb[i] * inverse);
+            q[b * QK + i] = (int8_t)v;
+            sum += v;
+        }
+        d[b] = scale;
+        dsum[b] = scale * (float)sum;
+    }
+}
+
+#if HAS_VNNI
+static inline __m256i dpbusd(__m256i unsigned_bytes, __m256i signed_bytes) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
+#else
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
+#endif
+}
+
+static inline __m256i nibbles(const uint8_t *qs) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
+    const __m128i low = _mm_and_si128(packed, low4);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
+    return _mm256_set_m128i(high, low);
+}
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
+                     const float *xd, const float *xdsum, float *y, int64_t N, int64_t K,
+                     int64_t n, int64_t m0, int64_t rows) {
+    const int64_t nb = K / QK;
+    __m256 acc[ROW_TILE];
+    float mins[ROW_TILE] = {0};
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *block = wrow + b * bytes;
+        const float d = fp16_to_float(block);
+        if (type == TYPE_Q4_1) {
+            const float m = fp16_to_float(block + 2);
+            const __m256i w = nibbles(block + 4);
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t row = (m0 + r) * nb + b;
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
+                const __m256 dot = _mm256_cvtepi32_ps(dpbusd(w, xv));
+                acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xd[row]), acc[r]);
+                mins[r] += m * xdsum[row];
+            }
+        } else {
+            const __m256i w = type == TYPE_Q8_0
+                                  ? _mm256_loadu_si256((const __m256i *)(block + 2))
+                                  : _mm256_sub_epi8(nibbles(block + 2), _mm256_set1_epi8(8));
+            const __m256i w_abs = _mm256_sign_epi8(w, w);
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t row = (m0 + r) * nb + b;
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
+                const __m256 dot = _mm256_cvtepi32_ps(dpbusd(w_abs, _mm256_sign_epi8(xv, w)));
+                acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xd[row]), acc[r]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]) + mins[r];
+}
+#else
+static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
+                     const float *xd, const float *xdsum, float *y, int64_t N, int64_t K,
+                     int64_t n, int64_t m0, int64_t rows) {
+    const int64_t nb = K / QK;
+    float acc[ROW_TILE] = {0};
+    int8_t w[QK];
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *block = wrow + b * bytes;
+        const float d = fp16_to_float(block);
+        const float m = type == TYPE_Q4_1 ? fp16_to_float(block + 2) : 0.0f;
+        if (type == TYPE_Q8_0) {
+            memcpy(w, block + 2, QK);
+        } else {
+            const uint8_t *qs = block + (type == TYPE_Q4_1 ? 4 : 2);
+            const int offset = type == TYPE_Q4_0 ? 8 : 0;
+            for (int i = 0; i < QK / 2; ++i) {
+                w[i] = (int8_t)((qs[i] & 15) - offset);
+                w[i + QK / 2] = (int8_t)((qs[i] >> 4) - offset);
+            }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t row = (m0 + r) * nb + b;
+            const int8_t *xv = xq + row * QK;
+            int32_t dot = 0;
+            for (int i = 0; i < QK; ++i) dot += (int32_t)w[i] * (int32_t)xv[i];
+            acc[r] += (float)dot * (d * xd[row]) + m * xdsum[row];
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = acc[r];
+}
+#endif
+
+/* ---- entry point -------------------------------------------------------------------- */
+
+int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, int64_t M,
+                         int64_t N, int64_t K, int method, int num_threads) {
+    const int64_t bytes = block_bytes(type);
+    if (bytes == 0 || M < 0 || N < 1 || K < QK || K % QK != 0 || num_threads < 1 ||
+        (method != DECODE_TO_FLOAT && method != INT8_ACTIVATIONS))
+        return BAD_ARGUMENTS;
+    if (M == 0) return OK; /* an empty tensor's data pointer may be NULL */
+    if (w == NULL || x == NULL || y == NULL) return BAD_ARGUMENTS;
+    const int64_t nb = K / QK, row_bytes = nb * bytes;
+    int8_t *xq = NULL;
+    float *xd = NULL, *xdsum = NULL;
+    if (method == INT8_ACTIVATIONS) {
+        xq = malloc((size_t)(M * K));
+        xd = malloc((size_t)(M * nb) * sizeof(float));
+        xdsum = malloc((size_t)(M * nb) * sizeof(float));
+        if (xq == NULL || xd == NULL || xdsum == NULL) {
+            free(xq), free(xd), free(xdsum);
+            return NO_MEMORY;
+        }
+    }
+    const int threads = N < num_threads ? (int)N : num_threads;
+#pragma omp parallel num_threads(threads)
+    {
+        int thread = 0, team = 1;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+        team = omp_get_num_threads();
+#endif
+        if (method == INT8_ACTIVATIONS) {
+            for (int64_t m = M * thread / team; m < M * (thread + 1) / team; ++m)
+                quantize_row(x + m * K, K, xq + m * K, xd + m * nb, xdsum + m * nb);
+#pragma omp barrier
+        }
+        const int64_t first = N * thread / team, last = N * (thread + 1) / team;
+        for (int64_t c = 0; c < M; c += M_CHUNK) {
+            const int64_t chunk_end = M - c < M_CHUNK ? M : c + M_CHUNK;
+            for (int64_t n = first; n < last; ++n) {
+                for (int64_t m0 = c; m0 < chunk_end; m0 += ROW_TILE) {
+                    const int64_t rows = chunk_end - m0 < ROW_TILE ? chunk_end - m0 : ROW_TILE;
+                    if (method == INT8_ACTIVATIONS)
+                        int8_row(w + n * row_bytes, type, bytes, xq, xd, xdsum, y, N, K, n, m0,
+                                 rows);
+                    else
+                        float_row(w + n * row_bytes, type, bytes, x, y, N, K, n, m0, rows);
+                }
+            }
+        }
+    }
+    free(xq), free(xd), free(xdsum);
+    return OK;
+}

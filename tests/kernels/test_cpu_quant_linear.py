@@ -1,0 +1,178 @@
+"""The quantized-linear kernel against ``gguf``'s dequantize + matmul, the referee.
+
+Tolerances: ``DECODE_TO_FLOAT`` is the dequantized matmul up to summation order, so within
+float32 rounding of ``|x| @ |W|.T``. ``INT8_ACTIVATIONS`` computes ``W @ x_hat``, x_hat being x
+rounded to int8 per block of 32 with step ``d = max|x_block| / 127``: each element of x moves by
+at most ``d / 2``, so ``|y - x @ W.T| <= (d / 2) @ |W|.T`` plus the same float rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from kernels import cpu_quant_linear
+from kernels.cpu_build import DISABLE_ENV, find_compiler, native_kernels_enabled
+from kernels.cpu_quant_linear import (
+    BLOCK_VALUES,
+    GGUFQuantType,
+    QuantizedWeight,
+    QuantLinearMethod,
+    dequantize,
+    quantized_linear,
+)
+from model_files.gguf_metadata import open_gguf
+
+needs_native = pytest.mark.skipif(
+    find_compiler() is None or not native_kernels_enabled(),
+    reason=f"no C compiler, or {DISABLE_ENV}=reference",
+)
+TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+METHODS = tuple(QuantLinearMethod)
+ROUNDING = 1e-5  # float32 rounding over these sums, relative to |x| @ |W|.T
+
+
+def quantized_case(
+    kind: GGMLQuantizationType, out_features: int, in_features: int, seed: int = 0
+) -> tuple[QuantizedWeight, torch.Tensor]:
+    """A random weight quantized by ``gguf``, and ``gguf``'s dequantization of it."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((out_features, in_features), dtype=np.float32)
+    dense += rng.uniform(-1, 1, (out_features, 1)).astype(np.float32)  # Q4_1's min matters
+    blocks = quants.quantize(dense, kind)
+    weight = QuantizedWeight.from_blocks(torch.from_numpy(blocks), int(kind))
+    return weight, torch.from_numpy(quants.dequantize(blocks, kind))
+
+
+def assert_close(
+    y: torch.Tensor, x: torch.Tensor, reference: torch.Tensor, method: QuantLinearMethod
+) -> None:
+    want = x.double() @ reference.double().T
+    scale = x.double().abs() @ reference.double().abs().T
+    bound = ROUNDING * scale + 1e-6
+    if method == QuantLinearMethod.INT8_ACTIVATIONS:
+        blocks = x.double().reshape(x.shape[0], -1, BLOCK_VALUES)
+        half_step = blocks.abs().amax(dim=2, keepdim=True) / 127 / 2  # [rows, blocks, 1]
+        half_step = half_step.expand_as(blocks).reshape(x.shape)
+        bound = bound + half_step @ reference.double().abs().T
+    error = (y.double() - want).abs()
+    assert y.dtype == torch.float32
+    assert bool((error <= bound).all()), f"max error {error.max():.3g}, bound {bound.min():.3g}"
+
+
+def test_dequantize_matches_gguf() -> None:
+    for kind in TYPES:
+        weight, reference = quantized_case(kind, 7, 96)
+        assert torch.equal(dequantize(weight), reference), kind.name
+
+
+@needs_native
+def test_native_library_builds_here() -> None:
+    assert cpu_quant_linear.is_available()
+
+
+@needs_native
+@pytest.mark.parametrize("kind", TYPES, ids=lambda kind: kind.name)
+@pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
+@pytest.mark.parametrize("rows", [1, 3, 17, 64])
+def test_matches_dequantized_matmul(
+    kind: GGMLQuantizationType, method: QuantLinearMethod, rows: int
+) -> None:
+    for out_features, in_features in ((1, 32), (37, 96), (131, 320)):
+        weight, reference = quantized_case(kind, out_features, in_features, seed=rows)
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+        assert_close(quantized_linear(x, weight, method), x, reference, method)
+
+
+@needs_native
+def test_only_the_int8_method_rounds_x() -> None:
+    """The float method is the dequantized matmul to rounding; the int8 one is measurably not
+    (so the tests above see the path they name)."""
+    weight, reference = quantized_case(GGMLQuantizationType.Q8_0, 64, 256)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(1))
+    want = x.double() @ reference.double().T
+
+    def error(method: QuantLinearMethod) -> float:
+        return (quantized_linear(x, weight, method).double() - want).abs().max().item()
+
+    assert error(QuantLinearMethod.DECODE_TO_FLOAT) < 1e-4
+    assert 1e-3 < error(QuantLinearMethod.INT8_ACTIVATIONS) < 1.0
+
+
+@needs_native
+@pytest.mark.parametrize("kind", TYPES, ids=lambda kind: kind.name)
+@pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
+def test_bit_identical_for_any_thread_count(
+    kind: GGMLQuantizationType, method: QuantLinearMethod
+) -> None:
+    weight, _ = quantized_case(kind, 101, 192)
+    x = torch.randn(9, 192, generator=torch.Generator().manual_seed(2))
+    one = quantized_linear(x, weight, method, num_threads=1)
+    for threads in (2, 3, 7, 64, 200):
+        assert torch.equal(quantized_linear(x, weight, method, num_threads=threads), one)
+
+
+@needs_native
+def test_zero_rows_and_zero_activations() -> None:
+    weight, _ = quantized_case(GGMLQuantizationType.Q4_1, 5, 64)
+    assert quantized_linear(torch.empty(0, 64), weight).shape == (0, 5)
+    for method in METHODS:  # an all-zero block of x has scale 0: no division by it
+        assert torch.equal(quantized_linear(torch.zeros(2, 64), weight, method), torch.zeros(2, 5))
+
+
+def test_rejects_what_the_kernel_cannot_read() -> None:
+    blocks = torch.zeros(4, 34, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not one of"):
+        QuantizedWeight.from_blocks(blocks, 0)  # F32
+    with pytest.raises(ValueError, match="whole blocks of 18"):
+        QuantizedWeight.from_blocks(blocks, int(GGUFQuantType.Q4_0))
+    with pytest.raises(ValueError, match="uint8"):
+        QuantizedWeight.from_blocks(blocks.float(), int(GGUFQuantType.Q8_0))
+    weight = QuantizedWeight.from_blocks(blocks, int(GGUFQuantType.Q8_0))
+    assert (weight.out_features, weight.in_features) == (4, 32)
+    with pytest.raises(ValueError, match=r"\[rows, 32\]"):
+        quantized_linear(torch.zeros(2, 64), weight)
+    with pytest.raises(ValueError, match="float32"):
+        quantized_linear(torch.zeros(2, 32, dtype=torch.float64), weight)
+
+
+@needs_native
+def test_falls_back_to_dequantize_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight, reference = quantized_case(GGMLQuantizationType.Q4_0, 33, 64)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setenv(DISABLE_ENV, "reference")
+    cpu_quant_linear.native_library.cache_clear()
+    try:
+        assert not cpu_quant_linear.is_available()
+        assert torch.equal(quantized_linear(x, weight), x @ reference.T)
+    finally:
+        monkeypatch.delenv(DISABLE_ENV)
+        cpu_quant_linear.native_library.cache_clear()
+    assert cpu_quant_linear.is_available()
+
+
+@needs_native
+@pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
+def test_shipped_smollm2_tensors(smollm2_gguf: Path, method: QuantLinearMethod) -> None:
+    """A Q4_1 MLP weight and the Q8_0 embedding table (its first rows) of the shipped file."""
+    reader = open_gguf(smollm2_gguf)
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(4))
+    for name, rows, features in (
+        ("blk.0.ffn_down.weight", 576, 1536),
+        ("token_embd.weight", 300, 576),
+    ):
+        tensor = tensors[name]
+        blocks = np.asarray(tensor.data[:rows])  # [rows, bytes per row]
+        reference = torch.from_numpy(quants.dequantize(blocks, tensor.tensor_type))
+        weight = QuantizedWeight.from_blocks(
+            torch.from_numpy(blocks.copy()), int(tensor.tensor_type)
+        )
+        assert (weight.out_features, weight.in_features) == (rows, features)
+        assert_close(
+            quantized_linear(x[:, :features], weight, method), x[:, :features], reference, method
+        )
