@@ -1,0 +1,202 @@
+"""Weight-only quantized linear formats (int8, int4) and their plain-PyTorch reference.
+
+This module owns the formats: how a float ``[out_features, in_features]`` weight becomes
+integers and scales, how int4 codes are packed, and ``reference_linear`` (dequantize, then
+one float32 matmul), the ground truth :mod:`kernels.triton_quant_linear` is tested against.
+
+int8, per output channel (symmetric)::
+
+    qweight [N, K] int8 in [-127, 127]     scales [N] float
+    W[n, k] = qweight[n, k] * scales[n]    scales[n] = max_k |W[n, k]| / 127
+
+int4, in groups of ``group_size`` (32 or 64) along K, symmetric with an implicit offset of 8
+(GGUF's Q4_0 scheme, so ``tollway convert`` can write it without requantizing)::
+
+    codes  [N, K] in 0..15                 scales [N, K // group_size] float
+    W[n, k] = (codes[n, k] - 8) * scales[n, k // group_size]
+    scales  = (the group's value of largest magnitude) / -8, so it maps exactly to code 0
+
+Two codes share a byte, row by row along K (unlike Q4_0, which pairs k with k + 16): byte
+``i`` of row ``n`` holds column ``2i`` in its LOW half-byte and column ``2i + 1`` in its
+HIGH half-byte::
+
+    packed [N, K // 2] uint8    packed[n, i] = codes[n, 2i] | codes[n, 2i + 1] << 4
+
+Symmetric, not zero points: one tensor fewer to read per group, and the integer codes (minus
+8) are exact in float16 and bfloat16, which lets the kernel multiply them unscaled and apply
+each group's scale to the float32 partial sums. Scales may be float16, bfloat16 or float32
+(the quantize helpers return float32); every reader widens them to float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INT4_GROUP_SIZES = (32, 64)
+INT4_OFFSET = 8  # code 8 is zero
+INT8_MAX = 127
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """An int8 weight with one scale per output channel (see the module docstring)."""
+
+    qweight: torch.Tensor  # [out_features, in_features] int8
+    scales: torch.Tensor  # [out_features] float
+
+    def __post_init__(self) -> None:
+        if self.qweight.dtype != torch.int8 or self.qweight.dim() != 2:
+            raise ValueError(
+                "an int8 weight must be a 2-D int8 [out_features, in_features] tensor, got "
+                f"{self.qweight.dtype} {tuple(self.qweight.shape)}"
+            )
+        _check_scales(self.scales, (int(self.qweight.shape[0]),))
+
+    @property
+    def out_features(self) -> int:
+        return int(self.qweight.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.qweight.shape[1])
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """Packed int4 codes with one scale per group of ``group_size`` inputs (module docstring)."""
+
+    packed: torch.Tensor  # [out_features, in_features // 2] uint8
+    scales: torch.Tensor  # [out_features, in_features // group_size] float
+    group_size: int
+
+    def __post_init__(self) -> None:
+        check_group_size(self.group_size)
+        if self.packed.dtype != torch.uint8 or self.packed.dim() != 2:
+            raise ValueError(
+                "an int4 weight must be a 2-D uint8 [out_features, in_features // 2] tensor "
+                f"(two codes a byte), got {self.packed.dtype} {tuple(self.packed.shape)}"
+            )
+        check_in_features(self.in_features, self.group_size)
+        _check_scales(self.scales, (self.out_features, self.in_features // self.group_size))
+
+    @property
+    def out_features(self) -> int:
+        return int(self.packed.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return 2 * int(self.packed.shape[1])
+
+
+QuantizedWeight = Int8Weight | Int4Weight
+
+
+def check_group_size(group_size: int) -> None:
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group_size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+
+
+def check_in_features(in_features: int, group_size: int) -> None:
+    if in_features <= 0 or in_features % group_size:
+        raise ValueError(
+            f"int4 needs in_features (K) to be a positive multiple of the group size "
+            f"{group_size}, got {in_features}"
+        )
+
+
+def check_activations(x: torch.Tensor, weight: QuantizedWeight) -> None:
+    """``x`` must be ``[M, in_features]`` in a float dtype on the weight's device."""
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() != 2 or int(x.shape[1]) != weight.in_features:
+        raise ValueError(
+            f"x must be [num_rows, {weight.in_features}] for this weight, got {tuple(x.shape)}"
+        )
+    if x.device != weight.scales.device:
+        raise ValueError(f"x is on {x.device}, the weight on {weight.scales.device}")
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Weight:  # weight [N, K] float
+    """Round each output channel to int8 with a scale of its largest magnitude over 127."""
+    _check_float_weight(weight)
+    w = weight.float()
+    scales = w.abs().amax(dim=1) / INT8_MAX  # [N]
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    qweight = torch.round(w / safe[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return Int8Weight(qweight, scales)
+
+
+def int4_codes(
+    weight: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:  # codes [N, K] uint8, scales [N, K // G] float32
+    """Unpacked int4 codes and group scales (the Q4_0 rule: the group's value of largest
+    magnitude maps to code 0, so a group uses all 16 codes)."""
+    _check_float_weight(weight)
+    check_group_size(group_size)
+    num_rows, in_features = weight.shape
+    check_in_features(int(in_features), group_size)
+    groups = weight.float().reshape(num_rows, -1, group_size)  # [N, K // G, G]
+    extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # [N, K // G, 1]
+    scales = extreme / -INT4_OFFSET
+    inverse = torch.where(scales == 0, torch.zeros_like(scales), 1.0 / scales)
+    codes = torch.round(groups * inverse) + INT4_OFFSET
+    codes = codes.clamp_(0, 2 * INT4_OFFSET - 1).to(torch.uint8).reshape(num_rows, in_features)
+    return codes, scales.squeeze(2)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:  # weight [N, K]
+    codes, scales = int4_codes(weight, group_size)
+    return Int4Weight(pack_int4(codes), scales, group_size)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:  # [N, K] uint8 0..15 -> [N, K // 2] uint8
+    """Column ``2i`` into the low half-byte of byte ``i``, column ``2i + 1`` into the high."""
+    if codes.dtype != torch.uint8 or codes.dim() != 2 or codes.shape[1] % 2:
+        raise ValueError(
+            f"int4 codes must be a 2-D uint8 tensor with an even number of columns, got "
+            f"{codes.dtype} {tuple(codes.shape)}"
+        )
+    if bool((codes > 2 * INT4_OFFSET - 1).any()):
+        raise ValueError("int4 codes must lie in 0..15")
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:  # [N, K // 2] uint8 -> [N, K] uint8
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack((low, high), dim=2).reshape(packed.shape[0], -1)
+
+
+def dequantize(weight: QuantizedWeight) -> torch.Tensor:  # [out_features, in_features] f32
+    if isinstance(weight, Int8Weight):
+        return weight.qweight.float() * weight.scales.float()[:, None]
+    codes = unpack_int4(weight.packed).float() - INT4_OFFSET  # [N, K]
+    scales = weight.scales.float().repeat_interleave(weight.group_size, dim=1)  # [N, K]
+    return codes * scales
+
+
+def reference_linear(
+    x: torch.Tensor,  # [num_rows, in_features]
+    weight: QuantizedWeight,
+) -> torch.Tensor:  # [num_rows, out_features], x's dtype
+    """``x @ dequantize(weight).T`` in float32, rounded once to x's dtype."""
+    check_activations(x, weight)
+    return (x.float() @ dequantize(weight).T).to(x.dtype)
+
+
+def _check_float_weight(weight: torch.Tensor) -> None:
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(
+            "the weight to quantize must be a 2-D float [out_features, in_features] tensor, "
+            f"got {weight.dtype} {tuple(weight.shape)}"
+        )
+
+
+def _check_scales(scales: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if scales.dtype not in SCALE_DTYPES:
+        raise ValueError(f"scales must be float16, bfloat16 or float32, got {scales.dtype}")
+    if tuple(scales.shape) != shape:
+        raise ValueError(f"scales must be {list(shape)}, got {list(scales.shape)}")
