@@ -1,5 +1,6 @@
 """GPU kernel timings: the Triton paged-attention kernels against the PyTorch reference and
-against ``scaled_dot_product_attention`` on KV already gathered into dense tensors.
+against ``scaled_dot_product_attention`` on KV already gathered into dense tensors, and the
+quantized linears (int8, int4) against a float16 matmul (:mod:`bench.kernels_gpu_quant_linear`).
 
     python -m bench.kernels_gpu                        # fp16 + bf16, H200 peak 4800 GB/s
     python -m bench.kernels_gpu --dtype bf16 --peak-gbps 3350 --batches 1,64 --contexts 4096
@@ -276,7 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--skip", choices=["store_kv", "decode", "prefill"], action="append")
+    parser.add_argument(
+        "--skip", choices=["store_kv", "decode", "prefill", "quant_linear"], action="append"
+    )
     return parser.parse_args(argv)
 
 
@@ -302,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             bench_decode(triton_attention, shape, args.batches, args.contexts, args)
         if "prefill" not in skip:
             bench_prefill(triton_attention, shape, args)
+    if "quant_linear" not in skip:
+        from bench.kernels_gpu_quant_linear import bench_quant_linear
+
+        torch.manual_seed(0)
+        bench_quant_linear(args)
     return 0
 
 
