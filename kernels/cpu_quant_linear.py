@@ -10,11 +10,16 @@ Two methods (:class:`QuantLinearMethod`), both in the kernel:
   matmul up to summation order.
 - ``INT8_ACTIVATIONS`` (the default): x rounded to int8 per block of 32 (scale
   ``max|x| / 127``, llama.cpp's Q8_0 activations) and integer dot products (VNNI where the
-  compiler targets it). Its result is ``W @ x_hat`` up to float rounding, x_hat being x on its
-  int8 grid, so ``|y - W @ x| <= |W| @ (max|x_block| / 254)`` per element plus rounding.
-  On the 2-core AMD EPYC (Zen 4, AVX-512 VNNI) development machine it was 2.5-4x faster than
-  ``DECODE_TO_FLOAT`` on SmolLM2-135M's shapes (``python -m bench.quant_linear``; see the
-  module's docstring for the figures).
+  compiler targets it: the library is built with -march=native per processor model, so
+  that is a check of this CPU). Its result is ``W @ x_hat`` up to float rounding, x_hat
+  being x on its int8 grid, so ``|y - W @ x| <= |W| @ (max|x_block| / 254)`` per element
+  plus rounding.
+  Measured on the 2-core AMD EPYC (Zen 4, AVX-512 VNNI) development machine, SmolLM2-135M's
+  shapes (N, K in 192-1536 x 576-1536), against float32 ``torch.matmul`` of the dequantized
+  weight (``python -m bench.quant_linear``; a shared machine, so rough): one row (decode),
+  1.5-2.6x faster at 576-1536 outputs and even at 192; 256 rows (prefill), 0.9-1.25x the
+  matmul's time, with 4-7x less weight memory. ``DECODE_TO_FLOAT`` took 2.6-3.2x the matmul's
+  time at one row and 3.2-4.4x at 256: the decode costs more than the load it saves.
 
 When it falls back: with native kernels off (``TOLLWAY_CPU_KERNELS=reference``) or unbuildable,
 :func:`quantized_linear` dequantizes with :func:`dequantize` and runs ``torch.matmul``.

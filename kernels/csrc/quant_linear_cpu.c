@@ -90,43 +90,53 @@ static inline float sum16(v16 v) {
 
 /* ---- DECODE_TO_FLOAT ---------------------------------------------------------------- */
 
-static inline void decode_block(const uint8_t *block, int type, float out[QK]) {
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+
+/* The block's 32 values as two vectors of 16 (values 0-15 and 16-31). */
+static inline __attribute__((always_inline)) void decode_block(const uint8_t *block, int type,
+                                                               v16 *first, v16 *second) {
     const float d = fp16_to_float(block);
     if (type == TYPE_Q8_0) {
-        const int8_t *q = (const int8_t *)(block + 2);
-        for (int i = 0; i < QK; ++i) out[i] = (float)q[i] * d;
-    } else if (type == TYPE_Q4_0) {
-        const uint8_t *q = block + 2;
-        for (int i = 0; i < QK / 2; ++i) {
-            out[i] = (float)((q[i] & 15) - 8) * d;
-            out[i + QK / 2] = (float)((q[i] >> 4) - 8) * d;
-        }
+        i8x16 q0, q1;
+        memcpy(&q0, block + 2, sizeof q0);
+        memcpy(&q1, block + 2 + 16, sizeof q1);
+        *first = __builtin_convertvector(q0, v16) * d;
+        *second = __builtin_convertvector(q1, v16) * d;
+        return;
+    }
+    u8x16 q;
+    memcpy(&q, block + (type == TYPE_Q4_1 ? 4 : 2), sizeof q);
+    const v16 low = __builtin_convertvector(q & 15, v16);
+    const v16 high = __builtin_convertvector(q >> 4, v16);
+    if (type == TYPE_Q4_0) {
+        *first = (low - 8.0f) * d;
+        *second = (high - 8.0f) * d;
     } else {
         const float m = fp16_to_float(block + 2);
-        const uint8_t *q = block + 4;
-        for (int i = 0; i < QK / 2; ++i) {
-            out[i] = (float)(q[i] & 15) * d + m;
-            out[i + QK / 2] = (float)(q[i] >> 4) * d + m;
-        }
+        *first = low * d + m;
+        *second = high * d + m;
     }
 }
 
 /* y[m0 : m0 + rows, n] for one row of W, rows <= ROW_TILE. */
-static void float_row(const uint8_t *wrow, int type, int64_t bytes, const float *x, float *y,
-                      int64_t N, int64_t K, int64_t n, int64_t m0, int64_t rows) {
+static inline __attribute__((always_inline)) void float_row(const uint8_t *wrow, int type,
+                                                            int64_t bytes, const float *x,
+                                                            float *y, int64_t N, int64_t K,
+                                                            int64_t n, int64_t m0,
+                                                            const int rows) {
     v16 acc[ROW_TILE][2];
     memset(acc, 0, sizeof acc);
-    float wf[QK];
     for (int64_t b = 0; b < K / QK; ++b) {
-        decode_block(wrow + b * bytes, type, wf);
-        const v16 w0 = load16(wf), w1 = load16(wf + 16);
-        for (int64_t r = 0; r < rows; ++r) {
+        v16 w0, w1;
+        decode_block(wrow + b * bytes, type, &w0, &w1);
+        for (int r = 0; r < rows; ++r) {
             const float *xb = x + (m0 + r) * K + b * QK;
             acc[r][0] += w0 * load16(xb);
             acc[r][1] += w1 * load16(xb + 16);
         }
     }
-    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum16(acc[r][0] + acc[r][1]);
+    for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum16(acc[r][0] + acc[r][1]);
 }
 
 /* ---- INT8_ACTIVATIONS --------------------------------------------------------------- */
@@ -173,9 +183,9 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
-                     const float *xd, const float *xdsum, float *y, int64_t N, int64_t K,
-                     int64_t n, int64_t m0, int64_t rows) {
+static inline __attribute__((always_inline)) void int8_row(
+    const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq, const float *xd,
+    const float *xdsum, float *y, int64_t N, int64_t K, int64_t n, int64_t m0, const int rows) {
     const int64_t nb = K / QK;
     __m256 acc[ROW_TILE];
     float mins[ROW_TILE] = {0};
@@ -186,7 +196,7 @@ static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t 
         if (type == TYPE_Q4_1) {
             const float m = fp16_to_float(block + 2);
             const __m256i w = nibbles(block + 4);
-            for (int64_t r = 0; r < rows; ++r) {
+            for (int r = 0; r < rows; ++r) {
                 const int64_t row = (m0 + r) * nb + b;
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
                 const __m256 dot = _mm256_cvtepi32_ps(dpbusd(w, xv));
@@ -198,7 +208,7 @@ static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t 
                                   ? _mm256_loadu_si256((const __m256i *)(block + 2))
                                   : _mm256_sub_epi8(nibbles(block + 2), _mm256_set1_epi8(8));
             const __m256i w_abs = _mm256_sign_epi8(w, w);
-            for (int64_t r = 0; r < rows; ++r) {
+            for (int r = 0; r < rows; ++r) {
                 const int64_t row = (m0 + r) * nb + b;
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
                 const __m256 dot = _mm256_cvtepi32_ps(dpbusd(w_abs, _mm256_sign_epi8(xv, w)));
@@ -206,12 +216,12 @@ static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t 
             }
         }
     }
-    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]) + mins[r];
+    for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]) + mins[r];
 }
 #else
-static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
-                     const float *xd, const float *xdsum, float *y, int64_t N, int64_t K,
-                     int64_t n, int64_t m0, int64_t rows) {
+static inline __attribute__((always_inline)) void int8_row(
+    const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq, const float *xd,
+    const float *xdsum, float *y, int64_t N, int64_t K, int64_t n, int64_t m0, const int rows) {
     const int64_t nb = K / QK;
     float acc[ROW_TILE] = {0};
     int8_t w[QK];
@@ -229,7 +239,7 @@ static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t 
                 w[i + QK / 2] = (int8_t)((qs[i] >> 4) - offset);
             }
         }
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int r = 0; r < rows; ++r) {
             const int64_t row = (m0 + r) * nb + b;
             const int8_t *xv = xq + row * QK;
             int32_t dot = 0;
@@ -237,9 +247,32 @@ static void int8_row(const uint8_t *wrow, int type, int64_t bytes, const int8_t 
             acc[r] += (float)dot * (d * xd[row]) + m * xdsum[row];
         }
     }
-    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = acc[r];
+    for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = acc[r];
 }
 #endif
+
+/* The row functions with the tile's row count a constant, so the accumulators stay in
+   registers. */
+static void float_rows(const uint8_t *wrow, int type, int64_t bytes, const float *x, float *y,
+                       int64_t N, int64_t K, int64_t n, int64_t m0, int64_t rows) {
+    switch (rows) {
+    case 1: float_row(wrow, type, bytes, x, y, N, K, n, m0, 1); break;
+    case 2: float_row(wrow, type, bytes, x, y, N, K, n, m0, 2); break;
+    case 3: float_row(wrow, type, bytes, x, y, N, K, n, m0, 3); break;
+    default: float_row(wrow, type, bytes, x, y, N, K, n, m0, 4); break;
+    }
+}
+
+static void int8_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
+                      const float *xd, const float *xdsum, float *y, int64_t N, int64_t K,
+                      int64_t n, int64_t m0, int64_t rows) {
+    switch (rows) {
+    case 1: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 1); break;
+    case 2: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 2); break;
+    case 3: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 3); break;
+    default: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 4); break;
+    }
+}
 
 /* ---- entry point -------------------------------------------------------------------- */
 
@@ -282,11 +315,11 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
             for (int64_t n = first; n < last; ++n) {
                 for (int64_t m0 = c; m0 < chunk_end; m0 += ROW_TILE) {
                     const int64_t rows = chunk_end - m0 < ROW_TILE ? chunk_end - m0 : ROW_TILE;
+                    const uint8_t *wrow = w + n * row_bytes;
                     if (method == INT8_ACTIVATIONS)
-                        int8_row(w + n * row_bytes, type, bytes, xq, xd, xdsum, y, N, K, n, m0,
-                                 rows);
+                        int8_rows(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, rows);
                     else
-                        float_row(w + n * row_bytes, type, bytes, x, y, N, K, n, m0, rows);
+                        float_rows(wrow, type, bytes, x, y, N, K, n, m0, rows);
                 }
             }
         }
