@@ -107,13 +107,22 @@ def native_library() -> ctypes.CDLL | None:
                 + [ctypes.c_int, ctypes.c_int],
                 ctypes.c_int,
             ),
-            "tollway_quant_linear_has_vnni": ([], ctypes.c_int),
+            "tollway_quant_linear_int8_isa": ([], ctypes.c_int),
         },
     )
 
 
 def is_available() -> bool:
     return native_library() is not None
+
+
+def int8_instruction_set() -> str | None:
+    """What ``INT8_ACTIVATIONS`` runs on here ("vnni", "avx2" or "plain C"; ``None`` with no
+    native kernel): without VNNI it loses much of its lead, which the caller may weigh."""
+    library = native_library()
+    if library is None:
+        return None
+    return ("plain C", "avx2", "vnni")[library.tollway_quant_linear_int8_isa()]
 
 
 def quantized_linear(

@@ -16,7 +16,8 @@
  *   INT8_ACTIVATIONS quantize x to int8 per block of 32 (scale max|x| / 127, as llama.cpp's
  *                    Q8_0 activations) and take integer dot products (AVX-512 VNNI or AVX-VNNI
  *                    when the compiler targets them, plain C otherwise): W @ x_hat exactly up
- *                    to float rounding, x_hat being x rounded to its int8 grid.
+ *                    to float rounding, x_hat being x rounded to its int8 grid. (AVX2
+ *                    without VNNI: pairwise int16 products; without AVX2: plain C.)
  *
  * Work: output features (rows of W) split evenly over OpenMP threads; each output is computed
  * by one thread in one fixed order, so results are bit-identical for any thread count.
@@ -41,16 +42,21 @@ enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8 }; /* ggml's type ids */
 enum { DECODE_TO_FLOAT = 0, INT8_ACTIVATIONS = 1 };
 enum { OK = 0, BAD_ARGUMENTS = 1, NO_MEMORY = 2 };
 
+/* The int8 dot products' instructions: what the compiler targets (-march=native, so this
+   processor's). AVX2 alone multiplies pairs to int16 and adds them (no overflow: a pair is at
+   most 2 * 128 * 127), as llama.cpp does without VNNI. */
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-#define HAS_VNNI 1
+#define INT8_ISA 2 /* VNNI */
+#elif defined(__AVX2__) && defined(__FMA__)
+#define INT8_ISA 1 /* AVX2 */
 #else
-#define HAS_VNNI 0
+#define INT8_ISA 0 /* plain C */
 #endif
 
 typedef float v16 __attribute__((vector_size(64)));
 
 int tollway_quant_linear_abi_version(void) { return TOLLWAY_QUANT_LINEAR_ABI_VERSION; }
-int tollway_quant_linear_has_vnni(void) { return HAS_VNNI; }
+int tollway_quant_linear_int8_isa(void) { return INT8_ISA; }
 
 static int64_t block_bytes(int type) {
     switch (type) {
@@ -160,12 +166,16 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
     }
 }
 
-#if HAS_VNNI
+#if INT8_ISA > 0
+/* Eight int32 sums of four products u * s each (u unsigned, s signed bytes). */
 static inline __m256i dpbusd(__m256i unsigned_bytes, __m256i signed_bytes) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
-#else
+#elif defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
+#else
+    const __m256i pairs = _mm256_maddubs_epi16(unsigned_bytes, signed_bytes);
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 #endif
 }
 

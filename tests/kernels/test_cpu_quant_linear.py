@@ -76,9 +76,21 @@ def test_native_library_builds_here() -> None:
 
 
 @needs_native
+def test_int8_method_uses_vnni_where_the_cpu_has_it() -> None:
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    has_vnni = {"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags
+    if not has_vnni and "avx2" not in flags:
+        pytest.skip("neither VNNI nor AVX2 here")
+    assert cpu_quant_linear.int8_instruction_set() == ("vnni" if has_vnni else "avx2")
+
+
+@needs_native
 @pytest.mark.parametrize("kind", TYPES, ids=lambda kind: kind.name)
 @pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
-@pytest.mark.parametrize("rows", [1, 3, 17, 64])
+@pytest.mark.parametrize("rows", [1, 3, 17, 64, 130])  # 130: past the kernel's 64-row chunks
 def test_matches_dequantized_matmul(
     kind: GGMLQuantizationType, method: QuantLinearMethod, rows: int
 ) -> None:
