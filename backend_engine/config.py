@@ -8,6 +8,13 @@ from typing import Literal
 SchedulingMode = Literal["continuous", "static"]
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Weight quantization of a float checkpoint at load: int8 per output channel, or int4 in
+# groups of quantization_group_size (a GGUF file's quantized tensors are served as stored).
+QUANTIZATIONS = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64)
+# The KV cache's element type: "auto" is the weights' dtype; int8 keeps a float32 scale per
+# block and KV head beside int8 values (about 4x the tokens of float32 in the same memory).
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` shows
@@ -40,6 +47,20 @@ class EngineConfig:
     model: str = field(metadata={HELP: "A Hugging Face checkpoint directory or a .gguf file."})
     device: str = field(default="cpu", metadata={HELP: "cpu, cuda or cuda:N"})
     dtype: str = field(default="auto", metadata={HELP: "auto, float32, bfloat16 or float16"})
+    quantization: str | None = field(
+        default=None,
+        metadata={HELP: "Quantize a float checkpoint's linears at load: int8 or int4."},
+    )
+    quantization_group_size: int = field(
+        default=32, metadata={HELP: "Values per int4 scale group: 32 or 64."}
+    )
+    dequantize: bool = field(
+        default=False,
+        metadata={HELP: "Widen a GGUF file's quantized weights to --dtype at load."},
+    )
+    kv_cache_dtype: str = field(
+        default="auto", metadata={HELP: "KV cache element type: auto (the dtype) or int8."}
+    )
     block_size: int = field(default=16, metadata={HELP: "Tokens per KV block (a power of two)."})
     kv_cache_memory_bytes: int = field(
         # 512 MiB holds one whole 8,192-token context of the default model (SmolLM2-135M,
@@ -104,6 +125,21 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.quantization_group_size not in INT4_GROUP_SIZES:
+            raise ValueError(
+                f"quantization_group_size must be one of {INT4_GROUP_SIZES}, "
+                f"got {self.quantization_group_size}"
+            )
+        if self.quantization is not None and self.dequantize:
+            raise ValueError("quantization and dequantize exclude each other")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.max_num_seqs <= 0:
