@@ -22,6 +22,10 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "model": (["--model", "/models/m.gguf"], "/models/m.gguf"),
     "device": (["--device", "cuda:1"], "cuda:1"),
     "dtype": (["--dtype", "bfloat16"], "bfloat16"),
+    "quantization": (["--quantization", "int4"], "int4"),
+    "quantization_group_size": (["--quantization-group-size", "64"], 64),
+    "dequantize": (["--no-dequantize"], False),
+    "kv_cache_dtype": (["--kv-cache-dtype", "int8"], "int8"),
     "block_size": (["--block-size", "32"], 32),
     "kv_cache_memory_bytes": (["--kv-cache-memory-bytes", "1048576"], 1 << 20),
     "num_kv_blocks": (["--num-kv-blocks", "100"], 100),
@@ -99,6 +103,14 @@ def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> No
     result = runner.invoke(cli.engine_app, ["--model", "m", "--max-running-share", "0"])
     assert result.exit_code == 2
     assert "max_running_share must be in (0, 1]" in result.output
+    result = runner.invoke(cli.engine_app, ["--model", "m", "--kv-cache-dtype", "int4"])
+    assert result.exit_code == 2
+    assert "kv_cache_dtype must be one of ('auto', 'int8')" in result.output
+    result = runner.invoke(
+        cli.engine_app, ["--model", "m", "--quantization", "int8", "--dequantize"]
+    )
+    assert result.exit_code == 2
+    assert "quantization and dequantize exclude each other" in result.output
     assert started == []
 
 
