@@ -25,7 +25,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from kernels.cpu_quant_linear import (
-    QuantizedWeight,
+    GGUFBlockWeight,
     QuantLinearMethod,
     dequantize,
     quantized_linear,
@@ -45,7 +45,7 @@ def median_us(call: Callable[[], object], times: list[float]) -> None:
 def run_case(kind: GGMLQuantizationType, shape: tuple[int, int], rows: int, calls: int) -> str:
     rng = np.random.default_rng(0)
     blocks = quants.quantize(rng.standard_normal(shape, dtype=np.float32), kind)
-    weight = QuantizedWeight.from_blocks(torch.from_numpy(blocks), int(kind))
+    weight = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks), int(kind))
     dense = dequantize(weight)
     x = torch.randn(rows, shape[1])
     arms: dict[str, Callable[[], object]] = {

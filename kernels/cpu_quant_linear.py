@@ -64,7 +64,7 @@ DEFAULT_METHOD = QuantLinearMethod.INT8_ACTIVATIONS
 
 
 @dataclass(frozen=True)
-class QuantizedWeight:
+class GGUFBlockWeight:
     """A ``[out_features, in_features]`` weight as GGUF stores it: ``blocks`` is uint8
     ``[out_features, in_features // 32 * block bytes]``, each row its blocks in k order."""
 
@@ -74,7 +74,7 @@ class QuantizedWeight:
     in_features: int
 
     @classmethod
-    def from_blocks(cls, blocks: torch.Tensor, quant_type: int) -> QuantizedWeight:
+    def from_blocks(cls, blocks: torch.Tensor, quant_type: int) -> GGUFBlockWeight:
         """``blocks`` checked for the kernel: raises ``ValueError`` naming what is wrong."""
         try:
             kind = GGUFQuantType(quant_type)
@@ -127,7 +127,7 @@ def int8_instruction_set() -> str | None:
 
 def quantized_linear(
     x: torch.Tensor,  # [num_rows, in_features] float32
-    weight: QuantizedWeight,
+    weight: GGUFBlockWeight,
     method: QuantLinearMethod = DEFAULT_METHOD,
     num_threads: int | None = None,
 ) -> torch.Tensor:  # [num_rows, out_features] float32
@@ -161,7 +161,7 @@ def quantized_linear(
     return y
 
 
-def dequantize(weight: QuantizedWeight) -> torch.Tensor:  # [out_features, in_features]
+def dequantize(weight: GGUFBlockWeight) -> torch.Tensor:  # [out_features, in_features]
     """The weight as float32 (the fallback's path; ``gguf``'s dequantize is the referee)."""
     num_blocks = weight.out_features * weight.in_features // BLOCK_VALUES
     raw = weight.blocks.reshape(num_blocks, BLOCK_BYTES[weight.quant_type])

@@ -19,8 +19,8 @@ from kernels import cpu_quant_linear
 from kernels.cpu_build import DISABLE_ENV, find_compiler, native_kernels_enabled
 from kernels.cpu_quant_linear import (
     BLOCK_VALUES,
+    GGUFBlockWeight,
     GGUFQuantType,
-    QuantizedWeight,
     QuantLinearMethod,
     dequantize,
     quantized_linear,
@@ -38,13 +38,13 @@ ROUNDING = 1e-5  # float32 rounding over these sums, relative to |x| @ |W|.T
 
 def quantized_case(
     kind: GGMLQuantizationType, out_features: int, in_features: int, seed: int = 0
-) -> tuple[QuantizedWeight, torch.Tensor]:
+) -> tuple[GGUFBlockWeight, torch.Tensor]:
     """A random weight quantized by ``gguf``, and ``gguf``'s dequantization of it."""
     rng = np.random.default_rng(seed)
     dense = rng.standard_normal((out_features, in_features), dtype=np.float32)
     dense += rng.uniform(-1, 1, (out_features, 1)).astype(np.float32)  # Q4_1's min matters
     blocks = quants.quantize(dense, kind)
-    weight = QuantizedWeight.from_blocks(torch.from_numpy(blocks), int(kind))
+    weight = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks), int(kind))
     return weight, torch.from_numpy(quants.dequantize(blocks, kind))
 
 
@@ -139,12 +139,12 @@ def test_zero_rows_and_zero_activations() -> None:
 def test_rejects_what_the_kernel_cannot_read() -> None:
     blocks = torch.zeros(4, 34, dtype=torch.uint8)
     with pytest.raises(ValueError, match="not one of"):
-        QuantizedWeight.from_blocks(blocks, 0)  # F32
+        GGUFBlockWeight.from_blocks(blocks, 0)  # F32
     with pytest.raises(ValueError, match="whole blocks of 18"):
-        QuantizedWeight.from_blocks(blocks, int(GGUFQuantType.Q4_0))
+        GGUFBlockWeight.from_blocks(blocks, int(GGUFQuantType.Q4_0))
     with pytest.raises(ValueError, match="uint8"):
-        QuantizedWeight.from_blocks(blocks.float(), int(GGUFQuantType.Q8_0))
-    weight = QuantizedWeight.from_blocks(blocks, int(GGUFQuantType.Q8_0))
+        GGUFBlockWeight.from_blocks(blocks.float(), int(GGUFQuantType.Q8_0))
+    weight = GGUFBlockWeight.from_blocks(blocks, int(GGUFQuantType.Q8_0))
     assert (weight.out_features, weight.in_features) == (4, 32)
     with pytest.raises(ValueError, match=r"\[rows, 32\]"):
         quantized_linear(torch.zeros(2, 64), weight)
@@ -181,7 +181,7 @@ def test_shipped_smollm2_tensors(smollm2_gguf: Path, method: QuantLinearMethod) 
         tensor = tensors[name]
         blocks = np.asarray(tensor.data[:rows])  # [rows, bytes per row]
         reference = torch.from_numpy(quants.dequantize(blocks, tensor.tensor_type))
-        weight = QuantizedWeight.from_blocks(
+        weight = GGUFBlockWeight.from_blocks(
             torch.from_numpy(blocks.copy()), int(tensor.tensor_type)
         )
         assert (weight.out_features, weight.in_features) == (rows, features)
