@@ -25,7 +25,8 @@ HIGH half-byte::
 Symmetric, not zero points: one tensor fewer to read per group, and the integer codes (minus
 8) are exact in float16 and bfloat16, which lets the kernel multiply them unscaled and apply
 each group's scale to the float32 partial sums. Scales may be float16, bfloat16 or float32
-(the quantize helpers return float32); every reader widens them to float32.
+(the quantize helpers return float32 unless given another ``scale_dtype``, and round the
+codes against the scale as stored); every reader widens them to float32.
 """
 
 from __future__ import annotations
@@ -120,36 +121,47 @@ def check_activations(x: torch.Tensor, weight: QuantizedWeight) -> None:
         raise ValueError(f"x is on {x.device}, the weight on {weight.scales.device}")
 
 
-def quantize_int8(weight: torch.Tensor) -> Int8Weight:  # weight [N, K] float
-    """Round each output channel to int8 with a scale of its largest magnitude over 127."""
+def quantize_int8(
+    weight: torch.Tensor,  # [N, K] float
+    scale_dtype: torch.dtype = torch.float32,
+) -> Int8Weight:
+    """Round each output channel to int8 with a scale of its largest magnitude over 127.
+    The scale is rounded to ``scale_dtype`` first and the codes are chosen against the
+    rounded scale, so ``codes * scale`` stays within half a step of the weight."""
     _check_float_weight(weight)
     w = weight.float()
-    scales = w.abs().amax(dim=1) / INT8_MAX  # [N]
-    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    scales = (w.abs().amax(dim=1) / INT8_MAX).to(scale_dtype)  # [N]
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales).float()
     qweight = torch.round(w / safe[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return Int8Weight(qweight, scales)
 
 
 def int4_codes(
-    weight: torch.Tensor, group_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:  # codes [N, K] uint8, scales [N, K // G] float32
+    weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:  # codes [N, K] uint8, scales [N, K // G] scale_dtype
     """Unpacked int4 codes and group scales (the Q4_0 rule: the group's value of largest
-    magnitude maps to code 0, so a group uses all 16 codes)."""
+    magnitude maps to code 0, so a group uses all 16 codes). The scales are rounded to
+    ``scale_dtype`` before the codes are chosen against them (as ``quantize_int8``)."""
     _check_float_weight(weight)
     check_group_size(group_size)
     num_rows, in_features = weight.shape
     check_in_features(int(in_features), group_size)
     groups = weight.float().reshape(num_rows, -1, group_size)  # [N, K // G, G]
     extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # [N, K // G, 1]
-    scales = extreme / -INT4_OFFSET
-    inverse = torch.where(scales == 0, torch.zeros_like(scales), 1.0 / scales)
+    scales = (extreme / -INT4_OFFSET).to(scale_dtype)
+    widened = scales.float()
+    inverse = torch.where(widened == 0, torch.zeros_like(widened), 1.0 / widened)
     codes = torch.round(groups * inverse) + INT4_OFFSET
     codes = codes.clamp_(0, 2 * INT4_OFFSET - 1).to(torch.uint8).reshape(num_rows, in_features)
     return codes, scales.squeeze(2)
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:  # weight [N, K]
-    codes, scales = int4_codes(weight, group_size)
+def quantize_int4(
+    weight: torch.Tensor,  # [N, K] float
+    group_size: int,
+    scale_dtype: torch.dtype = torch.float32,
+) -> Int4Weight:
+    codes, scales = int4_codes(weight, group_size, scale_dtype)
     return Int4Weight(pack_int4(codes), scales, group_size)
 
 
