@@ -49,6 +49,11 @@ _ERROR_PREFIX = "error: "  # how the engine's command reports what it refuses
 FIRST_RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 STABLE_UPTIME_S = 60.0  # an engine up this long has recovered: the back-off starts over
+# The engine's accepted values for the settings `spawn:` names (`EngineConfig`'s, which the
+# gateway cannot import; tests/gateway/launcher checks the two tables are the same).
+QUANTIZATIONS = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64)
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 class EngineStartError(RuntimeError):
@@ -63,6 +68,9 @@ class EngineSpec:
     checkpoint: Path
     socket_path: Path
     device: str = "cpu"
+    quantization: str | None = None  # int8 or int4: a float checkpoint quantized at load
+    quantization_group_size: int | None = None  # int4's values per scale (engine default 32)
+    kv_cache_dtype: str | None = None  # auto or int8 (None: the engine's default)
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -74,7 +82,7 @@ class EngineSpec:
             )
 
     def command(self) -> list[str]:
-        return [
+        command = [
             sys.executable,
             "-m",
             ENGINE_MODULE,
@@ -86,8 +94,15 @@ class EngineSpec:
             self.name,
             "--device",
             self.device,
-            *self.extra_args,
         ]
+        for flag, value in (
+            ("--quantization", self.quantization),
+            ("--quantization-group-size", self.quantization_group_size),
+            ("--kv-cache-dtype", self.kv_cache_dtype),
+        ):
+            if value is not None:
+                command += [flag, str(value)]
+        return [*command, *self.extra_args]
 
 
 def is_socket_healthy(socket_path: Path, timeout_s: float = 1.0) -> bool:

@@ -13,6 +13,8 @@ Two sources, one result (`ServePlan`):
         small:
           spawn: {checkpoint: /models/llama-3.2-1b, device: cuda, args: [--dtype, bfloat16]}
           # or a GGUF file: spawn: {checkpoint: /models/qwen2.5-0.5b-instruct-q8_0.gguf}
+          # quantized at load: spawn: {checkpoint: ..., quantization: int4,
+          #                             quantization_group_size: 64, kv_cache_dtype: int8}
           upstreams: [http://10.0.0.2:8100]   # optional: more replicas besides the local one
           prices: {input: 100, cached_input: 10, output: 400}
 
@@ -20,7 +22,10 @@ Two sources, one result (`ServePlan`):
   ``context_window`` default to the spawned checkpoint's, a Hugging Face directory or a
   ``.gguf`` file, which is checked here (config, tokenizer, tensor types) so that a file the
   engine would refuse is refused before anything starts. Models without ``spawn:`` are remote
-  engines that must already be running.
+  engines that must already be running. ``quantization`` (int8 | int4),
+  ``quantization_group_size`` (32 | 64, int4 only) and ``kv_cache_dtype`` (auto | int8) are
+  checked here and become the engine's ``--quantization``, ``--quantization-group-size`` and
+  ``--kv-cache-dtype``; other engine flags go in ``args``.
 
 In both cases ``TOLLWAY_*`` environment variables override the scalar settings, and the
 ``--host``/``--port``/``--data-dir`` flags override both.
@@ -35,12 +40,18 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from gateway.defaults import DEFAULT_DATA_DIR
-from gateway.launcher.engine_processes import MAX_SOCKET_PATH_BYTES, EngineSpec
+from gateway.launcher.engine_processes import (
+    INT4_GROUP_SIZES,
+    KV_CACHE_DTYPES,
+    MAX_SOCKET_PATH_BYTES,
+    QUANTIZATIONS,
+    EngineSpec,
+)
 from gateway.settings import GatewaySettings
 from model_files.checkpoint import Checkpoint
 
@@ -50,6 +61,15 @@ DEMO_PRICES: Mapping[str, Mapping[str, int]] = {
     "large": {"input": 1000, "cached_input": 100, "output": 4000},
 }
 AUTO_ALIAS = "auto"
+SPAWN_KEYS = (
+    "checkpoint",
+    "device",
+    "quantization",
+    "quantization_group_size",
+    "kv_cache_dtype",
+    "args",
+)
+_Choice = TypeVar("_Choice", str, int)
 
 
 @dataclass(frozen=True)
@@ -189,20 +209,51 @@ def _spawned_models(
 def _engine_spec(name: str, spawn: Any, base_dir: Path, sockets: Path) -> EngineSpec:
     if not isinstance(spawn, dict) or not spawn.get("checkpoint"):
         raise ValueError(f"model {name!r}: spawn needs at least {{checkpoint: DIR_OR_GGUF}}")
-    extra = sorted(set(spawn) - {"checkpoint", "device", "args"})
+    extra = sorted(set(spawn) - set(SPAWN_KEYS))
     if extra:
-        raise ValueError(f"model {name!r}: spawn takes checkpoint, device and args, not {extra}")
+        raise ValueError(f"model {name!r}: spawn takes {', '.join(SPAWN_KEYS)}, not {extra}")
     checkpoint = (base_dir / Path(str(spawn["checkpoint"]))).resolve()
     args = spawn.get("args") or []
     if not isinstance(args, list):
         raise ValueError(f"model {name!r}: spawn.args must be a list of engine flags")
+    extra_args = tuple(str(a) for a in args)
+    quantization = _choice(name, spawn, "quantization", QUANTIZATIONS, extra_args)
+    group_size = _choice(name, spawn, "quantization_group_size", INT4_GROUP_SIZES, extra_args)
+    if group_size is not None and quantization != "int4":
+        raise ValueError(
+            f"model {name!r}: spawn.quantization_group_size applies to quantization: int4 only"
+        )
     return EngineSpec(
         name=name,
         checkpoint=checkpoint,
         socket_path=sockets / f"{name}.sock",
         device=str(spawn.get("device") or "cpu"),
-        extra_args=tuple(str(a) for a in args),
+        quantization=quantization,
+        quantization_group_size=group_size,
+        kv_cache_dtype=_choice(name, spawn, "kv_cache_dtype", KV_CACHE_DTYPES, extra_args),
+        extra_args=extra_args,
     )
+
+
+def _choice(
+    name: str,
+    spawn: Mapping[str, Any],
+    key: str,
+    choices: tuple[_Choice, ...],
+    extra_args: tuple[str, ...],
+) -> _Choice | None:
+    """``spawn[key]``, one of ``choices``, or ``None`` when absent; also given as its flag in
+    ``spawn.args`` is refused (which of the two would the engine take?)."""
+    value = spawn.get(key)
+    if value is None:
+        return None
+    if value not in choices or isinstance(value, bool):
+        allowed = ", ".join(str(c) for c in choices)
+        raise ValueError(f"model {name!r}: spawn.{key} must be one of {allowed}, got {value!r}")
+    flag = "--" + key.replace("_", "-")
+    if any(arg == flag or arg.startswith(flag + "=") for arg in extra_args):
+        raise ValueError(f"model {name!r}: give {key} once, as spawn.{key} or {flag} in args")
+    return value  # type: ignore[no-any-return]
 
 
 def _without_data_dir(env: Mapping[str, str]) -> dict[str, str]:

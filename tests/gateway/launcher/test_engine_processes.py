@@ -17,10 +17,12 @@ import uvicorn
 from typer.testing import CliRunner
 
 from backend_engine import cli as engine_cli
+from backend_engine import config as engine_config
 from backend_engine.async_engine import AsyncEngine
 from backend_engine.config import EngineConfig
 from backend_engine.server.app import build_app, uvicorn_config
 from backend_engine.server.engine_host import EngineHost
+from gateway.launcher import engine_processes
 from gateway.launcher.engine_processes import EngineSpec, is_socket_healthy, is_socket_ready
 from gateway.launcher.serve_config import config_plan
 from tests.support.gguf_files import hf_tensors, write_gguf
@@ -89,6 +91,51 @@ def test_engine_settings_in_spawn_args_reach_the_engines_config(
     )
     assert where["uds"] == str(spec.socket_path)
     assert where["model_name"] == "small"
+
+
+def test_spawn_quantization_settings_reach_the_engines_config(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = write_gguf(short_tmp / "m.gguf", hf_tensors(), tokenizer_pre="smollm")
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  small:\n"
+        "    spawn: {checkpoint: m.gguf, quantization: int4, quantization_group_size: 64,\n"
+        "            kv_cache_dtype: int8, args: [--seed, '3']}\n"
+    )
+    (spec,) = config_plan(config, short_tmp / "data", env={}).engines
+    assert spec.command()[-8:] == [
+        "--quantization",
+        "int4",
+        "--quantization-group-size",
+        "64",
+        "--kv-cache-dtype",
+        "int8",
+        "--seed",
+        "3",
+    ]
+    started: list[EngineConfig] = []
+    monkeypatch.setattr(engine_cli, "run_server", lambda config, **where: started.append(config))
+    result = CliRunner().invoke(engine_cli.engine_app, spec.command()[3:])
+    assert result.exit_code == 0, result.output
+    assert started == [
+        EngineConfig(
+            model=str(checkpoint.resolve()),
+            quantization="int4",
+            quantization_group_size=64,
+            kv_cache_dtype="int8",
+            seed=3,
+        )
+    ]
+
+
+def test_the_launchers_tables_are_the_engines() -> None:
+    """The gateway cannot import the engine's config: its copies of the accepted values must
+    stay the same as `EngineConfig`'s."""
+    assert engine_processes.QUANTIZATIONS == engine_config.QUANTIZATIONS
+    assert engine_processes.INT4_GROUP_SIZES == engine_config.INT4_GROUP_SIZES
+    assert engine_processes.KV_CACHE_DTYPES == engine_config.KV_CACHE_DTYPES
 
 
 def test_an_engine_is_ready_only_once_its_model_is_loaded(

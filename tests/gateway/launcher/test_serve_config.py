@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,50 @@ def test_the_serve_flags_name_the_default_address() -> None:
     helps = {name: parameters[name].annotation.__metadata__[0].help for name in ("host", "port")}
     assert f"default {DEFAULT_HOST}" in helps["host"]
     assert f"default {DEFAULT_PORT}" in helps["port"]
+
+
+@pytest.mark.parametrize(
+    ("spawn", "message"),
+    [
+        ("quantization: int3", "spawn.quantization must be one of int8, int4, got 'int3'"),
+        ("quantization: true", "spawn.quantization must be one of int8, int4, got True"),
+        ("kv_cache_dtype: fp8", "spawn.kv_cache_dtype must be one of auto, int8, got 'fp8'"),
+        (
+            "quantization: int4, quantization_group_size: 48",
+            "spawn.quantization_group_size must be one of 32, 64, got 48",
+        ),
+        (
+            "quantization: int8, quantization_group_size: 64",
+            "spawn.quantization_group_size applies to quantization: int4 only",
+        ),
+        ("quantization_group_size: 32", "spawn.quantization_group_size applies to"),
+        (
+            "quantization: int8, args: [--quantization=int4]",
+            "give quantization once, as spawn.quantization or --quantization in args",
+        ),
+        ("dtype: bfloat16", "spawn takes checkpoint, device, quantization, "),
+    ],
+)
+def test_spawn_quantization_settings_are_checked_at_config_load(
+    tmp_path: Path, spawn: str, message: str
+) -> None:
+    """Refused before anything starts, naming the model and the key (the checkpoint need not
+    exist: the settings are checked first)."""
+    config = tmp_path / "tollway.yaml"
+    config.write_text(f"models:\n  m:\n    spawn: {{checkpoint: absent.gguf, {spawn}}}\n")
+    with pytest.raises(ValueError, match=f"^model 'm': {re.escape(message)}"):
+        config_plan(config, tmp_path / "data", env={})
+
+
+def test_spawn_without_quantization_settings_leaves_the_engines_defaults(tmp_path: Path) -> None:
+    write_tokenizer_gguf(tmp_path / "m.gguf", "gpt-2")
+    config = tmp_path / "tollway.yaml"
+    config.write_text("models:\n  m:\n    spawn: {checkpoint: m.gguf, kv_cache_dtype: auto}\n")
+    (spec,) = config_plan(config, tmp_path / "data", env={}).engines
+    assert (spec.quantization, spec.quantization_group_size, spec.kv_cache_dtype) == (
+        None,
+        None,
+        "auto",
+    )
+    assert "--quantization" not in spec.command()
+    assert spec.command()[-2:] == ["--kv-cache-dtype", "auto"]
