@@ -8,6 +8,11 @@ reference does); anything else (float16, no C compiler, ``TOLLWAY_CPU_KERNELS=re
 runs :mod:`kernels.reference`, which is also the referee in the tests. ``store_kv`` is a
 row copy per token in the same library.
 
+An int8 cache (:mod:`kernels.int8_kv_cache`) takes the same paths: the C decode kernel
+widens each block's int8 values times their scale as it reads them, ``store_kv`` quantizes
+in C by the same rules as the reference (bit for bit), and prefill attention dequantizes the
+blocks a prompt's context needs (those alone, once per call) before the float attention.
+
 Prefill attention runs each whole prompt (a chunk with no cached prefix) of at least
 ``MIN_OWN_PROMPT_TOKENS`` tokens on its own through PyTorch's fused causal attention, its
 grouped KV heads broadcast rather than copied. Shorter prompts, and chunks that continue a
@@ -31,9 +36,10 @@ import torch.nn.functional as F
 
 from kernels import reference
 from kernels.cpu_build import load_kernels, native_kernels_enabled
+from kernels.int8_kv_cache import block_size_of, gather_blocks
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
-_ABI_VERSION = 5
+_ABI_VERSION = 6
 _BAD_BLOCK_TABLE = -2
 # Shorter whole prompts share the reference's padded batches: an SDPA call costs ~0.1-0.2 ms
 # whatever its size, more than a short prompt's attention. Measured per layer (interleaved,
@@ -43,13 +49,15 @@ _BAD_BLOCK_TABLE = -2
 # 3.0-4.4 ms).
 MIN_OWN_PROMPT_TOKENS = 64
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's DTYPE_* values
+_INT8_CODE = 2  # DTYPE_INT8: int8 caches (q and out float32 or bfloat16)
 
 
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The compiled kernels, or ``None`` when they are disabled or cannot be built."""
-    pointers_and_sizes = [ctypes.c_void_p] * 6 + [ctypes.c_int] + [ctypes.c_int64] * 8
+    pointers_and_sizes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 2 + [ctypes.c_int64] * 8
     store = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_int64] * 4
+    store_int8 = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_int64] * 6
     return load_kernels(
         SOURCE,
         "CPU attention falls back to PyTorch",
@@ -60,6 +68,7 @@ def native_library() -> ctypes.CDLL | None:
                 ctypes.c_int,
             ),
             "tollway_store_kv": (store, ctypes.c_int),
+            "tollway_store_kv_int8": (store_int8, ctypes.c_int),
         },
     )
 
@@ -76,6 +85,9 @@ def store_kv(
     library = native_library()
     if library is None or not _native_can_store(key, value, key_cache, value_cache, slot_mapping):
         reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
+        return
+    if key_cache.dtype == torch.int8:
+        _store_int8(library, key, value, key_cache, value_cache, slot_mapping)
         return
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     status = library.tollway_store_kv(
@@ -94,6 +106,36 @@ def store_kv(
         raise IndexError(f"a slot lies outside the cache's {num_blocks * block_size} slots")
 
 
+def _store_int8(
+    library: ctypes.CDLL,
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size + 1, num_kv_heads, head_dim] int8
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    num_blocks, _, num_kv_heads, head_dim = key_cache.shape
+    block_size = block_size_of(key_cache)
+    status = library.tollway_store_kv_int8(
+        key.data_ptr(),
+        value.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        slot_mapping.data_ptr(),
+        _DTYPE_CODES[key.dtype],
+        key.shape[0],
+        key.stride(0),
+        num_kv_heads,
+        head_dim,
+        block_size,
+        num_blocks * block_size,
+    )
+    if status == _BAD_BLOCK_TABLE:
+        raise IndexError(f"a slot lies outside the cache's {num_blocks * block_size} slots")
+    if status != 0:
+        raise MemoryError("store_kv could not allocate its work buffer")
+
+
 def _native_can_store(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -102,11 +144,12 @@ def _native_can_store(
     slot_mapping: torch.Tensor,
 ) -> bool:
     rows = (key, value)
+    cache_dtype = torch.int8 if key_cache.dtype == torch.int8 else key.dtype
     return (
         key.dtype in _DTYPE_CODES
-        and all(
-            t.dtype == key.dtype and t.device.type == "cpu" for t in (value, key_cache, value_cache)
-        )
+        and value.dtype == key.dtype
+        and key.device.type == value.device.type == "cpu"
+        and all(t.dtype == cache_dtype and t.device.type == "cpu" for t in (key_cache, value_cache))
         and slot_mapping.dtype == torch.int64
         and slot_mapping.is_contiguous()
         and slot_mapping.shape == (key.shape[0],)
@@ -135,7 +178,9 @@ def paged_decode_attention(
         )
     num_seqs, num_heads, head_dim = q.shape
     out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype)
-    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    num_blocks, _, num_kv_heads, _ = key_cache.shape
+    block_size = block_size_of(key_cache)
+    cache_code = _INT8_CODE if key_cache.dtype == torch.int8 else _DTYPE_CODES[q.dtype]
     if num_seqs == 0:
         return out
     status = library.tollway_paged_decode_attention(
@@ -146,6 +191,7 @@ def paged_decode_attention(
         seq_lens.data_ptr(),
         out.data_ptr(),
         _DTYPE_CODES[q.dtype],
+        cache_code,
         q.stride(0),
         num_seqs,
         num_heads,
@@ -221,15 +267,15 @@ def _causal_prompt_attention(
     n: int,
     scale: float,
 ) -> torch.Tensor:  # [n, num_heads, head_dim], q's dtype
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    block_size = block_size_of(key_cache)
     num_heads = q.shape[1]
     group = num_heads // num_kv_heads
     compute_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     block_ids = block_table[: -(-n // block_size)]
 
     def context(cache: torch.Tensor) -> torch.Tensor:  # [kv, group, n, d], group a 0-stride view
-        rows = cache.view(num_blocks, -1).index_select(0, block_ids)
-        rows = rows.view(-1, num_kv_heads, head_dim)[:n].to(compute_dtype)
+        rows = gather_blocks(cache, block_ids)[:n].to(compute_dtype)
         return rows.transpose(0, 1)[:, None].expand(num_kv_heads, group, n, head_dim)
 
     # [kv, group, n, d]: query head h = kv * group + g, as in grouped-query attention
@@ -247,10 +293,11 @@ def _native_can_run(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> bool:
-    floats = (q, key_cache, value_cache)
+    cache_dtype = torch.int8 if key_cache.dtype == torch.int8 else q.dtype
     return (
         q.dtype in _DTYPE_CODES
-        and all(t.dtype == q.dtype and t.device.type == "cpu" for t in floats)
+        and q.device.type == "cpu"
+        and all(t.dtype == cache_dtype and t.device.type == "cpu" for t in (key_cache, value_cache))
         and block_tables.dtype == torch.int32
         and seq_lens.dtype == torch.int32
         and q.stride(2) == 1

@@ -6,6 +6,9 @@ KV cache layout (one pair per layer)::
     block_tables:           [num_seqs, max_blocks_per_seq] int32 (block ids)
     slot_mapping:           [num_tokens] int64, slot = block_id * block_size + offset, -1 = skip
 
+An int8 cache (:mod:`kernels.int8_kv_cache`: one more row per block holding its scales) is
+quantized on store and its gathered blocks dequantized on read, then the same float path runs.
+
 Attention gathers whole blocks with ``index_select`` (much faster than advanced indexing on
 CPU), pads sequences of similar length into a batch, and runs one
 ``scaled_dot_product_attention`` per batch with grouped query heads folded into the query
@@ -23,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.int8_kv_cache import block_size_of, gather_blocks, store_quantized
+
 # A new bucket starts when a sequence's context is shorter than this fraction of the
 # bucket's longest context: padding then wastes at most half of each bucket's work.
 _BUCKET_RATIO = 0.5
@@ -35,14 +40,22 @@ def store_kv(
     value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
 ) -> None:
-    """Write each token's key and value into its cache slot, in place."""
-    num_slots = key_cache.shape[0] * key_cache.shape[1]
-    flat_key_cache = key_cache.view(num_slots, *key_cache.shape[2:])
-    flat_value_cache = value_cache.view(num_slots, *value_cache.shape[2:])
+    """Write each token's key and value into its cache slot, in place (an int8 cache's
+    quantized, :func:`kernels.int8_kv_cache.store_quantized`)."""
     slots = slot_mapping.to(torch.int64)
     if bool((slots < 0).any()):
         keep = slots >= 0
         slots, key, value = slots[keep], key[keep], value[keep]
+    if key_cache.dtype == torch.int8:
+        num_slots = key_cache.shape[0] * block_size_of(key_cache)
+        if slots.numel() and int(slots.max()) >= num_slots:
+            raise IndexError(f"a slot lies outside the cache's {num_slots} slots")
+        store_quantized(key, key_cache, slots)
+        store_quantized(value, value_cache, slots)
+        return
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    flat_key_cache = key_cache.view(num_slots, *key_cache.shape[2:])
+    flat_value_cache = value_cache.view(num_slots, *value_cache.shape[2:])
     flat_key_cache.index_copy_(0, slots, key.to(key_cache.dtype))
     flat_value_cache.index_copy_(0, slots, value.to(value_cache.dtype))
 
@@ -164,7 +177,7 @@ def _padded_attention(
     scale: float,
 ) -> torch.Tensor:  # [b, max_q, num_heads, head_dim], float32 or q's dtype
     batch, max_q, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    block_size, num_kv_heads = block_size_of(key_cache), key_cache.shape[2]
     group = num_heads // num_kv_heads
     max_len = max(seq_lens)
     max_blocks = -(-max_len // block_size)
@@ -200,14 +213,14 @@ def _padded_attention(
 
 
 def _gather(
-    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    cache: torch.Tensor,  # [num_blocks, block_size (+ 1 if int8), num_kv_heads, head_dim]
     block_ids: torch.Tensor,  # [b * max_blocks]
     batch: int,
     max_len: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [b, num_kv_heads, max_len, head_dim]
-    num_blocks, _, num_kv_heads, head_dim = cache.shape
-    blocks = cache.view(num_blocks, -1).index_select(0, block_ids)
+    _, _, num_kv_heads, head_dim = cache.shape
+    blocks = gather_blocks(cache, block_ids)
     blocks = blocks.view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
     return blocks.to(dtype).transpose(1, 2)
 

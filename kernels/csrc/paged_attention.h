@@ -1,7 +1,12 @@
 /*
- * Paged decode attention over KV blocks read in place (float32 or bfloat16), one work item
- * at a time, shared by paged_attention_cpu.c (attention alone) and decoder_cpu.c (a whole
- * decode step); paged_attention_cpu.c's header describes the layout and the method.
+ * Paged decode attention over KV blocks read in place (float32, bfloat16 or int8), one work
+ * item at a time, shared by paged_attention_cpu.c (attention alone) and decoder_cpu.c (a
+ * whole decode step); paged_attention_cpu.c's header describes the layout and the method.
+ *
+ * int8 caches (kernels/int8_kv_cache.py describes the layout and the rules) have one more
+ * row per block, [num_blocks, block_size + 1, num_kv_heads, head_dim], whose first
+ * 4 * num_kv_heads bytes are the block's float32 scales, one per KV head; a block's rows are
+ * widened to q * scale as they are read, and store_token_int8 writes one token.
  */
 #ifndef TOLLWAY_PAGED_ATTENTION_H
 #define TOLLWAY_PAGED_ATTENTION_H
@@ -11,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 };
+enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1, DTYPE_INT8 = 2 };
 
 static inline float f32_of_bf16(uint16_t x) {
     const uint32_t bits = (uint32_t)x << 16;
@@ -29,18 +34,23 @@ static inline uint16_t bf16_of_f32(float x) { /* round to nearest even; NaN stay
 }
 
 /* One layer's K or V cache as this kernel reads it: where an item's heads start in a
-   token's row, and how to step between blocks and tokens (in elements). */
+   token's row, and how to step between blocks and tokens (in elements). An int8 cache's
+   scales for the item's heads lie at scales_offset past a block's start (its scale row),
+   first_head floats in. */
 typedef struct {
     const void *base;
     int dtype;
     int64_t block_stride, token_stride, head_offset;
+    int64_t scales_offset, first_head, head_dim;
 } CacheView;
 
 /* How many blocks ahead of the one being read to prefetch (1, 2 and 4 measured within a
    few percent of each other; none was 10-20% slower on contexts past the L3). */
 #define PREFETCH_BLOCKS 2
 
-static inline size_t element_size(int dtype) { return dtype == DTYPE_BFLOAT16 ? 2 : 4; }
+static inline size_t element_size(int dtype) {
+    return dtype == DTYPE_INT8 ? 1 : dtype == DTYPE_BFLOAT16 ? 2 : 4;
+}
 
 /* Ask for every cache line of tokens [first, end) of a block's rows (this item's heads).
    Blocks lie anywhere in the cache, so the hardware prefetcher loses the stream at every
@@ -60,13 +70,33 @@ static inline void prefetch_tokens(const CacheView *cache, int64_t block, int64_
 }
 
 /* The first n tokens of a block as float rows of `width` values, `*stride` apart: the cache
-   itself for float32, else widened into `scratch` ([block_size, width] floats). */
+   itself for float32, else widened into `scratch` ([block_size, width] floats); int8 values
+   times their head's scale (one rounding, as the reference's dequantization). */
 static inline const float *block_rows(const CacheView *cache, int64_t block, int64_t n,
                                       int64_t width, float *restrict scratch, int64_t *stride) {
     const int64_t offset = block * cache->block_stride + cache->head_offset;
     if (cache->dtype == DTYPE_FLOAT32) {
         *stride = cache->token_stride;
         return (const float *)cache->base + offset;
+    }
+    if (cache->dtype == DTYPE_INT8) {
+        const int8_t *src = (const int8_t *)cache->base + offset;
+        const char *scale_row = (const char *)cache->base + block * cache->block_stride +
+                                cache->scales_offset;
+        const int64_t head_dim = cache->head_dim;
+        for (int64_t h = 0; h * head_dim < width; ++h) {
+            float scale;
+            memcpy(&scale, scale_row + (cache->first_head + h) * (int64_t)sizeof(float),
+                   sizeof scale);
+            for (int64_t j = 0; j < n; ++j) {
+                const int8_t *row = src + j * cache->token_stride + h * head_dim;
+                float *dst = scratch + j * width + h * head_dim;
+#pragma omp simd
+                for (int64_t e = 0; e < head_dim; ++e) dst[e] = (float)row[e] * scale;
+            }
+        }
+        *stride = width;
+        return scratch;
     }
     const uint16_t *src = (const uint16_t *)cache->base + offset;
     for (int64_t j = 0; j < n; ++j) {
@@ -325,11 +355,13 @@ static size_t attention_buffer_floats(const AttentionItems *items) {
 
 /* One work item: its query heads of sequence item / items_per_seq, attending to its KV
    heads. q: [num_seqs, num_heads, head_dim], rows q_row_stride apart; out likewise,
-   contiguous; the caches as in the header. */
-static void attend_item(const AttentionItems *items, int64_t item, const void *q,
-                        int64_t q_row_stride, const void *key_cache, const void *value_cache,
-                        int dtype, const int32_t *block_tables, const int32_t *seq_lens,
-                        void *out, float *buffer) {
+   contiguous, both of dtype (float32 or bfloat16); the caches as in the header, of
+   cache_dtype (dtype, or DTYPE_INT8). */
+static void attend_item_caches(const AttentionItems *items, int64_t item, const void *q,
+                               int64_t q_row_stride, const void *key_cache,
+                               const void *value_cache, int dtype, int cache_dtype,
+                               const int32_t *block_tables, const int32_t *seq_lens, void *out,
+                               float *buffer) {
     const int64_t head_dim = items->head_dim, group = items->group;
     const int64_t item_values = items->item_values;
     float *scores = buffer;
@@ -347,10 +379,19 @@ static void attend_item(const AttentionItems *items, int64_t item, const void *q
         for (int64_t e = 0; e < item_values; ++e) q_item[e] = f32_of_bf16(q_bf16[e]);
     }
     const int64_t token_stride = items->num_kv_heads * head_dim;
-    const int64_t block_stride = items->block_size * token_stride;
-    const CacheView keys = {key_cache, dtype, block_stride, token_stride, first_kv * head_dim};
-    const CacheView values = {value_cache, dtype, block_stride, token_stride,
-                              first_kv * head_dim};
+    const int64_t rows_per_block = items->block_size + (cache_dtype == DTYPE_INT8 ? 1 : 0);
+    const CacheView keys = {
+        .base = key_cache,
+        .dtype = cache_dtype,
+        .block_stride = rows_per_block * token_stride,
+        .token_stride = token_stride,
+        .head_offset = first_kv * head_dim,
+        .scales_offset = items->block_size * token_stride,
+        .first_head = first_kv,
+        .head_dim = head_dim,
+    };
+    CacheView values = keys;
+    values.base = value_cache;
     if (seq_lens[s] <= 0)
         memset(out_item, 0, (size_t)item_values * sizeof(float));
     else
@@ -362,6 +403,68 @@ static void attend_item(const AttentionItems *items, int64_t item, const void *q
     } else {
         uint16_t *out_bf16 = (uint16_t *)out + out_offset;
         for (int64_t e = 0; e < item_values; ++e) out_bf16[e] = bf16_of_f32(out_item[e]);
+    }
+}
+
+/* attend_item_caches with caches of q's dtype (float32 or bfloat16). */
+static inline void attend_item(const AttentionItems *items, int64_t item, const void *q,
+                               int64_t q_row_stride, const void *key_cache,
+                               const void *value_cache, int dtype, const int32_t *block_tables,
+                               const int32_t *seq_lens, void *out, float *buffer) {
+    attend_item_caches(items, item, q, q_row_stride, key_cache, value_cache, dtype, dtype,
+                       block_tables, seq_lens, out, buffer);
+}
+
+/* One head's int8 quantization of a token row into its block, by kernels/int8_kv_cache.py's
+   rules (exact float32 arithmetic, so it matches the PyTorch reference bit for bit):
+   `values` are the block's rows of this head (token_stride apart), `offset` the token's row,
+   `*scale` the head's scale (reset when offset is 0; grown, and the earlier rows
+   requantized, when x does not fit). */
+__attribute__((optimize("no-fast-math"))) static void quantize_head_int8(
+    int8_t *values, int64_t token_stride, int64_t offset, float *scale, const float *x,
+    int64_t head_dim) {
+    float amax = 0.0f;
+    for (int64_t e = 0; e < head_dim; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    float new_scale = *scale;
+    if (offset == 0) {
+        new_scale = amax / 127.0f;
+    } else if (amax > *scale * 127.0f) {
+        new_scale = fmaxf(amax / 127.0f, *scale * 1.25f);
+        const float ratio = *scale / new_scale;
+        for (int64_t j = 0; j < offset; ++j) {
+            int8_t *row = values + j * token_stride;
+            for (int64_t e = 0; e < head_dim; ++e) row[e] = (int8_t)rintf((float)row[e] * ratio);
+        }
+    }
+    int8_t *row = values + offset * token_stride;
+    for (int64_t e = 0; e < head_dim; ++e) {
+        const float q = new_scale > 0.0f ? rintf(x[e] / new_scale) : 0.0f;
+        row[e] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+    }
+    *scale = new_scale;
+}
+
+/* Store one token's key and value rows (float32, [num_kv_heads * head_dim] each) into slot
+   `slot` (>= 0, inside the cache) of int8 caches [num_blocks, block_size + 1, num_kv_heads,
+   head_dim]. A block's tokens must be stored in slot order (see kernels/int8_kv_cache.py). */
+static inline void store_token_int8(int8_t *key_cache, int8_t *value_cache, int64_t slot,
+                                    const float *key, const float *value, int64_t num_kv_heads,
+                                    int64_t head_dim, int64_t block_size) {
+    const int64_t token_stride = num_kv_heads * head_dim;
+    const int64_t block_start = (slot / block_size) * (block_size + 1) * token_stride;
+    const int64_t offset = slot % block_size;
+    int8_t *caches[2] = {key_cache, value_cache};
+    const float *rows[2] = {key, value};
+    for (int c = 0; c < 2; ++c) {
+        int8_t *block = caches[c] + block_start;
+        char *scale_row = (char *)(block + block_size * token_stride);
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            float scale;
+            memcpy(&scale, scale_row + h * (int64_t)sizeof(float), sizeof scale);
+            quantize_head_int8(block + h * head_dim, token_stride, offset, &scale,
+                               rows[c] + h * head_dim, head_dim);
+            memcpy(scale_row + h * (int64_t)sizeof(float), &scale, sizeof scale);
+        }
     }
 }
 
