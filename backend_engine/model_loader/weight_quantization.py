@@ -50,7 +50,7 @@ from typing import Literal
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kernels.cpu_quant_linear import BLOCK_VALUES, GGUFBlockWeight, GGUFQuantType
+from kernels.cpu_quant_linear import GGUFBlockWeight, GGUFQuantType
 from kernels.quantized_weights import (
     INT4_GROUP_SIZES,
     Int4Weight,
@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8", "int4")
 DEVICE_TYPES = ("cpu", "cuda")
+BLOCK_VALUES = 32  # values in a Q8_0 or a Q4_0 block (ggml's QK8_0, QK4_0)
 SCALE_DTYPE = torch.float16  # the scale GGUF's blocks store; the CUDA formats keep the same
 EMBEDDING = "model.embed_tokens.weight"
 OUTPUT_PROJECTION = "lm_head.weight"
