@@ -19,6 +19,9 @@ When every sequence fits in one partition the first kernel writes the output dir
 the merge kernel is skipped. The partition count is bounded by the block table's width, so
 the launch needs no device-to-host sync (partitions past a sequence's end exit at once).
 Logits are kept in base 2 (``scale * log2(e)`` folded into the scale) so softmax uses exp2.
+An int8 cache (:mod:`kernels.int8_kv_cache`) is read as stored: a tile's keys are multiplied
+in as integers and their block scales applied to the scores, and the value scales to the
+probabilities, so nothing is dequantized in memory.
 """
 
 from __future__ import annotations
@@ -30,8 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_launch import cache_strides, check_query, dot_precision, next_power_of_two
-from kernels.triton_paging import cache_offsets
+from kernels.int8_kv_cache import block_size_of
+from kernels.triton_launch import (
+    cache_strides,
+    check_query,
+    dot_precision,
+    next_power_of_two,
+    scale_views,
+)
+from kernels.triton_paging import cache_offsets, scale_offsets
 
 DEFAULT_PARTITION_SIZE = 512
 _MIN_PARTITION_SIZE = 64
@@ -44,8 +54,10 @@ _MERGE_CHUNK = 32  # partitions merged per step
 @triton.jit
 def _decode_partition_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
-    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, block_size (+ 1 if int8), num_kv_heads, head_dim]
     value_cache_ptr,
+    key_scales_ptr,  # the key cache as float32 (int8 caches: their scale rows)
+    value_scales_ptr,
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
     out_ptr,  # [num_seqs, num_heads, head_dim], written when IS_SINGLE_PARTITION
@@ -68,6 +80,7 @@ def _decode_partition_kernel(
     PARTITION_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     IS_SINGLE_PARTITION: tl.constexpr,
+    IS_INT8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
@@ -109,7 +122,14 @@ def _decode_partition_kernel(
         k = tl.load(
             key_cache_ptr + offsets[:, None] + dims[None, :], mask=is_key[:, None], other=0.0
         )  # [TILE, HEAD_DIM]
+        if IS_INT8:  # widen through float32 (exact; Triton's interpreter casts int8 -> bf16 wrong)
+            k = k.to(tl.float32)
         scores = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
+        if IS_INT8:  # an int8 block's values times its scale: fold the key scales in here
+            scales = scale_offsets(
+                table_row, pos, is_key, kv_head, stride_cache_block, stride_cache_token, BLOCK_SIZE
+            )  # [TILE]
+            scores = scores * tl.load(key_scales_ptr + scales, mask=is_key, other=0.0)[None, :]
         scores = tl.where(is_key[None, :], scores * scale_log2, float("-inf"))  # [GROUP_PAD, TILE]
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -118,8 +138,14 @@ def _decode_partition_kernel(
         v = tl.load(
             value_cache_ptr + offsets[:, None] + dims[None, :], mask=is_key[:, None], other=0.0
         )  # [TILE, HEAD_DIM]
+        if IS_INT8:
+            v = v.to(tl.float32)
+        if IS_INT8:  # ... and the value scales into the probabilities
+            p_v = p * tl.load(value_scales_ptr + scales, mask=is_key, other=0.0)[None, :]
+        else:
+            p_v = p
         acc = acc * alpha[:, None] + tl.dot(
-            p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
+            p_v.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
         )
         m_i = m_new
 
@@ -244,7 +270,7 @@ def paged_decode_attention(
         return out
     q = q if q.stride(2) == 1 else q.contiguous()
     block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
-    block_size = int(key_cache.shape[1])
+    block_size = block_size_of(key_cache)
     num_kv_heads = int(key_cache.shape[2])
     max_context = int(block_tables.shape[1]) * block_size  # a bound, known without a sync
     if partition_size is None:
@@ -260,6 +286,7 @@ def paged_decode_attention(
         q,
         key_cache,
         value_cache,
+        *scale_views(key_cache, value_cache),
         block_tables,
         seq_lens,
         out,
@@ -282,6 +309,7 @@ def paged_decode_attention(
         PARTITION_SIZE=partition_size,
         TILE=min(_TILE, partition_size),
         IS_SINGLE_PARTITION=is_single,
+        IS_INT8=key_cache.dtype == torch.int8,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=_num_warps(q.dtype),
     )

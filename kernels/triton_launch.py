@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.int8_kv_cache import check_head_dim as check_int8_head_dim
+
 # The smallest head_dim ``tl.dot`` accepts as its reduction dimension.
 MIN_HEAD_DIM = 16
 
@@ -45,6 +47,17 @@ def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor) -> CacheSt
         raise ValueError("key_cache and value_cache must share strides with a contiguous head_dim")
     check_head_dim(int(key_cache.shape[3]))
     return CacheStrides(key_cache.stride(0), key_cache.stride(1), key_cache.stride(2))
+
+
+def scale_views(
+    key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches as float32, where an int8 cache's kernels read its block scales
+    (:mod:`kernels.int8_kv_cache`); a float cache passes itself (the kernels ignore it)."""
+    if key_cache.dtype != torch.int8:
+        return key_cache, value_cache
+    check_int8_head_dim(int(key_cache.shape[3]))
+    return key_cache.view(torch.float32), value_cache.view(torch.float32)
 
 
 def check_query(q: torch.Tensor, key_cache: torch.Tensor) -> int:

@@ -16,7 +16,8 @@ its K/V tiles once for the whole GQA group::
     token j   |<------ all visible ------>|<- causal ->|
 
 Each program runs an online softmax (base 2) over key tiles gathered through the block
-table, up to the last key its last row can see.
+table, up to the last key its last row can see. An int8 cache is read as stored, its block
+scales applied to the scores and the probabilities (as in :mod:`kernels.triton_decode`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_launch import cache_strides, check_query, dot_precision
-from kernels.triton_paging import cache_offsets
+from kernels.int8_kv_cache import block_size_of
+from kernels.triton_launch import cache_strides, check_query, dot_precision, scale_views
+from kernels.triton_paging import cache_offsets, scale_offsets
 
 
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
-    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, block_size (+ 1 if int8), num_kv_heads, head_dim]
     value_cache_ptr,
+    key_scales_ptr,  # the key cache as float32 (int8 caches: their scale rows)
+    value_scales_ptr,
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     cu_seqlens_q_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
@@ -54,6 +58,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    IS_INT8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -105,7 +110,14 @@ def _prefill_kernel(
         k = tl.load(
             key_cache_ptr + offsets[:, None] + dims[None, :], mask=is_key[:, None], other=0.0
         )  # [BLOCK_N, HEAD_DIM]
+        if IS_INT8:  # widen through float32 (exact; Triton's interpreter casts int8 -> bf16 wrong)
+            k = k.to(tl.float32)
         scores = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
+        if IS_INT8:  # an int8 block's values times its scale: fold the key scales in here
+            scales = scale_offsets(
+                table_row, pos, is_key, kv_head, stride_cache_block, stride_cache_token, BLOCK_SIZE
+            )  # [BLOCK_N]
+            scores = scores * tl.load(key_scales_ptr + scales, mask=is_key, other=0.0)[None, :]
         is_visible = is_key[None, :] & (pos[None, :] <= query_pos[:, None])
         scores = tl.where(is_visible, scores * scale_log2, float("-inf"))  # [BLOCK_M, BLOCK_N]
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -115,8 +127,14 @@ def _prefill_kernel(
         v = tl.load(
             value_cache_ptr + offsets[:, None] + dims[None, :], mask=is_key[:, None], other=0.0
         )  # [BLOCK_N, HEAD_DIM]
+        if IS_INT8:
+            v = v.to(tl.float32)
+        if IS_INT8:  # ... and the value scales into the probabilities
+            p_v = p * tl.load(value_scales_ptr + scales, mask=is_key, other=0.0)[None, :]
+        else:
+            p_v = p
         acc = acc * alpha[:, None] + tl.dot(
-            p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
+            p_v.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
         )
         m_i = m_new
 
@@ -168,6 +186,7 @@ def paged_prefill_attention(
         q,
         key_cache,
         value_cache,
+        *scale_views(key_cache, value_cache),
         block_tables,
         cu_seqlens_q,
         seq_lens,
@@ -183,9 +202,10 @@ def paged_prefill_attention(
         out.stride(1),
         GROUP=group,
         HEAD_DIM=head_dim,
-        BLOCK_SIZE=int(key_cache.shape[1]),
+        BLOCK_SIZE=block_size_of(key_cache),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        IS_INT8=key_cache.dtype == torch.int8,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
     )

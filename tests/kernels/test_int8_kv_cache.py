@@ -9,6 +9,7 @@ import torch
 from kernels import cpu_attention, int8_kv_cache, reference
 from kernels.cpu_build import find_compiler
 from kernels.int8_kv_cache import block_scales, dequantize_blocks, int8_cache_shape
+from tests.support.int8_kv_cases import grown_rows, random_int8_case, sequence_slots, stale_caches
 
 needs_compiler = pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
 
@@ -40,39 +41,6 @@ def naive_store(
             q = torch.round(x / scale).clamp(-127, 127) if scale > 0 else torch.zeros_like(x)
             cache[block, offset, h] = q.to(torch.int8)
             scales[block, h] = scale
-
-
-def stale_caches(
-    num_blocks: int, block_size: int, kv: int, d: int, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Caches full of leftovers (random values, huge and tiny scales): reused blocks."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = int8_cache_shape(num_blocks, block_size, kv, d)
-    caches = []
-    for _ in range(2):
-        cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
-        block_scales(cache)[:] = torch.rand(num_blocks, kv, generator=gen) * 100
-        caches.append(cache)
-    return caches[0], caches[1]
-
-
-def grown_rows(num_tokens: int, kv: int, d: int, seed: int = 0) -> torch.Tensor:
-    """Rows whose magnitudes rise, fall and jump, so blocks' scales grow by small and large
-    factors; some rows are all zero."""
-    gen = torch.Generator().manual_seed(seed)
-    magnitudes = torch.rand(num_tokens, kv, 1, generator=gen) * 4 + 0.01
-    magnitudes[::7] *= 30
-    rows = torch.randn(num_tokens, kv, d, generator=gen) * magnitudes
-    rows[5::11] = 0
-    return rows
-
-
-def sequence_slots(tables: list[list[int]], lens: list[int], block_size: int) -> list[int]:
-    return [
-        table[p // block_size] * block_size + p % block_size
-        for table, n in zip(tables, lens, strict=True)
-        for p in range(n)
-    ]
 
 
 SHAPES = [(16, 2, 64), (4, 1, 8), (5, 3, 12), (32, 4, 128)]  # block_size, kv heads, head_dim
@@ -185,22 +153,6 @@ def test_native_store_refuses_a_slot_outside_the_cache() -> None:
     with pytest.raises(IndexError, match="outside"):
         cpu_attention.store_kv(rows, rows, key_cache, value_cache, torch.tensor([0, 8]))
     assert torch.equal(key_cache, before)
-
-
-def random_int8_case(
-    num_heads: int, kv: int, d: int, block_size: int, lens: list[int], seed: int = 0
-) -> tuple[torch.Tensor, ...]:
-    """Queries, int8 caches with random values and scales, non-contiguous block tables."""
-    gen = torch.Generator().manual_seed(seed)
-    max_blocks = max(-(-n // block_size) for n in lens) + 1
-    pool = len(lens) * max_blocks + 7
-    key_cache, value_cache = stale_caches(pool, block_size, kv, d, seed=seed)
-    for cache in (key_cache, value_cache):
-        block_scales(cache)[:] = torch.rand(pool, kv, generator=gen) * 0.05 + 1e-3
-    ids = torch.randperm(pool, generator=gen)[: len(lens) * max_blocks]
-    tables = ids.view(len(lens), max_blocks).to(torch.int32)
-    q = torch.randn(len(lens), num_heads, d, generator=gen)
-    return q, key_cache, value_cache, tables, torch.tensor(lens, dtype=torch.int32)
 
 
 def dequantized(
