@@ -1,8 +1,10 @@
 """Linear layers over GGUF's quantized blocks as stored: ``y = x @ W.T`` with W never widened.
 
-Why: a GGUF file's Q8_0 / Q4_0 / Q4_1 weights are 3.8-7.1x smaller than float32, and a decode
-step's matmuls cost one pass over the weights. ``kernels/csrc/quant_linear_cpu.c`` reads the
-blocks in place (its header gives the three layouts) for decode and prefill alike.
+Why: a GGUF file's quantized weights are 3.8-7.1x smaller than float32, and a decode step's
+matmuls cost one pass over the weights. ``kernels/csrc/quant_linear_cpu.c`` reads the blocks in
+place (its header gives the layouts) for decode and prefill alike: Q8_0, Q4_0, Q4_1, Q5_0 and
+Q5_1 (blocks of 32 values) and the super-block types Q4_K, Q5_K and Q6_K (256 values, so their
+in_features must be a multiple of 256; llama.cpp's files fall back to another type where not).
 
 Two methods (:class:`QuantLinearMethod`), both in the kernel:
 
@@ -39,7 +41,6 @@ from kernels.cpu_build import load_kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear_cpu.c"
 _ABI_VERSION = 1
-BLOCK_VALUES = 32  # values per block, every supported type
 
 
 class GGUFQuantType(IntEnum):
@@ -47,10 +48,27 @@ class GGUFQuantType(IntEnum):
 
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
 
 
-BLOCK_BYTES = {GGUFQuantType.Q4_0: 18, GGUFQuantType.Q4_1: 20, GGUFQuantType.Q8_0: 34}
+BLOCK_BYTES = {
+    GGUFQuantType.Q4_0: 18,
+    GGUFQuantType.Q4_1: 20,
+    GGUFQuantType.Q5_0: 22,
+    GGUFQuantType.Q5_1: 24,
+    GGUFQuantType.Q8_0: 34,
+    GGUFQuantType.Q4_K: 144,
+    GGUFQuantType.Q5_K: 176,
+    GGUFQuantType.Q6_K: 210,
+}
+SUPER_BLOCK_TYPES = frozenset({GGUFQuantType.Q4_K, GGUFQuantType.Q5_K, GGUFQuantType.Q6_K})
+# values per block: the super-block ("K") types hold 256, so their in_features % 256 == 0
+BLOCK_VALUES = {kind: 256 if kind in SUPER_BLOCK_TYPES else 32 for kind in GGUFQuantType}
 
 
 class QuantLinearMethod(IntEnum):
@@ -66,7 +84,8 @@ DEFAULT_METHOD = QuantLinearMethod.INT8_ACTIVATIONS
 @dataclass(frozen=True)
 class GGUFBlockWeight:
     """A ``[out_features, in_features]`` weight as GGUF stores it: ``blocks`` is uint8
-    ``[out_features, in_features // 32 * block bytes]``, each row its blocks in k order."""
+    ``[out_features, in_features // block values * block bytes]``, each row its blocks in k
+    order."""
 
     blocks: torch.Tensor
     quant_type: GGUFQuantType
@@ -79,17 +98,21 @@ class GGUFBlockWeight:
         try:
             kind = GGUFQuantType(quant_type)
         except ValueError:
-            raise ValueError(f"ggml type {quant_type} is not one of Q4_0, Q4_1, Q8_0") from None
+            names = ", ".join(kind.name for kind in GGUFQuantType)
+            raise ValueError(f"ggml type {quant_type} is not one of {names}") from None
         if blocks.dtype != torch.uint8 or blocks.dim() != 2:
             raise ValueError(
                 f"blocks must be a 2-D uint8 tensor, got {blocks.dtype} {blocks.dim()}-D"
             )
         out_features, row_bytes = blocks.shape
-        if out_features < 1 or row_bytes < 1 or row_bytes % BLOCK_BYTES[kind] != 0:
+        block_bytes, block_values = BLOCK_BYTES[kind], BLOCK_VALUES[kind]
+        if out_features < 1 or row_bytes < 1 or row_bytes % block_bytes != 0:
             raise ValueError(
-                f"a {kind.name} row is whole blocks of {BLOCK_BYTES[kind]} bytes, got {row_bytes}"
+                f"a {kind.name} row is whole blocks of {block_bytes} bytes ({block_values} "
+                f"values each, so in_features must be a multiple of {block_values}), "
+                f"got {row_bytes} bytes"
             )
-        in_features = row_bytes // BLOCK_BYTES[kind] * BLOCK_VALUES
+        in_features = row_bytes // block_bytes * block_values
         return cls(blocks.contiguous(), kind, out_features, in_features)
 
 
@@ -162,17 +185,92 @@ def quantized_linear(
 
 
 def dequantize(weight: GGUFBlockWeight) -> torch.Tensor:  # [out_features, in_features]
-    """The weight as float32 (the fallback's path; ``gguf``'s dequantize is the referee)."""
-    num_blocks = weight.out_features * weight.in_features // BLOCK_VALUES
-    raw = weight.blocks.reshape(num_blocks, BLOCK_BYTES[weight.quant_type])
-    d = raw[:, 0:2].contiguous().view(torch.float16).float()  # [num_blocks, 1]
-    if weight.quant_type == GGUFQuantType.Q8_0:
-        values = raw[:, 2:].contiguous().view(torch.int8).float() * d
-    else:
-        packed = raw[:, 4:] if weight.quant_type == GGUFQuantType.Q4_1 else raw[:, 2:]
-        nibbles = torch.cat((packed & 15, packed >> 4), dim=1).float()  # [num_blocks, 32]
-        if weight.quant_type == GGUFQuantType.Q4_0:
-            values = (nibbles - 8) * d
-        else:
-            values = d * nibbles + raw[:, 2:4].contiguous().view(torch.float16).float()
+    """The weight as float32 (the fallback's path; ``gguf``'s dequantize is the referee, and
+    each type below follows its arithmetic order, so the results are equal)."""
+    kind = weight.quant_type
+    num_blocks = weight.out_features * weight.in_features // BLOCK_VALUES[kind]
+    raw = weight.blocks.reshape(num_blocks, BLOCK_BYTES[kind])
+    values = _DEQUANTIZERS[kind](raw)  # [num_blocks, block values]
     return values.reshape(weight.out_features, weight.in_features)
+
+
+def _fp16(raw: torch.Tensor, offset: int) -> torch.Tensor:  # [num_blocks, 1] float32
+    return raw[:, offset : offset + 2].contiguous().view(torch.float16).float()
+
+
+def _shifted(packed: torch.Tensor, shifts: tuple[int, ...], width: int) -> torch.Tensor:
+    """``packed`` [num_blocks, chunks * width] as [num_blocks, chunks * len(shifts), width]:
+    each chunk of ``width`` bytes shifted right by each of ``shifts`` in turn."""
+    by = torch.tensor(shifts, dtype=torch.uint8).reshape(1, 1, -1, 1)
+    chunks = packed.reshape(packed.shape[0], -1, 1, width) >> by
+    return chunks.reshape(packed.shape[0], -1, width)
+
+
+def _q8_0(raw: torch.Tensor) -> torch.Tensor:
+    return raw[:, 2:].contiguous().view(torch.int8).float() * _fp16(raw, 0)
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:  # [num_blocks, 16] -> [num_blocks, 32]
+    return torch.cat((packed & 15, packed >> 4), dim=1)
+
+
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:  # [num_blocks, 4] -> [num_blocks, 32]
+    """Bit i of the little-endian 32 bits, times 16 (Q5_0's and Q5_1's high bit)."""
+    return (_shifted(qh, tuple(range(8)), 1) & 1).reshape(qh.shape[0], 32) << 4
+
+
+def _q4_0(raw: torch.Tensor) -> torch.Tensor:
+    return (_nibbles(raw[:, 2:]).float() - 8) * _fp16(raw, 0)
+
+
+def _q4_1(raw: torch.Tensor) -> torch.Tensor:
+    return _fp16(raw, 0) * _nibbles(raw[:, 4:]).float() + _fp16(raw, 2)
+
+
+def _q5_0(raw: torch.Tensor) -> torch.Tensor:
+    q = (_nibbles(raw[:, 6:]) | _fifth_bits(raw[:, 2:6])).float() - 16
+    return _fp16(raw, 0) * q
+
+
+def _q5_1(raw: torch.Tensor) -> torch.Tensor:
+    q = (_nibbles(raw[:, 8:]) | _fifth_bits(raw[:, 4:8])).float()
+    return _fp16(raw, 0) * q + _fp16(raw, 2)
+
+
+def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's eight 6-bit sub-block scales and mins from their 12 bytes."""
+    low_scales, low_mins, rest = packed.reshape(-1, 3, 4).unbind(dim=1)  # [num_blocks, 4] each
+    scales = torch.cat((low_scales & 63, (rest & 15) | ((low_scales >> 2) & 48)), dim=1)
+    mins = torch.cat((low_mins & 63, (rest >> 4) | ((low_mins >> 2) & 48)), dim=1)
+    return scales.float().unsqueeze(2), mins.float().unsqueeze(2)  # [num_blocks, 8, 1] each
+
+
+def _q45_k(raw: torch.Tensor) -> torch.Tensor:
+    """Q4_K, or Q5_K (176-byte blocks, with qh before qs)."""
+    is_q5 = raw.shape[1] == BLOCK_BYTES[GGUFQuantType.Q5_K]
+    scales, mins = _k_scales_mins(raw[:, 4:16])
+    q = _shifted(raw[:, 48:] if is_q5 else raw[:, 16:], (0, 4), 32) & 15  # [num_blocks, 8, 32]
+    if is_q5:
+        q = q | ((_shifted(raw[:, 16:48], tuple(range(8)), 32) & 1) << 4)
+    values = (_fp16(raw, 0).unsqueeze(2) * scales) * q.float()
+    return (values - _fp16(raw, 2).unsqueeze(2) * mins).reshape(raw.shape[0], -1)
+
+
+def _q6_k(raw: torch.Tensor) -> torch.Tensor:
+    low = _shifted(raw[:, :128], (0, 4), 64).reshape(raw.shape[0], -1, 32) & 15
+    high = _shifted(raw[:, 128:192], (0, 2, 4, 6), 32) & 3  # [num_blocks, 8, 32]
+    q = ((low | (high << 4)).view(torch.int8) - 32).float().reshape(raw.shape[0], 16, 16)
+    scales = raw[:, 192:208].contiguous().view(torch.int8).float().unsqueeze(2)
+    return ((_fp16(raw, 208).unsqueeze(2) * scales) * q).reshape(raw.shape[0], -1)
+
+
+_DEQUANTIZERS = {
+    GGUFQuantType.Q4_0: _q4_0,
+    GGUFQuantType.Q4_1: _q4_1,
+    GGUFQuantType.Q5_0: _q5_0,
+    GGUFQuantType.Q5_1: _q5_1,
+    GGUFQuantType.Q8_0: _q8_0,
+    GGUFQuantType.Q4_K: _q45_k,
+    GGUFQuantType.Q5_K: _q45_k,
+    GGUFQuantType.Q6_K: _q6_k,
+}

@@ -1,13 +1,25 @@
 /*
  * y = x @ W.T where W [N, K] stays in the GGUF file's quantized blocks (ggml's layouts):
  *
- *   Q8_0 (34 bytes): fp16 d, int8 q[32]              value q[i] * d
- *   Q4_0 (18 bytes): fp16 d, uint8 qs[16]            value (nibble - 8) * d
- *   Q4_1 (20 bytes): fp16 d, fp16 m, uint8 qs[16]    value nibble * d + m
+ *   Q8_0 (34 bytes): fp16 d, int8 q[32]                       value q[i] * d
+ *   Q4_0 (18 bytes): fp16 d, uint8 qs[16]                     value (nibble - 8) * d
+ *   Q4_1 (20 bytes): fp16 d, fp16 m, uint8 qs[16]             value nibble * d + m
+ *   Q5_0 (22 bytes): fp16 d, uint32 qh, uint8 qs[16]          value (q5 - 16) * d
+ *   Q5_1 (24 bytes): fp16 d, fp16 m, uint32 qh, uint8 qs[16]  value q5 * d + m
  *
- * (nibble i < 16 is qs[i] & 15, nibble i >= 16 is qs[i - 16] >> 4.)
+ * (nibble i < 16 is qs[i] & 15, nibble i >= 16 is qs[i - 16] >> 4; q5 = nibble | bit i of qh
+ * << 4.) The super-block types hold 256 values as eight sub-blocks of 32 (K % 256 == 0):
  *
- *   w: [N, K / 32 blocks] raw bytes    x: [M, K] float32    y: [M, N] float32
+ *   Q4_K (144 bytes): fp16 d, fp16 dmin, uint8 scales[12], uint8 qs[128]
+ *       sub-block j: value (d * sc_j) * q - dmin * m_j, sc_j and m_j 6-bit, packed in scales;
+ *       q of sub-blocks 2i and 2i + 1 are the low and high nibbles of qs[32 i .. 32 i + 31].
+ *   Q5_K (176 bytes): fp16 d, fp16 dmin, uint8 scales[12], uint8 qh[32], uint8 qs[128]
+ *       as Q4_K, plus a fifth bit of q (16) for value l of sub-block j: bit j of qh[l].
+ *   Q6_K (210 bytes): uint8 ql[128], uint8 qh[64], int8 scales[16], fp16 d
+ *       value (d * scales[l / 16]) * (q - 32), q 6-bit: four low bits from ql, two from qh
+ *       (ggml's dequantize_row_q6_K gives the order).
+ *
+ *   w: [N, K / block values blocks] raw bytes    x: [M, K] float32    y: [M, N] float32
  *
  * Two ways to spend a block (the method argument; kernels/cpu_quant_linear.py says which is the
  * default and why):
@@ -40,7 +52,8 @@ int tollway_quant_linear_int8_isa(void) { return INT8_ISA; }
 
 int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, int64_t M,
                          int64_t N, int64_t K, int method, int num_threads) {
-    if (quant_block_bytes(type) == 0 || M < 0 || N < 1 || K < QK || K % QK != 0 ||
+    const int64_t block_values = quant_block_values(type);
+    if (block_values == 0 || M < 0 || N < 1 || K < block_values || K % block_values != 0 ||
         num_threads < 1 || (method != QUANT_DECODE_TO_FLOAT && method != QUANT_INT8_ACTIVATIONS))
         return BAD_ARGUMENTS;
     if (M == 0) return OK; /* an empty tensor's data pointer may be NULL */

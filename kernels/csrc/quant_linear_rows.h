@@ -18,11 +18,15 @@
 #include <immintrin.h>
 #endif
 
-#define QK 32          /* values per block */
+#define QK 32          /* values per block; the super-block types' sub-block, and the activations' block */
+#define QK_K 256       /* values per super-block (Q4_K, Q5_K, Q6_K) */
 #define ROW_TILE 4     /* rows of x that share one decoded block */
 #define M_CHUNK 64     /* rows of x kept hot in cache while a thread walks its outputs */
 
-enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8 }; /* ggml's type ids */
+enum { /* ggml's type ids */
+    TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q5_1 = 7, TYPE_Q8_0 = 8,
+    TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14
+};
 enum { QUANT_DECODE_TO_FLOAT = 0, QUANT_INT8_ACTIVATIONS = 1 }; /* the method argument */
 
 /* The int8 dot products' instructions: what the compiler targets (-march=native, so this
@@ -43,8 +47,34 @@ static inline int64_t quant_block_bytes(int type) {
     switch (type) {
     case TYPE_Q4_0: return 18;
     case TYPE_Q4_1: return 20;
+    case TYPE_Q5_0: return 22;
+    case TYPE_Q5_1: return 24;
     case TYPE_Q8_0: return 34;
+    case TYPE_Q4_K: return 144;
+    case TYPE_Q5_K: return 176;
+    case TYPE_Q6_K: return 210;
     default: return 0;
+    }
+}
+
+static inline int is_super_block_type(int type) {
+    return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K;
+}
+
+/* Values per block of `type` (K must be a multiple of it); 0 for an unknown type. */
+static inline int64_t quant_block_values(int type) {
+    if (quant_block_bytes(type) == 0) return 0;
+    return is_super_block_type(type) ? QK_K : QK;
+}
+
+/* The 6-bit scale and min of Q4_K's and Q5_K's sub-block j, from their 12 packed bytes. */
+static inline void k_scale_min(const uint8_t *packed, int j, int *scale, int *min) {
+    if (j < 4) {
+        *scale = packed[j] & 63;
+        *min = packed[j + 4] & 63;
+    } else {
+        *scale = (packed[j + 4] & 15) | ((packed[j - 4] >> 6) << 4);
+        *min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
     }
 }
 
@@ -80,9 +110,70 @@ static inline float qsum16(qv16 v) {
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 
-/* The block's 32 values as two vectors of 16 (values 0-15 and 16-31). */
-static inline __attribute__((always_inline)) void decode_block(const uint8_t *block, int type,
+/* 16 * bit i of the little-endian 32 bits at qh (Q5_0's and Q5_1's fifth bits), for values
+   0-15 and 16-31. */
+static inline void fifth_bits(const uint8_t *qh, u8x16 *first, u8x16 *second) {
+    uint32_t bits;
+    memcpy(&bits, qh, sizeof bits);
+    for (int i = 0; i < 16; ++i) {
+        (*first)[i] = (uint8_t)(((bits >> i) & 1) << 4);
+        (*second)[i] = (uint8_t)(((bits >> (i + 16)) & 1) << 4);
+    }
+}
+
+/* Sub-block s (values 32 s to 32 s + 31) of a super-block as two vectors of 16. */
+static inline __attribute__((always_inline)) void decode_sub_block(const uint8_t *block, int type,
+                                                                   int s, qv16 *first,
+                                                                   qv16 *second) {
+    u8x16 q0, q1;
+    if (type == TYPE_Q6_K) {
+        const int half = s / 4, t = s % 4;
+        u8x16 h0, h1;
+        memcpy(&q0, block + 64 * half + 32 * (t & 1), sizeof q0);
+        memcpy(&q1, block + 64 * half + 32 * (t & 1) + 16, sizeof q1);
+        memcpy(&h0, block + 128 + 32 * half, sizeof h0);
+        memcpy(&h1, block + 128 + 32 * half + 16, sizeof h1);
+        const int shift = 4 * (t >> 1);
+        q0 = ((q0 >> shift) & 15) | (((h0 >> (2 * t)) & 3) << 4);
+        q1 = ((q1 >> shift) & 15) | (((h1 >> (2 * t)) & 3) << 4);
+        const float d = fp16_to_float(block + 208);
+        const int8_t *scales = (const int8_t *)(block + 192);
+        *first = (__builtin_convertvector(q0, qv16) - 32.0f) * (d * (float)scales[2 * s]);
+        *second = (__builtin_convertvector(q1, qv16) - 32.0f) * (d * (float)scales[2 * s + 1]);
+        return;
+    }
+    const uint8_t *qs = block + (type == TYPE_Q5_K ? 48 : 16) + 32 * (s / 2);
+    const int shift = 4 * (s & 1);
+    memcpy(&q0, qs, sizeof q0);
+    memcpy(&q1, qs + 16, sizeof q1);
+    q0 = (q0 >> shift) & 15;
+    q1 = (q1 >> shift) & 15;
+    if (type == TYPE_Q5_K) {
+        u8x16 h0, h1;
+        memcpy(&h0, block + 16, sizeof h0);
+        memcpy(&h1, block + 32, sizeof h1);
+        q0 |= ((h0 >> s) & 1) << 4;
+        q1 |= ((h1 >> s) & 1) << 4;
+    }
+    int scale, min;
+    k_scale_min(block + 4, s, &scale, &min);
+    const float d = fp16_to_float(block) * (float)scale;
+    const float m = fp16_to_float(block + 2) * (float)min;
+    *first = __builtin_convertvector(q0, qv16) * d - m;
+    *second = __builtin_convertvector(q1, qv16) * d - m;
+}
+
+/* W's 32-value block b of this row (a sub-block of the super-block types) as two vectors of
+   16 (values 0-15 and 16-31). */
+static inline __attribute__((always_inline)) void decode_block(const uint8_t *wrow, int type,
+                                                               int64_t bytes, int64_t b,
                                                                qv16 *first, qv16 *second) {
+    if (is_super_block_type(type)) {
+        decode_sub_block(wrow + b / (QK_K / QK) * bytes, type, (int)(b % (QK_K / QK)), first,
+                         second);
+        return;
+    }
+    const uint8_t *block = wrow + b * bytes;
     const float d = fp16_to_float(block);
     if (type == TYPE_Q8_0) {
         i8x16 q0, q1;
@@ -92,17 +183,27 @@ static inline __attribute__((always_inline)) void decode_block(const uint8_t *bl
         *second = __builtin_convertvector(q1, qv16) * d;
         return;
     }
+    const int has_min = type == TYPE_Q4_1 || type == TYPE_Q5_1;
+    const int has_fifth_bit = type == TYPE_Q5_0 || type == TYPE_Q5_1;
     u8x16 q;
-    memcpy(&q, block + (type == TYPE_Q4_1 ? 4 : 2), sizeof q);
-    const qv16 low = __builtin_convertvector(q & 15, qv16);
-    const qv16 high = __builtin_convertvector(q >> 4, qv16);
-    if (type == TYPE_Q4_0) {
-        *first = (low - 8.0f) * d;
-        *second = (high - 8.0f) * d;
-    } else {
+    memcpy(&q, block + 2 + 2 * has_min + 4 * has_fifth_bit, sizeof q);
+    u8x16 low = q & 15, high = q >> 4;
+    if (has_fifth_bit) {
+        u8x16 fifth_low, fifth_high;
+        fifth_bits(block + 2 + 2 * has_min, &fifth_low, &fifth_high);
+        low |= fifth_low;
+        high |= fifth_high;
+    }
+    const qv16 first_q = __builtin_convertvector(low, qv16);
+    const qv16 second_q = __builtin_convertvector(high, qv16);
+    if (has_min) {
         const float m = fp16_to_float(block + 2);
-        *first = low * d + m;
-        *second = high * d + m;
+        *first = first_q * d + m;
+        *second = second_q * d + m;
+    } else {
+        const float offset = has_fifth_bit ? 16.0f : 8.0f;
+        *first = (first_q - offset) * d;
+        *second = (second_q - offset) * d;
     }
 }
 
@@ -116,7 +217,7 @@ static inline __attribute__((always_inline)) void float_row(const uint8_t *wrow,
     memset(acc, 0, sizeof acc);
     for (int64_t b = 0; b < K / QK; ++b) {
         qv16 w0, w1;
-        decode_block(wrow + b * bytes, type, &w0, &w1);
+        decode_block(wrow, type, bytes, b, &w0, &w1);
         for (int r = 0; r < rows; ++r) {
             const float *xb = x + (m0 + r) * K + b * QK;
             acc[r][0] += w0 * qload16(xb);
@@ -167,6 +268,19 @@ static inline __m256i nibbles(const uint8_t *qs) {
     return _mm256_set_m128i(high, low);
 }
 
+/* Byte i = 16 if bit i of the little-endian 32 bits at qh is set, else 0 (Q5_0's and Q5_1's
+   fifth bits, in nibbles()'s value order). */
+static inline __m256i fifth_bit_bytes(const uint8_t *qh) {
+    uint32_t bits;
+    memcpy(&bits, qh, sizeof bits);
+    const __m256i spread = _mm256_shuffle_epi8( /* byte i = byte i / 8 of bits */
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i select = _mm256_set1_epi64x((int64_t)0x8040201008040201); /* 1 << i % 8 */
+    const __m256i is_set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    return _mm256_and_si256(is_set, _mm256_set1_epi8(16));
+}
+
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -184,9 +298,11 @@ static inline __attribute__((always_inline)) void int8_row(
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *block = wrow + b * bytes;
         const float d = fp16_to_float(block);
-        if (type == TYPE_Q4_1) {
+        if (type == TYPE_Q4_1 || type == TYPE_Q5_1) {
             const float m = fp16_to_float(block + 2);
-            const __m256i w = nibbles(block + 4);
+            const __m256i w = type == TYPE_Q4_1
+                                  ? nibbles(block + 4)
+                                  : _mm256_or_si256(nibbles(block + 8), fifth_bit_bytes(block + 4));
             for (int r = 0; r < rows; ++r) {
                 const int64_t row = (m0 + r) * nb + b;
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
@@ -195,9 +311,12 @@ static inline __attribute__((always_inline)) void int8_row(
                 mins[r] += m * xdsum[row];
             }
         } else {
-            const __m256i w = type == TYPE_Q8_0
-                                  ? _mm256_loadu_si256((const __m256i *)(block + 2))
-                                  : _mm256_sub_epi8(nibbles(block + 2), _mm256_set1_epi8(8));
+            const __m256i w =
+                type == TYPE_Q8_0   ? _mm256_loadu_si256((const __m256i *)(block + 2))
+                : type == TYPE_Q4_0 ? _mm256_sub_epi8(nibbles(block + 2), _mm256_set1_epi8(8))
+                                    : _mm256_sub_epi8(_mm256_or_si256(nibbles(block + 6),
+                                                                      fifth_bit_bytes(block + 2)),
+                                                      _mm256_set1_epi8(16));
             const __m256i w_abs = _mm256_sign_epi8(w, w);
             for (int r = 0; r < rows; ++r) {
                 const int64_t row = (m0 + r) * nb + b;
@@ -209,61 +328,244 @@ static inline __attribute__((always_inline)) void int8_row(
     }
     for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]) + mins[r];
 }
+/* Q4_K's and Q5_K's eight sub-block scales (d * scale_j) and mins (dmin * min_j) as vectors:
+   k_scale_min for all eight at once, on 32-bit words of the 12 packed bytes. */
+static inline void k_scales_mins(const uint8_t *block, __m256 *scales, __m256 *mins) {
+    uint32_t packed[3];
+    memcpy(packed, block + 4, sizeof packed);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    const __m128i bytes = _mm_setr_epi32(
+        (int)(packed[0] & low6),                                              /* scales 0-3 */
+        (int)((packed[2] & low4) | (((packed[0] >> 6) & top2) << 4)),         /* scales 4-7 */
+        (int)(packed[1] & low6),                                              /* mins 0-3 */
+        (int)(((packed[2] >> 4) & low4) | (((packed[1] >> 6) & top2) << 4))); /* mins 4-7 */
+    *scales = _mm256_mul_ps(_mm256_set1_ps(fp16_to_float(block)),
+                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+    *mins = _mm256_mul_ps(_mm256_set1_ps(fp16_to_float(block + 2)),
+                          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+}
+
+/* Q4_K and Q5_K: sub-block j's value is (d * scale_j) * q - dmin * min_j with q unsigned, so
+   each sub-block is a Q4_1-like dot against one activation block. */
+static inline __attribute__((always_inline)) void int8_row_q45k(
+    const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq, const float *xd,
+    const float *xdsum, float *y, int64_t N, int64_t K, int64_t n, int64_t m0, const int rows) {
+    const int64_t nb = K / QK;
+    const __m256i low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);
+    __m256 acc[ROW_TILE], mins[ROW_TILE];
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < K / QK_K; ++sb) {
+        const uint8_t *block = wrow + sb * bytes;
+        __m256 scales, block_mins; /* d * scale_j and dmin * min_j, j = 0..7 */
+        k_scales_mins(block, &scales, &block_mins);
+        __m256 row_scales[ROW_TILE]; /* scales times x's block scales */
+        for (int r = 0; r < rows; ++r) {
+            const int64_t first = (m0 + r) * nb + sb * 8;
+            row_scales[r] = _mm256_mul_ps(scales, _mm256_loadu_ps(xd + first));
+            mins[r] = _mm256_fmadd_ps(block_mins, _mm256_loadu_ps(xdsum + first), mins[r]);
+        }
+        const uint8_t *qs = block + (type == TYPE_Q5_K ? 48 : 16);
+        __m256i fifth = type == TYPE_Q5_K ? _mm256_loadu_si256((const __m256i *)(block + 16))
+                                          : _mm256_setzero_si256();
+        for (int pair = 0; pair < 4; ++pair) { /* sub-blocks 2 pair (low nibbles), 2 pair + 1 */
+            const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * pair));
+            __m256i w0 = _mm256_and_si256(packed, low4);
+            __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            if (type == TYPE_Q5_K) { /* bit 2 pair and 2 pair + 1 of each qh byte */
+                w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
+                w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
+                fifth = _mm256_srli_epi16(fifth, 2);
+            }
+            for (int r = 0; r < rows; ++r) {
+                const int64_t row = (m0 + r) * nb + sb * 8 + 2 * pair;
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + row * QK + QK));
+                const __m256 scale0 = _mm256_permutevar8x32_ps(
+                    row_scales[r], _mm256_set1_epi32(2 * pair));
+                const __m256 scale1 = _mm256_permutevar8x32_ps(
+                    row_scales[r], _mm256_set1_epi32(2 * pair + 1));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dpbusd(w0, x0)), scale0, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dpbusd(w1, x1)), scale1, acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]) - sum8(mins[r]);
+}
+
+/* Q6_K: value (d * scale) * (q - 32), a scale per 16 values: an activation block's dot takes
+   two scales, its four low int32 lanes (values 0-15) one and the four high lanes the other. */
+static inline __attribute__((always_inline)) void int8_row_q6k(
+    const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq, const float *xd,
+    const float *xdsum, float *y, int64_t N, int64_t K, int64_t n, int64_t m0, const int rows) {
+    (void)type, (void)xdsum; /* Q6_K has no min */
+    const int64_t nb = K / QK;
+    const __m256i low4 = _mm256_set1_epi8(15), high2 = _mm256_set1_epi8(0x30);
+    const __m256i offset = _mm256_set1_epi8(32);
+    __m256 acc[ROW_TILE];
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < K / QK_K; ++sb) {
+        const uint8_t *block = wrow + sb * bytes;
+        const float d = fp16_to_float(block + 208);
+        const int8_t *scales = (const int8_t *)(block + 192);
+        for (int half = 0; half < 2; ++half) { /* 128 values: ql[64 half ...], qh[32 half ...] */
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(block + 64 * half));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(block + 64 * half + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(block + 128 + 32 * half));
+            __m256i w[4];
+            w[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), high2));
+            w[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), high2));
+            w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                   _mm256_and_si256(qh, high2));
+            w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), high2));
+            for (int t = 0; t < 4; ++t) {
+                const int s = 4 * half + t; /* the sub-block of 32 */
+                const __m256i ws = _mm256_sub_epi8(w[t], offset);
+                const __m256i ws_abs = _mm256_sign_epi8(ws, ws);
+                const __m256 scale = _mm256_set_m128(_mm_set1_ps(d * (float)scales[2 * s + 1]),
+                                                     _mm_set1_ps(d * (float)scales[2 * s]));
+                for (int r = 0; r < rows; ++r) {
+                    const int64_t row = (m0 + r) * nb + sb * 8 + s;
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
+                    const __m256 dot =
+                        _mm256_cvtepi32_ps(dpbusd(ws_abs, _mm256_sign_epi8(xv, ws)));
+                    acc[r] = _mm256_fmadd_ps(
+                        dot, _mm256_mul_ps(scale, _mm256_set1_ps(xd[row])), acc[r]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]);
+}
 #else
+/* W's 32-value block b as integers: value i = w[i] * scale[i / 16] + offset. */
+static inline void int8_block(const uint8_t *wrow, int type, int64_t bytes, int64_t b,
+                              int8_t w[QK], float scale[2], float *offset) {
+    *offset = 0.0f;
+    if (is_super_block_type(type)) {
+        const uint8_t *block = wrow + b / (QK_K / QK) * bytes;
+        const int s = (int)(b % (QK_K / QK));
+        if (type == TYPE_Q6_K) {
+            const int half = s / 4, t = s % 4;
+            const uint8_t *ql = block + 64 * half + 32 * (t & 1), *qh = block + 128 + 32 * half;
+            for (int i = 0; i < QK; ++i)
+                w[i] = (int8_t)((((ql[i] >> (4 * (t >> 1))) & 15) | (((qh[i] >> (2 * t)) & 3) << 4)) -
+                                32);
+            const float d = fp16_to_float(block + 208);
+            const int8_t *scales = (const int8_t *)(block + 192);
+            scale[0] = d * (float)scales[2 * s];
+            scale[1] = d * (float)scales[2 * s + 1];
+            return;
+        }
+        const uint8_t *qs = block + (type == TYPE_Q5_K ? 48 : 16) + 32 * (s / 2);
+        for (int i = 0; i < QK; ++i) {
+            int q = (qs[i] >> (4 * (s & 1))) & 15;
+            if (type == TYPE_Q5_K) q |= ((block[16 + i] >> s) & 1) << 4;
+            w[i] = (int8_t)q;
+        }
+        int sub_scale, sub_min;
+        k_scale_min(block + 4, s, &sub_scale, &sub_min);
+        scale[0] = scale[1] = fp16_to_float(block) * (float)sub_scale;
+        *offset = -(fp16_to_float(block + 2) * (float)sub_min);
+        return;
+    }
+    const uint8_t *block = wrow + b * bytes;
+    scale[0] = scale[1] = fp16_to_float(block);
+    if (type == TYPE_Q8_0) {
+        memcpy(w, block + 2, QK);
+        return;
+    }
+    const int has_min = type == TYPE_Q4_1 || type == TYPE_Q5_1;
+    const int has_fifth_bit = type == TYPE_Q5_0 || type == TYPE_Q5_1;
+    const int bias = has_min ? 0 : (has_fifth_bit ? 16 : 8);
+    const uint8_t *qs = block + 2 + 2 * has_min + 4 * has_fifth_bit;
+    uint32_t fifth = 0;
+    if (has_fifth_bit) memcpy(&fifth, block + 2 + 2 * has_min, sizeof fifth);
+    for (int i = 0; i < QK / 2; ++i) {
+        w[i] = (int8_t)(((qs[i] & 15) | ((fifth >> i) & 1) << 4) - bias);
+        w[i + QK / 2] = (int8_t)(((qs[i] >> 4) | ((fifth >> (i + 16)) & 1) << 4) - bias);
+    }
+    if (has_min) *offset = fp16_to_float(block + 2);
+}
+
 static inline __attribute__((always_inline)) void int8_row(
     const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq, const float *xd,
     const float *xdsum, float *y, int64_t N, int64_t K, int64_t n, int64_t m0, const int rows) {
     const int64_t nb = K / QK;
     float acc[ROW_TILE] = {0};
     int8_t w[QK];
+    float scale[2], offset;
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *block = wrow + b * bytes;
-        const float d = fp16_to_float(block);
-        const float m = type == TYPE_Q4_1 ? fp16_to_float(block + 2) : 0.0f;
-        if (type == TYPE_Q8_0) {
-            memcpy(w, block + 2, QK);
-        } else {
-            const uint8_t *qs = block + (type == TYPE_Q4_1 ? 4 : 2);
-            const int offset = type == TYPE_Q4_0 ? 8 : 0;
-            for (int i = 0; i < QK / 2; ++i) {
-                w[i] = (int8_t)((qs[i] & 15) - offset);
-                w[i + QK / 2] = (int8_t)((qs[i] >> 4) - offset);
-            }
-        }
+        int8_block(wrow, type, bytes, b, w, scale, &offset);
         for (int r = 0; r < rows; ++r) {
             const int64_t row = (m0 + r) * nb + b;
             const int8_t *xv = xq + row * QK;
-            int32_t dot = 0;
-            for (int i = 0; i < QK; ++i) dot += (int32_t)w[i] * (int32_t)xv[i];
-            acc[r] += (float)dot * (d * xd[row]) + m * xdsum[row];
+            int32_t dot0 = 0, dot1 = 0;
+            for (int i = 0; i < QK / 2; ++i) dot0 += (int32_t)w[i] * (int32_t)xv[i];
+            for (int i = QK / 2; i < QK; ++i) dot1 += (int32_t)w[i] * (int32_t)xv[i];
+            if (scale[0] == scale[1])
+                acc[r] += (float)(dot0 + dot1) * (scale[0] * xd[row]) + offset * xdsum[row];
+            else
+                acc[r] += (float)dot0 * (scale[0] * xd[row]) + (float)dot1 * (scale[1] * xd[row]);
         }
     }
     for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = acc[r];
 }
 #endif
 
-/* The row functions with the tile's row count a constant, so the accumulators stay in
-   registers. */
+/* The row functions with the type and the tile's row count constants: each type's loop
+   without a branch on the type, the accumulators in registers. */
+#define QUANT_ROWS_OF(row_function, type_id, ...)                                              \
+    case type_id:                                                                             \
+        switch (rows) {                                                                       \
+        case 1: row_function(wrow, type_id, __VA_ARGS__, 1); break;                           \
+        case 2: row_function(wrow, type_id, __VA_ARGS__, 2); break;                           \
+        case 3: row_function(wrow, type_id, __VA_ARGS__, 3); break;                           \
+        default: row_function(wrow, type_id, __VA_ARGS__, 4); break;                          \
+        }                                                                                     \
+        break
+
 static void float_rows(const uint8_t *wrow, int type, int64_t bytes, const float *x, float *y,
                        int64_t N, int64_t K, int64_t n, int64_t m0, int64_t rows) {
-    switch (rows) {
-    case 1: float_row(wrow, type, bytes, x, y, N, K, n, m0, 1); break;
-    case 2: float_row(wrow, type, bytes, x, y, N, K, n, m0, 2); break;
-    case 3: float_row(wrow, type, bytes, x, y, N, K, n, m0, 3); break;
-    default: float_row(wrow, type, bytes, x, y, N, K, n, m0, 4); break;
+#define FLOAT_ROWS(type_id) QUANT_ROWS_OF(float_row, type_id, bytes, x, y, N, K, n, m0)
+    switch (type) {
+        FLOAT_ROWS(TYPE_Q4_0);
+        FLOAT_ROWS(TYPE_Q4_1);
+        FLOAT_ROWS(TYPE_Q5_0);
+        FLOAT_ROWS(TYPE_Q5_1);
+        FLOAT_ROWS(TYPE_Q8_0);
+        FLOAT_ROWS(TYPE_Q4_K);
+        FLOAT_ROWS(TYPE_Q5_K);
+        FLOAT_ROWS(TYPE_Q6_K);
     }
+#undef FLOAT_ROWS
 }
+
+#if INT8_ISA == 0 /* plain C: one row function reads every type */
+#define int8_row_q45k int8_row
+#define int8_row_q6k int8_row
+#endif
 
 static void int8_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
                       const float *xd, const float *xdsum, float *y, int64_t N, int64_t K,
                       int64_t n, int64_t m0, int64_t rows) {
-    switch (rows) {
-    case 1: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 1); break;
-    case 2: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 2); break;
-    case 3: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 3); break;
-    default: int8_row(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, 4); break;
+#define INT8_ROWS(row_function, type_id)                                                       \
+    QUANT_ROWS_OF(row_function, type_id, bytes, xq, xd, xdsum, y, N, K, n, m0)
+    switch (type) {
+        INT8_ROWS(int8_row, TYPE_Q4_0);
+        INT8_ROWS(int8_row, TYPE_Q4_1);
+        INT8_ROWS(int8_row, TYPE_Q5_0);
+        INT8_ROWS(int8_row, TYPE_Q5_1);
+        INT8_ROWS(int8_row, TYPE_Q8_0);
+        INT8_ROWS(int8_row_q45k, TYPE_Q4_K);
+        INT8_ROWS(int8_row_q45k, TYPE_Q5_K);
+        INT8_ROWS(int8_row_q6k, TYPE_Q6_K);
     }
+#undef INT8_ROWS
 }
+#undef QUANT_ROWS_OF
 
 /* ---- a linear shared by an OpenMP team ------------------------------------------------ */
 
@@ -283,7 +585,7 @@ static inline void quant_linear_slice(const uint8_t *w, int type, const float *x
                                       const int8_t *xq, const float *xd, const float *xdsum,
                                       const float *bias, float *y, int64_t M, int64_t N,
                                       int64_t K, int method, int64_t first, int64_t last) {
-    const int64_t bytes = quant_block_bytes(type), row_bytes = K / QK * bytes;
+    const int64_t bytes = quant_block_bytes(type), row_bytes = K / quant_block_values(type) * bytes;
     for (int64_t c = 0; c < M; c += M_CHUNK) {
         const int64_t chunk_end = M - c < M_CHUNK ? M : c + M_CHUNK;
         for (int64_t n = first; n < last; ++n) {

@@ -18,7 +18,9 @@ from gguf import GGMLQuantizationType, quants
 from kernels import cpu_quant_linear
 from kernels.cpu_build import DISABLE_ENV, find_compiler, native_kernels_enabled
 from kernels.cpu_quant_linear import (
+    BLOCK_BYTES,
     BLOCK_VALUES,
+    SUPER_BLOCK_TYPES,
     GGUFBlockWeight,
     GGUFQuantType,
     QuantLinearMethod,
@@ -31,19 +33,46 @@ needs_native = pytest.mark.skipif(
     find_compiler() is None or not native_kernels_enabled(),
     reason=f"no C compiler, or {DISABLE_ENV}=reference",
 )
-TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+ALL_TYPES = tuple(GGMLQuantizationType(int(kind)) for kind in GGUFQuantType)
+TYPES = tuple(kind for kind in ALL_TYPES if BLOCK_VALUES[GGUFQuantType(kind)] == 32)
+SUPER_TYPES = tuple(kind for kind in ALL_TYPES if GGUFQuantType(kind) in SUPER_BLOCK_TYPES)
 METHODS = tuple(QuantLinearMethod)
 ROUNDING = 1e-5  # float32 rounding over these sums, relative to |x| @ |W|.T
+X_BLOCK = 32  # INT8_ACTIVATIONS rounds x per block of 32 values, whatever W's type
+# where the super-block types keep their fp16 scales (gguf has no quantizer for them)
+FP16_SCALE_OFFSETS = {
+    GGMLQuantizationType.Q4_K: (0, 2),  # d, dmin
+    GGMLQuantizationType.Q5_K: (0, 2),
+    GGMLQuantizationType.Q6_K: (208,),  # d, after ql, qh and the int8 scales
+}
+
+
+def random_blocks(
+    kind: GGMLQuantizationType, out_features: int, in_features: int, seed: int
+) -> np.ndarray:
+    """Random bytes with finite fp16 scales: a valid block of any super-block type."""
+    rng = np.random.default_rng(seed)
+    per_row = in_features // BLOCK_VALUES[GGUFQuantType(kind)]
+    shape = (out_features, per_row, BLOCK_BYTES[GGUFQuantType(kind)])
+    blocks = rng.integers(0, 256, shape, dtype=np.uint8)
+    for offset in FP16_SCALE_OFFSETS[kind]:
+        scale = rng.uniform(0.0, 0.01, (out_features, per_row, 1)).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = scale.view(np.uint8)
+    return blocks.reshape(out_features, -1)
 
 
 def quantized_case(
     kind: GGMLQuantizationType, out_features: int, in_features: int, seed: int = 0
 ) -> tuple[GGUFBlockWeight, torch.Tensor]:
-    """A random weight quantized by ``gguf``, and ``gguf``'s dequantization of it."""
-    rng = np.random.default_rng(seed)
-    dense = rng.standard_normal((out_features, in_features), dtype=np.float32)
-    dense += rng.uniform(-1, 1, (out_features, 1)).astype(np.float32)  # Q4_1's min matters
-    blocks = quants.quantize(dense, kind)
+    """A random weight quantized by ``gguf`` (random blocks for the types it cannot quantize),
+    and ``gguf``'s dequantization of it."""
+    if kind in FP16_SCALE_OFFSETS:
+        blocks = random_blocks(kind, out_features, in_features, seed)
+    else:
+        rng = np.random.default_rng(seed)
+        dense = rng.standard_normal((out_features, in_features), dtype=np.float32)
+        dense += rng.uniform(-1, 1, (out_features, 1)).astype(np.float32)  # Q4_1's min matters
+        blocks = quants.quantize(dense, kind)
     weight = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks), int(kind))
     return weight, torch.from_numpy(quants.dequantize(blocks, kind))
 
@@ -55,7 +84,7 @@ def assert_close(
     scale = x.double().abs() @ reference.double().abs().T
     bound = ROUNDING * scale + 1e-6
     if method == QuantLinearMethod.INT8_ACTIVATIONS:
-        blocks = x.double().reshape(x.shape[0], -1, BLOCK_VALUES)
+        blocks = x.double().reshape(x.shape[0], -1, X_BLOCK)
         half_step = blocks.abs().amax(dim=2, keepdim=True) / 127 / 2  # [rows, blocks, 1]
         half_step = half_step.expand_as(blocks).reshape(x.shape)
         bound = bound + half_step @ reference.double().abs().T
@@ -65,8 +94,9 @@ def assert_close(
 
 
 def test_dequantize_matches_gguf() -> None:
-    for kind in TYPES:
-        weight, reference = quantized_case(kind, 7, 96)
+    for kind in ALL_TYPES:
+        in_features = 96 if kind in TYPES else 768
+        weight, reference = quantized_case(kind, 7, in_features)
         assert torch.equal(dequantize(weight), reference), kind.name
 
 
@@ -101,6 +131,19 @@ def test_matches_dequantized_matmul(
 
 
 @needs_native
+@pytest.mark.parametrize("kind", [*SUPER_TYPES, *TYPES], ids=lambda kind: kind.name)
+@pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
+@pytest.mark.parametrize("rows", [1, 3, 5, 67])  # 67: tiles of 4 and a remainder of 3
+def test_matches_dequantized_matmul_whole_super_blocks(
+    kind: GGMLQuantizationType, method: QuantLinearMethod, rows: int
+) -> None:
+    for out_features, in_features in ((1, 256), (37, 512), (103, 768)):
+        weight, reference = quantized_case(kind, out_features, in_features, seed=rows)
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+        assert_close(quantized_linear(x, weight, method), x, reference, method)
+
+
+@needs_native
 def test_only_the_int8_method_rounds_x() -> None:
     """The float method is the dequantized matmul to rounding; the int8 one is measurably not
     (so the tests above see the path they name)."""
@@ -116,24 +159,30 @@ def test_only_the_int8_method_rounds_x() -> None:
 
 
 @needs_native
-@pytest.mark.parametrize("kind", TYPES, ids=lambda kind: kind.name)
+@pytest.mark.parametrize("kind", ALL_TYPES, ids=lambda kind: kind.name)
 @pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
 def test_bit_identical_for_any_thread_count(
     kind: GGMLQuantizationType, method: QuantLinearMethod
 ) -> None:
-    weight, _ = quantized_case(kind, 101, 192)
-    x = torch.randn(9, 192, generator=torch.Generator().manual_seed(2))
+    in_features = 192 if kind in TYPES else 512
+    weight, _ = quantized_case(kind, 101, in_features)
+    x = torch.randn(9, in_features, generator=torch.Generator().manual_seed(2))
     one = quantized_linear(x, weight, method, num_threads=1)
     for threads in (2, 3, 7, 64, 200):
         assert torch.equal(quantized_linear(x, weight, method, num_threads=threads), one)
 
 
 @needs_native
-def test_zero_rows_and_zero_activations() -> None:
-    weight, _ = quantized_case(GGMLQuantizationType.Q4_1, 5, 64)
-    assert quantized_linear(torch.empty(0, 64), weight).shape == (0, 5)
+@pytest.mark.parametrize(
+    "kind", [GGMLQuantizationType.Q4_1, *SUPER_TYPES], ids=lambda kind: kind.name
+)
+def test_zero_rows_and_zero_activations(kind: GGMLQuantizationType) -> None:
+    in_features = BLOCK_VALUES[GGUFQuantType(kind)] * 2
+    weight, _ = quantized_case(kind, 5, in_features)
+    assert quantized_linear(torch.empty(0, in_features), weight).shape == (0, 5)
+    zeros = torch.zeros(2, in_features)
     for method in METHODS:  # an all-zero block of x has scale 0: no division by it
-        assert torch.equal(quantized_linear(torch.zeros(2, 64), weight, method), torch.zeros(2, 5))
+        assert torch.equal(quantized_linear(zeros, weight, method), torch.zeros(2, 5))
 
 
 def test_rejects_what_the_kernel_cannot_read() -> None:
@@ -150,6 +199,31 @@ def test_rejects_what_the_kernel_cannot_read() -> None:
         quantized_linear(torch.zeros(2, 64), weight)
     with pytest.raises(ValueError, match="float32"):
         quantized_linear(torch.zeros(2, 32, dtype=torch.float64), weight)
+
+
+@pytest.mark.parametrize(
+    ("kind", "block_bytes"),
+    [(GGUFQuantType.Q4_K, 144), (GGUFQuantType.Q5_K, 176), (GGUFQuantType.Q6_K, 210)],
+)
+def test_super_block_types_need_whole_256_value_blocks(
+    kind: GGUFQuantType, block_bytes: int
+) -> None:
+    assert (BLOCK_BYTES[kind], BLOCK_VALUES[kind]) == (block_bytes, 256)
+    for row_bytes in (block_bytes // 8, block_bytes * 3 // 2):  # 32 and 384 values' worth
+        with pytest.raises(ValueError, match="in_features must be a multiple of 256"):
+            GGUFBlockWeight.from_blocks(torch.zeros(3, row_bytes, dtype=torch.uint8), int(kind))
+    weight = GGUFBlockWeight.from_blocks(torch.zeros(3, 2 * block_bytes, dtype=torch.uint8), kind)
+    assert (weight.out_features, weight.in_features) == (3, 512)
+
+
+@needs_native
+def test_kernel_checks_the_super_block_size_itself() -> None:
+    """The C entry point rejects in_features % 256 != 0 for a super-block type even when the
+    Python check is bypassed (the whole-step decoder calls the C code directly)."""
+    blocks = torch.zeros(3, 2 * 144, dtype=torch.uint8)
+    weight = GGUFBlockWeight(blocks, GGUFQuantType.Q4_K, out_features=3, in_features=288)
+    with pytest.raises(ValueError, match="rejected"):
+        quantized_linear(torch.zeros(1, 288), weight)
 
 
 @needs_native
