@@ -2,6 +2,11 @@
 
     python -m bench.perplexity                                 # the shipped SmolLM2 GGUF
     python -m bench.perplexity --model DIR --num-tokens 40000 --window 2048
+    python -m bench.perplexity --arms float32,as-stored,kv-int8   # side by side, one run
+
+Each arm is a way of serving the same checkpoint (`ARMS`: widened to float32, a GGUF file's
+blocks as stored, int8/int4 weights quantized at load, an int8 KV cache); the first arm is the
+baseline the others' ratios are against.
 
 The text is the Python Language Reference and library topics that ship with every CPython
 (``pydoc_data.topics``, the help() pages: some 90,000 SmolLM2 tokens): human-written English
@@ -30,6 +35,16 @@ if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.workloads import checkpoint, command_line
+
+# An arm: engine options on the same checkpoint, every one in float32 activations.
+ARMS: dict[str, dict[str, object]] = {
+    "float32": {"dequantize": True},  # a GGUF file's blocks widened to float32 at load
+    "as-stored": {},  # a GGUF file's blocks as stored (a float checkpoint: the same as float32)
+    "int8": {"quantization": "int8"},  # a float checkpoint's linears, int8 per channel
+    "int4": {"quantization": "int4"},  # int4 in groups of 32
+    "int4-g64": {"quantization": "int4", "quantization_group_size": 64},
+    "kv-int8": {"dequantize": True, "kv_cache_dtype": "int8"},  # float32 weights, int8 KV
+}
 
 
 def reference_text() -> str:
@@ -61,7 +76,7 @@ def score(model: str, prompts: list[list[int]], **engine_options: object) -> lis
     from backend_engine.llm import LLM
     from backend_engine.sampling_params import SamplingParams
 
-    llm = LLM(model, show_progress=False, **engine_options)  # type: ignore[arg-type]
+    llm = LLM(model, dtype="float32", show_progress=False, **engine_options)  # type: ignore[arg-type]
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
     outputs = llm.generate(prompts, params)
     logprobs: list[float] = []
@@ -78,7 +93,16 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="a checkpoint, or 'smollm2' (default)")
     parser.add_argument("--num-tokens", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument(
+        "--arms",
+        default="float32",
+        help=f"comma-separated, the first the baseline; of {', '.join(ARMS)}",
+    )
     args = parser.parse_args()
+    arms = args.arms.split(",")
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise SystemExit(f"unknown arms {unknown}; choose from {list(ARMS)}")
     model = checkpoint(args.model, "small")
 
     from model_files.checkpoint import Checkpoint
@@ -88,16 +112,22 @@ def main() -> None:
     if len(token_ids) < args.num_tokens:
         raise SystemExit(f"the text has {len(token_ids)} tokens, fewer than --num-tokens")
     prompts = windows(token_ids[: args.num_tokens], args.window)
-    started = time.perf_counter()
-    logprobs = score(model, prompts)
-    seconds = time.perf_counter() - started
     print(f"command: {command_line()}")
     print(
         f"model: {model}; text: pydoc_data.topics (Python {sys.version.split()[0]}), first "
-        f"{args.num_tokens} tokens in {len(prompts)} windows of {args.window}; "
-        f"{len(logprobs)} predicted tokens; {seconds:.1f} s"
+        f"{args.num_tokens} tokens in {len(prompts)} windows of {args.window}"
     )
-    print(f"perplexity: {perplexity(logprobs):.4f}")
+    baseline: float | None = None
+    for arm in arms:
+        started = time.perf_counter()
+        logprobs = score(model, prompts, **ARMS[arm])
+        seconds = time.perf_counter() - started
+        value = perplexity(logprobs)
+        baseline = value if baseline is None else baseline
+        print(
+            f"{arm:>10}: perplexity {value:.4f}  ({value / baseline - 1:+.2%} against "
+            f"{arms[0]}; {len(logprobs)} predicted tokens, {seconds:.1f} s)"
+        )
 
 
 if __name__ == "__main__":

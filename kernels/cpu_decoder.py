@@ -9,8 +9,11 @@ embeddings to the final norm, reusing the one-operation kernels' code (so each s
 the same bits); ``python -m bench.single_stream_decode`` measures the result.
 
 What it takes: a Llama-family stack (RMSNorm, fused q/k/v with optional bias, rotary,
-grouped-query paged attention, SwiGLU) whose four linears per layer run the native
-small-batch kernel (:mod:`kernels.cpu_linear`, reading oneDNN's packed buffers in place),
+grouped-query paged attention, SwiGLU) whose four linears per layer each run either the
+native small-batch kernel (:mod:`kernels.cpu_linear`, reading oneDNN's packed buffers in
+place) or the quantized one over a GGUF file's blocks as stored
+(:mod:`kernels.cpu_quant_linear`, INT8_ACTIVATIONS, the same code and bits as a one-linear
+call; a fused linear whose shards differ in type runs as up to three row segments),
 float32 KV caches, and a step of at most :data:`MAX_TOKENS` sequences, each decoding one
 token. :meth:`NativeDecoder.build` returns ``None`` when the library cannot be built or
 loaded (``TOLLWAY_CPU_KERNELS=reference``, no compiler) or a tensor does not fit; callers
@@ -30,27 +33,36 @@ import torch
 from kernels import cpu_linear
 from kernels.cpu_build import load_kernels
 from kernels.cpu_linear import BlockedWeight
+from kernels.cpu_quant_linear import GGUFBlockWeight
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
-_ABI_VERSION = 1
+_ABI_VERSION = 2
+MAX_SEGMENTS = 3  # decoder_cpu.c's: q, k and v of three types
+_FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
+
+# A linear as the kernel reads it: oneDNN's packed float32, or row segments of ggml blocks.
+LinearWeight = BlockedWeight | tuple[GGUFBlockWeight, ...]
 MAX_TOKENS = cpu_linear.MAX_ROWS  # the linears' native limit (the library agrees at load)
 _OK, _BAD_ARGUMENTS, _BAD_TABLES, _NO_MEMORY = 0, 1, 2, 3
 
 
+class _Segment(ctypes.Structure):  # decoder_cpu.c's WeightSegment
+    _fields_ = [("data", ctypes.c_void_p), ("type", ctypes.c_int64), ("rows", ctypes.c_int64)]
+
+
+class _Linear(ctypes.Structure):  # decoder_cpu.c's DecoderLinear
+    _fields_ = [
+        ("segments", _Segment * MAX_SEGMENTS),
+        ("num_segments", ctypes.c_int64),
+        ("k_padded", ctypes.c_int64),
+    ]
+
+
 class _Layer(ctypes.Structure):  # decoder_cpu.c's DecoderLayer
     _fields_ = [
-        (name, ctypes.c_void_p)
-        for name in (
-            "input_norm",
-            "qkv",
-            "qkv_bias",
-            "o",
-            "post_norm",
-            "gate_up",
-            "down",
-            "key_cache",
-            "value_cache",
-        )
+        *((name, ctypes.c_void_p) for name in ("input_norm", "qkv_bias", "post_norm")),
+        *((name, _Linear) for name in ("qkv", "o", "gate_up", "down")),
+        *((name, ctypes.c_void_p) for name in ("key_cache", "value_cache")),
     ]
 
 
@@ -65,9 +77,6 @@ class _Decoder(ctypes.Structure):  # decoder_cpu.c's Decoder
                 "num_heads",
                 "num_kv_heads",
                 "head_dim",
-                "k_hidden",
-                "k_q",
-                "k_intermediate",
                 "num_blocks",
                 "block_size",
             )
@@ -84,12 +93,12 @@ class LayerWeights:
     """One decoder layer as the kernel reads it (the tensors stay owned by the model)."""
 
     input_norm: torch.Tensor  # [hidden]
-    qkv: BlockedWeight  # [q + 2 kv, hidden]
+    qkv: LinearWeight  # [q + 2 kv, hidden]
     qkv_bias: torch.Tensor | None  # [q + 2 kv]
-    o: BlockedWeight  # [hidden, q]
+    o: LinearWeight  # [hidden, q]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: BlockedWeight  # [2 intermediate, hidden]: gate rows, then up rows
-    down: BlockedWeight  # [hidden, intermediate]
+    gate_up: LinearWeight  # [2 intermediate, hidden]: gate rows, then up rows
+    down: LinearWeight  # [hidden, intermediate]
     key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache: torch.Tensor
 
@@ -153,13 +162,10 @@ class NativeDecoder:
         self._decoder = _Decoder(
             num_layers=len(self.layers),
             hidden=self.hidden_size,
-            intermediate=first.down.in_features,
+            intermediate=in_features(first.down),
             num_heads=shape.num_heads,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            k_hidden=first.qkv.k_padded,
-            k_q=first.o.k_padded,
-            k_intermediate=first.down.k_padded,
             num_blocks=num_blocks,
             block_size=block_size,
             eps=shape.eps,
@@ -228,16 +234,37 @@ class NativeDecoder:
         return out
 
 
+def in_features(weight: LinearWeight) -> int:
+    return weight.in_features if isinstance(weight, BlockedWeight) else weight[0].in_features
+
+
+def out_features(weight: LinearWeight) -> int:
+    if isinstance(weight, BlockedWeight):
+        return weight.out_features
+    return sum(segment.out_features for segment in weight)
+
+
+def _linear_struct(weight: LinearWeight) -> _Linear:
+    if isinstance(weight, BlockedWeight):
+        segment = _Segment(weight.address, _FLOAT32_PACKED, weight.out_features)
+        return _Linear((_Segment * MAX_SEGMENTS)(segment), 1, weight.k_padded)
+    segments = [
+        _Segment(segment.blocks.data_ptr(), int(segment.quant_type), segment.out_features)
+        for segment in weight
+    ]
+    return _Linear((_Segment * MAX_SEGMENTS)(*segments), len(segments), weight[0].in_features)
+
+
 def _layer_struct(layer: LayerWeights) -> _Layer:
     bias = layer.qkv_bias
     return _Layer(
         input_norm=layer.input_norm.data_ptr(),
-        qkv=layer.qkv.address,
         qkv_bias=None if bias is None else bias.data_ptr(),
-        o=layer.o.address,
         post_norm=layer.post_norm.data_ptr(),
-        gate_up=layer.gate_up.address,
-        down=layer.down.address,
+        qkv=_linear_struct(layer.qkv),
+        o=_linear_struct(layer.o),
+        gate_up=_linear_struct(layer.gate_up),
+        down=_linear_struct(layer.down),
         key_cache=layer.key_cache.data_ptr(),
         value_cache=layer.value_cache.data_ptr(),
     )
@@ -249,7 +276,7 @@ def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: Decod
     q = shape.num_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
     first = layers[0]
-    intermediate = first.down.in_features
+    intermediate = in_features(first.down)
     cache_shape = first.key_cache.shape
     if (
         shape.num_heads % shape.num_kv_heads
@@ -262,17 +289,23 @@ def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: Decod
     def is_vector(t: torch.Tensor | None, size: int) -> bool:
         return t is not None and _is_plain_float32(t) and tuple(t.shape) == (size,)
 
-    def linear_is(w: BlockedWeight, out_features: int, in_features: int, k_padded: int) -> bool:
-        return (w.out_features, w.in_features, w.k_padded) == (out_features, in_features, k_padded)
+    def linear_is(w: LinearWeight, rows: int, columns: int) -> bool:
+        if isinstance(w, BlockedWeight):
+            return (w.out_features, w.in_features) == (rows, columns) and w.k_padded >= columns
+        return (
+            1 <= len(w) <= MAX_SEGMENTS
+            and out_features(w) == rows
+            and all(segment.in_features == columns for segment in w)
+        )
 
     return is_vector(final_norm, hidden) and all(
         is_vector(layer.input_norm, hidden)
         and is_vector(layer.post_norm, hidden)
         and (layer.qkv_bias is None or is_vector(layer.qkv_bias, q + 2 * kv))
-        and linear_is(layer.qkv, q + 2 * kv, hidden, first.qkv.k_padded)
-        and linear_is(layer.o, hidden, q, first.o.k_padded)
-        and linear_is(layer.gate_up, 2 * intermediate, hidden, first.qkv.k_padded)
-        and linear_is(layer.down, hidden, intermediate, first.down.k_padded)
+        and linear_is(layer.qkv, q + 2 * kv, hidden)
+        and linear_is(layer.o, hidden, q)
+        and linear_is(layer.gate_up, 2 * intermediate, hidden)
+        and linear_is(layer.down, hidden, intermediate)
         and all(
             _is_plain_float32(cache) and cache.shape == cache_shape
             for cache in (layer.key_cache, layer.value_cache)

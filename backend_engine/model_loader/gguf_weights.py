@@ -6,8 +6,11 @@ gives the engine is what a Hugging Face directory gives it:
 - ``hf_config``: the metadata (``llama.block_count``, ``llama.rope.freq_base``...) as a
   ``config.json`` dict, which ``ModelConfig.from_dict`` reads as usual;
 - ``iter_gguf_weights``: every tensor under its Hugging Face name, dequantized into the
-  engine's dtype. llama.cpp's converter permutes the rows of a Llama model's q and k
-  projections (so its RoPE can rotate adjacent pairs); that permutation is undone here.
+  engine's dtype, or with ``keep_blocks`` its quantized tensors as they are stored
+  (:class:`~kernels.cpu_quant_linear.GGUFBlockWeight`, for the types the CPU kernel reads;
+  others are still dequantized). llama.cpp's converter permutes the rows of a Llama model's
+  q and k projections (so its RoPE can rotate adjacent pairs); that permutation is undone
+  here, on whole rows of blocks for quantized ones.
 
 The metadata side (``open_gguf``, ``hf_config``, ``GGUFError``) lives in the torch-free
 ``gguf_metadata.py`` and is re-exported here. Anything the engine cannot serve exactly is
@@ -19,6 +22,7 @@ Llama-3 frequency factors (``rope_freqs``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import torch
@@ -26,6 +30,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kernels.cpu_quant_linear import GGUFBlockWeight, GGUFQuantType
 from model_files.gguf_metadata import (
     ARCHITECTURES,
     SUPPORTED_TYPES,
@@ -46,6 +51,7 @@ __all__ = [
     "hf_name",
     "is_gguf",
     "iter_gguf_weights",
+    "iter_gguf_weights_as_stored",
     "open_gguf",
     "unpermute_rows",
 ]
@@ -74,10 +80,27 @@ _LAYER_NAMES = {
 }
 
 
+GGUFWeight = torch.Tensor | GGUFBlockWeight
+
+
 def iter_gguf_weights(
     reader: GGUFReader, dtype: torch.dtype, show_progress: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor under its Hugging Face name, dequantized and converted to ``dtype``."""
+    return cast(Iterator[tuple[str, torch.Tensor]], _iter(reader, dtype, show_progress, False))
+
+
+def iter_gguf_weights_as_stored(
+    reader: GGUFReader, dtype: torch.dtype, show_progress: bool = False
+) -> Iterator[tuple[str, GGUFWeight]]:
+    """Every tensor under its Hugging Face name: a quantized tensor of a type the CPU kernel
+    reads stays in its blocks, others are converted to ``dtype``."""
+    return _iter(reader, dtype, show_progress, True)
+
+
+def _iter(
+    reader: GGUFReader, dtype: torch.dtype, show_progress: bool, keep_blocks: bool
+) -> Iterator[tuple[str, GGUFWeight]]:
     config = hf_config(reader)
     arch = architecture(reader)
     heads = {
@@ -86,10 +109,10 @@ def iter_gguf_weights(
     }
     check_tensor_types(reader)
     if not show_progress:
-        yield from _converted(reader, arch, heads, dtype)
+        yield from _converted(reader, arch, heads, dtype, keep_blocks)
         return
     columns = (
-        TextColumn("[bold]Dequantizing"),
+        TextColumn("[bold]Loading blocks" if keep_blocks else "[bold]Dequantizing"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("tensors"),
@@ -97,7 +120,7 @@ def iter_gguf_weights(
     )
     with Progress(*columns, transient=True) as progress:
         task = progress.add_task("weights", total=len(reader.tensors))
-        for item in _converted(reader, arch, heads, dtype):
+        for item in _converted(reader, arch, heads, dtype, keep_blocks):
             yield item
             progress.advance(task)
 
@@ -121,18 +144,36 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, head_dim // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def _kept_type(tensor_type: int) -> GGUFQuantType | None:
+    try:
+        return GGUFQuantType(int(tensor_type))
+    except ValueError:
+        return None
+
+
 def _converted(
-    reader: GGUFReader, arch: str, heads: dict[str, int], dtype: torch.dtype
-) -> Iterator[tuple[str, torch.Tensor]]:
+    reader: GGUFReader,
+    arch: str,
+    heads: dict[str, int],
+    dtype: torch.dtype,
+    keep_blocks: bool,
+) -> Iterator[tuple[str, GGUFWeight]]:
     for tensor in reader.tensors:
         # A plain ndarray view of the mapped bytes (open_gguf's reader gives one already): the
         # dequantizer slices its input per group of rows, and every slice of a np.memmap runs
         # a Python-level hook.
         data = np.asarray(tensor.data)
+        kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        permuted = arch in _PERMUTED_ROPE and kind in heads
+        kept_type = _kept_type(tensor.tensor_type) if keep_blocks else None
+        if kept_type is not None and data.ndim == 2:  # [rows, row bytes]
+            blocks = unpermute_rows(data, heads[kind]) if permuted else data
+            owned = torch.from_numpy(np.array(blocks))  # out of the mapped file
+            yield hf_name(tensor.name), GGUFBlockWeight.from_blocks(owned, kept_type)
+            continue
         values = dequantize(data, tensor.tensor_type)  # float32 (or the raw floats)
         values = values.reshape([int(n) for n in reversed(tensor.shape)])  # rows first
-        kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-        if arch in _PERMUTED_ROPE and kind in heads:
+        if permuted:
             values = unpermute_rows(values, heads[kind])
         if not values.flags.writeable or not values.flags.c_contiguous:
             values = np.array(values)  # a view of the mapped file: the model gets its own copy

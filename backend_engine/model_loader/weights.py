@@ -16,6 +16,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors import safe_open
 
+from kernels.cpu_quant_linear import GGUFBlockWeight
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
 
@@ -109,4 +110,16 @@ def iter_checkpoint_weights(
         from backend_engine.model_loader.gguf_weights import iter_gguf_weights
 
         return iter_gguf_weights(checkpoint.reader, dtype, show_progress)
+    return iter_weights(checkpoint.path, dtype, show_progress)
+
+
+def iter_checkpoint_weights_as_stored(
+    checkpoint: Checkpoint, dtype: torch.dtype, show_progress: bool = False
+) -> Iterator[tuple[str, torch.Tensor | GGUFBlockWeight]]:
+    """As `iter_checkpoint_weights`, but a GGUF file's quantized tensors stay in their blocks
+    (the types :mod:`kernels.cpu_quant_linear` reads; others are dequantized)."""
+    if checkpoint.is_gguf:
+        from backend_engine.model_loader.gguf_weights import iter_gguf_weights_as_stored
+
+        return iter_gguf_weights_as_stored(checkpoint.reader, dtype, show_progress)
     return iter_weights(checkpoint.path, dtype, show_progress)

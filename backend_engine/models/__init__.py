@@ -6,7 +6,11 @@ from pathlib import Path
 
 import torch
 
-from backend_engine.model_loader.weights import iter_checkpoint_weights, resolve_dtype
+from backend_engine.model_loader.weights import (
+    iter_checkpoint_weights,
+    iter_checkpoint_weights_as_stored,
+    resolve_dtype,
+)
 from backend_engine.models.llama import CausalLM, KVCache
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -33,17 +37,31 @@ def load_model(
     dtype: str,
     device: str,
     show_progress: bool = False,
+    keep_gguf_blocks: bool = False,
 ) -> CausalLM:
     """Build the model for ``config`` on ``device`` and fill it from ``checkpoint`` (a
-    Hugging Face directory or a GGUF file, dequantized).
+    Hugging Face directory or a GGUF file).
 
-    ``dtype`` is ``"auto"`` (the checkpoint's ``torch_dtype``) or a dtype name.
+    ``dtype`` is ``"auto"`` (the checkpoint's ``torch_dtype``) or a dtype name. A GGUF file's
+    quantized weights are widened to it, unless ``keep_gguf_blocks`` (CPU only: the kernels
+    that read ggml blocks are CPU kernels): then its linears and embedding stay in the
+    file's blocks (`backend_engine.models.quantized_linear`) and everything else is ``dtype``.
     """
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = Checkpoint(checkpoint)
     torch_dtype = resolve_dtype(dtype, config)
-    model = model_class(config.architecture)(config, torch_dtype, torch.device(device))
-    model.load_weights(iter_checkpoint_weights(checkpoint, torch_dtype, show_progress))
+    keep_blocks = keep_gguf_blocks and checkpoint.is_gguf
+    if keep_blocks and torch.device(device).type != "cpu":
+        raise ValueError("GGUF blocks are kept on the CPU only; dequantize for CUDA")
+    model = model_class(config.architecture)(
+        config, torch_dtype, torch.device(device), lazy_linears=keep_blocks
+    )
+    if keep_blocks:
+        model.load_weights(
+            iter_checkpoint_weights_as_stored(checkpoint, torch_dtype, show_progress)
+        )
+    else:
+        model.load_weights(iter_checkpoint_weights(checkpoint, torch_dtype, show_progress))
     return model.eval()
 
 

@@ -24,10 +24,12 @@ from torch import nn
 import kernels
 from backend_engine.model_loader.weights import check_weight_names
 from backend_engine.models.attention_metadata import AttentionMetadata
+from backend_engine.models.linear_assembly import LinearAssembler, Shard
 from backend_engine.models.packed_linear import PackedLinear
+from backend_engine.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
 from backend_engine.models.rotary import RotaryEmbedding
 from kernels import cpu_decoder, rms_norm
-from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
+from kernels.cpu_decoder import DecoderShape, LayerWeights, LinearWeight, NativeDecoder
 from kernels.rotary import apply_rotary
 from model_files.model_config import ModelConfig
 
@@ -179,12 +181,11 @@ class DecoderLayer(nn.Module):
 
     def native_weights(self, kv_cache: KVCache) -> LayerWeights | None:
         """This layer as :mod:`kernels.cpu_decoder` reads it, or ``None`` unless its four
-        linears run the native small-batch kernel and only q/k/v have a bias."""
+        linears run a native kernel (oneDNN-packed float32 or GGUF blocks) and only q/k/v
+        have a bias."""
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        qkv, o, gate_up, down = (
-            linear.native_weight if isinstance(linear, PackedLinear) else None for linear in linears
-        )
+        qkv, o, gate_up, down = (_native_linear(linear) for linear in linears)
         if qkv is None or o is None or gate_up is None or down is None:
             return None
         if any(linear.bias is not None for linear in linears[1:]):
@@ -203,6 +204,14 @@ class DecoderLayer(nn.Module):
         )
 
 
+def _native_linear(linear: nn.Module) -> LinearWeight | None:
+    if isinstance(linear, PackedLinear):
+        return linear.native_weight
+    if isinstance(linear, QuantizedLinear):
+        return linear.native_segments
+    return None
+
+
 class Backbone(nn.Module):
     """The ``model.`` prefix of checkpoint names."""
 
@@ -216,16 +225,33 @@ class Backbone(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Parameters are uninitialised until :meth:`load_weights` fills them."""
+    """Parameters are uninitialised until :meth:`load_weights` fills them.
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    With ``lazy_linears`` the linears and the embedding are not allocated at all: each is
+    built when its weights arrive (:mod:`backend_engine.models.linear_assembly`), quantized
+    if they come quantized, so a quantized model never holds its weights in float."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        lazy_linears: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.device = device
+        self.lazy_linears = lazy_linears
         with torch.device("meta"):
             self.model = Backbone(config, dtype)
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
-        self.to_empty(device=device)
+        if lazy_linears:
+            for module in self.modules():
+                if not isinstance(module, nn.Linear | nn.Embedding):
+                    module.to_empty(device=device, recurse=False)
+        else:
+            self.to_empty(device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(
@@ -291,17 +317,31 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up as they arrive."""
+    def load_weights(self, weights: Iterable[tuple[str, Shard]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up as they arrive; with
+        ``lazy_linears``, build the linears and the embedding from their (quantized or float)
+        weights instead."""
         params = dict(self.named_parameters())
         expected = self._checkpoint_names()
         loaded: set[str] = set()
         unexpected: set[str] = set()
+        assembler = LinearAssembler(
+            self,
+            self.dtype,
+            self.device,
+            _FUSED,
+            {fused: self._shard_sizes(fused) for fused in ("qkv_proj", "gate_up_proj")},
+        )
         for name, tensor in weights:
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # tied: the embedding is the output projection
+            if name in expected and self.lazy_linears and assembler.take(name, tensor):
+                loaded.add(name)
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"tensor {name} is quantized; only linears can take that")
             target = self._target(name, params)
             if target is None or name not in expected:
                 unexpected.add(name)
@@ -314,6 +354,20 @@ class CausalLM(nn.Module):
             target.copy_(tensor)
             loaded.add(name)
         check_weight_names(expected - loaded, unexpected)
+        assembler.finish()
+        if self.lazy_linears and self.config.tie_word_embeddings:
+            self._tie_output_projection()
+
+    def _tie_output_projection(self) -> None:
+        embedding = self.model.embed_tokens
+        if isinstance(embedding, QuantizedEmbedding):
+            self.lm_head = QuantizedLinear([embedding.weight], None)
+        else:
+            lm_head = nn.Linear(
+                self.config.hidden_size, self.config.vocab_size, bias=False, device="meta"
+            )
+            lm_head.weight = embedding.weight
+            self.lm_head = lm_head
 
     def _target(self, name: str, params: dict[str, nn.Parameter]) -> torch.Tensor | None:
         """The (slice of the) parameter a checkpoint tensor goes into, or None if unknown."""

@@ -115,6 +115,9 @@ class ModelRunner:
             dtype=str(self.dtype).removeprefix("torch."),
             device=config.device,
             show_progress=config.show_progress,
+            # A GGUF file's blocks stay as stored on the CPU (the kernels that read them are
+            # CPU kernels); --dequantize widens them, today's float path and the referee's.
+            keep_gguf_blocks=self.device.type == "cpu" and not config.dequantize,
         )
         if self.device.type == "cpu":
             pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls

@@ -27,7 +27,10 @@
  *   cos, sin:              [M, head_dim / 2]
  *   slots:                 [M] int64; negative = do not store
  *   block_tables:          [M, max_blocks] int32;  seq_lens: [M] int32 (incl. the new token)
- *   weights:               oneDNN's packed layout (linear_rows.h), biases only on q/k/v
+ *   weights:               per linear, oneDNN's packed float32 layout (linear_rows.h), or
+ *                          1-3 row segments of ggml blocks as a GGUF file stores them
+ *                          (quant_linear_rows.h: a fused q/k/v or gate/up whose shards differ
+ *                          in type); biases only on q/k/v
  *   caches:                [num_blocks, block_size, num_kv_heads, head_dim]
  *
  * Returns 0, BAD_ARGUMENTS, BAD_TABLES (a block table or slot outside the cache: nothing is
@@ -42,22 +45,37 @@
 
 #include "linear_rows.h"
 #include "paged_attention.h"
+#include "quant_linear_rows.h"
 #include "rms_norm_row.h"
 #include "rotary_token.h"
 
-#define TOLLWAY_DECODER_ABI_VERSION 1
+#define TOLLWAY_DECODER_ABI_VERSION 2
+#define MAX_SEGMENTS 3 /* q, k, v */
+#define FLOAT32_PACKED 0 /* a segment type that is not a ggml block type */
 
 enum { OK = 0, BAD_ARGUMENTS = 1, BAD_TABLES = 2, NO_MEMORY = 3 };
 
-/* Mirrored by kernels/cpu_decoder.py (_Layer, _Decoder); their sizes are checked at load. */
+/* Mirrored by kernels/cpu_decoder.py (_Segment, _Linear, _Layer, _Decoder); their sizes are
+   checked at load. A linear's rows are its segments' in order: one FLOAT32_PACKED segment
+   (k_padded: in_features as oneDNN padded them), or 1-3 segments of ggml blocks. */
 typedef struct {
-    const float *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+    const void *data;
+    int64_t type, rows;
+} WeightSegment;
+
+typedef struct {
+    WeightSegment segments[MAX_SEGMENTS];
+    int64_t num_segments, k_padded;
+} DecoderLinear;
+
+typedef struct {
+    const float *input_norm, *qkv_bias, *post_norm;
+    DecoderLinear qkv, o, gate_up, down;
     float *key_cache, *value_cache;
 } DecoderLayer;
 
 typedef struct {
     int64_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim;
-    int64_t k_hidden, k_q, k_intermediate; /* in_features padded, as oneDNN packed them */
     int64_t num_blocks, block_size;
     float eps, scale;
     const DecoderLayer *layers;
@@ -69,19 +87,59 @@ int64_t tollway_decoder_layer_size(void) { return (int64_t)sizeof(DecoderLayer);
 int64_t tollway_decoder_size(void) { return (int64_t)sizeof(Decoder); }
 int tollway_decoder_max_rows(void) { return LINEAR_MAX_ROWS; }
 
-/* y = x @ W.T (+ bias), its outputs shared evenly among the team (linear_rows.h's slices);
-   called by every thread, which then wait for each other. */
-static void shared_linear(const float *w, const float *x, const float *bias, float *y, int64_t M,
-                          int64_t N, int64_t K, int64_t k_padded) {
+/* x's rows as int8 blocks, for the quantized linears (quant_linear_rows.h). */
+typedef struct {
+    int8_t *xq;
+    float *xd, *xdsum;
+} QuantizedActivations;
+
+/* y = x @ W.T (+ bias), its outputs shared evenly among the team: linear_rows.h's slices for
+   a packed float32 weight; for ggml blocks, x rounded to int8 blocks once (by rows), then each
+   thread's range of outputs across the segments. Called by every thread, which then wait for
+   each other. Each output is one thread's, in one fixed order: any team size, same bits. */
+static void shared_linear(const DecoderLinear *w, const float *x, const float *bias, float *y,
+                          int64_t M, int64_t N, int64_t K, const QuantizedActivations *q) {
     int thread = 0, team = 1;
 #ifdef _OPENMP
     thread = omp_get_thread_num();
     team = omp_get_num_threads();
 #endif
-    const int64_t num_slices = linear_num_slices(N);
-    linear_slices(w, x, bias, y, M, N, K, k_padded, num_slices * thread / team,
-                  num_slices * (thread + 1) / team);
+    if (w->segments[0].type == FLOAT32_PACKED) {
+        const int64_t num_slices = linear_num_slices(N);
+        linear_slices(w->segments[0].data, x, bias, y, M, N, K, w->k_padded,
+                      num_slices * thread / team, num_slices * (thread + 1) / team);
 #pragma omp barrier
+        return;
+    }
+    quant_activations_slice(x, M, K, q->xq, q->xd, q->xdsum, thread, team);
+#pragma omp barrier
+    const int64_t first = N * thread / team, last = N * (thread + 1) / team;
+    int64_t offset = 0;
+    for (int64_t s = 0; s < w->num_segments; ++s) {
+        const WeightSegment *segment = &w->segments[s];
+        const int64_t lo = first > offset ? first : offset;
+        const int64_t hi = last < offset + segment->rows ? last : offset + segment->rows;
+        if (lo < hi)
+            quant_linear_slice(segment->data, (int)segment->type, x, q->xq, q->xd, q->xdsum,
+                               bias == NULL ? NULL : bias + offset, y + offset, M, N, K,
+                               QUANT_INT8_ACTIVATIONS, lo - offset, hi - offset);
+        offset += segment->rows;
+    }
+#pragma omp barrier
+}
+
+/* The linear's segments cover exactly N rows of known types. */
+static int linear_is_valid(const DecoderLinear *w, int64_t N, int64_t K) {
+    if (w->num_segments < 1 || w->num_segments > MAX_SEGMENTS) return 0;
+    if (w->segments[0].type == FLOAT32_PACKED)
+        return w->num_segments == 1 && w->segments[0].rows == N && w->k_padded >= K;
+    int64_t rows = 0;
+    for (int64_t s = 0; s < w->num_segments; ++s) {
+        const WeightSegment *segment = &w->segments[s];
+        if (quant_block_bytes((int)segment->type) == 0 || segment->rows < 1) return 0;
+        rows += segment->rows;
+    }
+    return rows == N && K % QK == 0;
 }
 
 /* out[r] = norm(residual[r] += addend[r]) for every row, shared among the team. */
@@ -118,6 +176,12 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
         return BAD_ARGUMENTS;
     const int64_t H = d->hidden, I = d->intermediate, D = d->head_dim;
     const int64_t Q = d->num_heads * D, KV = d->num_kv_heads * D, QKV = Q + 2 * KV;
+    for (int64_t l = 0; l < d->num_layers; ++l) {
+        const DecoderLayer *layer = &d->layers[l];
+        if (!linear_is_valid(&layer->qkv, QKV, H) || !linear_is_valid(&layer->o, H, Q) ||
+            !linear_is_valid(&layer->gate_up, 2 * I, H) || !linear_is_valid(&layer->down, H, I))
+            return BAD_ARGUMENTS;
+    }
     if (!tables_are_valid(block_tables, seq_lens, M, d->num_blocks, d->block_size, max_blocks) ||
         !slots_are_valid(slots, M, d->num_blocks * d->block_size))
         return BAD_TABLES;
@@ -127,10 +191,17 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
     const int64_t num_items = M * items.items_per_seq;
     const size_t per_thread = attention_buffer_floats(&items);
     /* residual, x, sub (a sublayer's output) [M, H] | qkv [M, QKV] | attn [M, Q]
-       | gate_up [M, 2I] | act [M, I] | one attention buffer per thread */
+       | gate_up [M, 2I] | act [M, I] | one attention buffer per thread
+       | a linear's input as int8 blocks: scales [M, widest / QK] x 2, values [M, widest] */
+    const int64_t widest = H > Q ? (H > I ? H : I) : (Q > I ? Q : I);
     const size_t step_floats = (size_t)(M * (3 * H + QKV + Q + 3 * I));
-    float *workspace = malloc((step_floats + per_thread * (size_t)num_threads) * sizeof(float));
+    const size_t scale_floats = (size_t)(2 * M * ((widest + QK - 1) / QK));
+    const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
+    float *workspace = malloc(floats * sizeof(float) + (size_t)(M * widest));
     if (workspace == NULL) return NO_MEMORY;
+    float *scales = workspace + step_floats + per_thread * (size_t)num_threads;
+    const QuantizedActivations quantized = {(int8_t *)(workspace + floats), scales,
+                                            scales + scale_floats / 2};
     float *residual = workspace, *x = residual + M * H, *sub = x + M * H;
     float *qkv = sub + M * H, *attn = qkv + M * QKV, *gate_up = attn + M * Q;
     float *act = gate_up + M * 2 * I;
@@ -145,7 +216,7 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
         for (int64_t l = 0; l < d->num_layers; ++l) {
             const DecoderLayer *layer = &d->layers[l];
             shared_norm(x, residual, l == 0 ? NULL : sub, layer->input_norm, M, H, d->eps);
-            shared_linear(layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, d->k_hidden);
+            shared_linear(&layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, &quantized);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M; ++t) {
                 float *row = qkv + t * QKV;
@@ -161,12 +232,12 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
             for (int64_t item = 0; item < num_items; ++item)
                 attend_item(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
                             DTYPE_FLOAT32, block_tables, seq_lens, attn, buffer);
-            shared_linear(layer->o, attn, NULL, sub, M, H, Q, d->k_q);
+            shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized);
             shared_norm(x, residual, sub, layer->post_norm, M, H, d->eps);
-            shared_linear(layer->gate_up, x, NULL, gate_up, M, 2 * I, H, d->k_hidden);
+            shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized);
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < M; ++r) silu_mul_row(act + r * I, gate_up + r * 2 * I, I);
-            shared_linear(layer->down, act, NULL, sub, M, H, I, d->k_intermediate);
+            shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized);
         }
         shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);
     }

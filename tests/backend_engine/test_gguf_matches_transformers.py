@@ -2,7 +2,9 @@
 gives transformers' greedy output on the same file, token for token.
 
 transformers (the referee) dequantizes the GGUF with the gguf package too and runs it in
-float32, one prompt at a time (no padding), stopping at eos as we do. The prompts are chats
+float32, one prompt at a time (no padding), stopping at eos as we do; so our engine runs
+with ``dequantize=True`` (its float32 path; the blocks-as-stored path has its own tests in
+``test_quantized_gguf.py``). The prompts are chats
 of mixed lengths rendered with the model's own chat template; two share a long prefix, so
 prefix caching has blocks to reuse. Decode-only steps run the native decoder
 (``kernels.cpu_decoder``); the layer-by-layer path is checked on its own too.
@@ -89,7 +91,9 @@ def test_the_referee_answers_like_the_real_model(
 def test_greedy_matches_transformers_with_prefix_caching_off(
     smollm2_gguf: Path, prompts: list[list[int]], expected: list[list[int]], native_decoder: bool
 ) -> None:
-    llm = LLM(model=str(smollm2_gguf), dtype="float32", enable_prefix_caching=False)
+    llm = LLM(
+        model=str(smollm2_gguf), dtype="float32", dequantize=True, enable_prefix_caching=False
+    )
     model = llm.engine.runner.model
     assert model.native_decoder is not None  # decode steps run every layer in one call
     if not native_decoder:
@@ -106,6 +110,7 @@ def test_greedy_matches_transformers_with_prefix_caching_and_forced_preemption(
     llm = LLM(
         model=str(smollm2_gguf),
         dtype="float32",
+        dequantize=True,
         enable_prefix_caching=True,
         block_size=8,
         num_kv_blocks=24,
