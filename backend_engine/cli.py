@@ -143,20 +143,57 @@ def demo_model(
 
 
 def convert(
-    source: Annotated[Path, typer.Argument(help="The GGUF file to convert.")],
-    out_dir: Annotated[Path, typer.Argument(help="The Hugging Face directory to write.")],
+    source: Annotated[
+        Path,
+        typer.Argument(help="A GGUF file, or a Hugging Face directory (OUT a .gguf file)."),
+    ],
+    out: Annotated[
+        Path,
+        typer.Argument(help="The Hugging Face directory to write, or a .gguf file."),
+    ],
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
-    force: Annotated[bool, typer.Option(help="Write into a directory that holds files.")] = False,
+    quantization: Annotated[
+        str | None,
+        typer.Option(help="A .gguf OUT only: int8 (Q8_0 blocks) or int4 (Q4_0 blocks)."),
+    ] = None,
+    group_size: Annotated[
+        int | None, typer.Option(help="With --quantization int4: values per scale, 32 or 64.")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Write over OUT's files.")] = False,
 ) -> None:
-    """Convert a GGUF file into a Hugging Face checkpoint directory (weights dequantized)."""
+    """Convert a GGUF file into a Hugging Face directory (weights dequantized), or a GGUF
+    file or a Hugging Face directory into a GGUF file (float or quantized)."""
     from backend_engine.model_loader.gguf_convert import convert_gguf
+    from backend_engine.model_loader.gguf_export import convert_to_gguf
 
     try:
-        convert_gguf(source, out_dir, dtype=dtype, overwrite=force, show_progress=True)
+        if group_size is not None and quantization != "int4":
+            raise ValueError("--group-size goes with --quantization int4")
+        if out.suffix.lower() == ".gguf":
+            convert_to_gguf(
+                source,
+                out,
+                dtype=dtype,
+                quantization=quantization,
+                group_size=group_size or 32,
+                overwrite=force,
+                show_progress=True,
+            )
+        elif quantization is not None:
+            raise ValueError("--quantization writes a GGUF file: OUT must end in .gguf")
+        elif source.is_dir():
+            raise ValueError(
+                f"{source} is a Hugging Face directory: it can be converted to a .gguf file"
+            )
+        else:
+            convert_gguf(source, out, dtype=dtype, overwrite=force, show_progress=True)
     except (ValueError, OSError) as exc:  # GGUFError is a ValueError
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from None
-    typer.echo(f"wrote {out_dir} from {source} ({dtype})")
+    what = dtype if quantization is None else quantization
+    if quantization == "int4":
+        what += f", groups of {group_size or 32}"
+    typer.echo(f"wrote {out} from {source} ({what})")
 
 
 def register_engine_commands(app: typer.Typer) -> None:

@@ -38,7 +38,9 @@ HANDED_OVER_COMMANDS = {
         "Write a random-weight Llama checkpoint in exact Hugging Face format.", ENGINE_CLI, True
     ),
     "convert": HandedOverCommand(
-        "Convert a GGUF file into a Hugging Face checkpoint directory.", ENGINE_CLI, True
+        "Convert a GGUF file to a Hugging Face directory, or either to a GGUF file.",
+        ENGINE_CLI,
+        True,
     ),
     "plan": HandedOverCommand(
         "How many GPUs a traffic needs, and what they cost.", PLANNER_CLI, False
