@@ -111,14 +111,16 @@ typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 
 /* 16 * bit i of the little-endian 32 bits at qh (Q5_0's and Q5_1's fifth bits), for values
-   0-15 and 16-31. */
+   0-15 and 16-31: each byte of qh spread over 8 bytes, bit i % 8 of byte i kept. */
 static inline void fifth_bits(const uint8_t *qh, u8x16 *first, u8x16 *second) {
-    uint32_t bits;
-    memcpy(&bits, qh, sizeof bits);
-    for (int i = 0; i < 16; ++i) {
-        (*first)[i] = (uint8_t)(((bits >> i) & 1) << 4);
-        (*second)[i] = (uint8_t)(((bits >> (i + 16)) & 1) << 4);
-    }
+    uint64_t spread[4];
+    for (int i = 0; i < 4; ++i)
+        spread[i] = (qh[i] * 0x0101010101010101ull) & 0x8040201008040201ull;
+    u8x16 bits0, bits1;
+    memcpy(&bits0, spread, sizeof bits0);
+    memcpy(&bits1, spread + 2, sizeof bits1);
+    *first = (u8x16)(bits0 != 0) & 16;
+    *second = (u8x16)(bits1 != 0) & 16;
 }
 
 /* Sub-block s (values 32 s to 32 s + 31) of a super-block as two vectors of 16. */
@@ -163,17 +165,15 @@ static inline __attribute__((always_inline)) void decode_sub_block(const uint8_t
     *second = __builtin_convertvector(q1, qv16) * d - m;
 }
 
-/* W's 32-value block b of this row (a sub-block of the super-block types) as two vectors of
-   16 (values 0-15 and 16-31). */
-static inline __attribute__((always_inline)) void decode_block(const uint8_t *wrow, int type,
-                                                               int64_t bytes, int64_t b,
-                                                               qv16 *first, qv16 *second) {
+/* Sub-block s of a block (s = 0 for the 32-value types) as two vectors of 16 (values 0-15 and
+   16-31). */
+static inline __attribute__((always_inline)) void decode_block(const uint8_t *block, int type,
+                                                               int s, qv16 *first,
+                                                               qv16 *second) {
     if (is_super_block_type(type)) {
-        decode_sub_block(wrow + b / (QK_K / QK) * bytes, type, (int)(b % (QK_K / QK)), first,
-                         second);
+        decode_sub_block(block, type, s, first, second);
         return;
     }
-    const uint8_t *block = wrow + b * bytes;
     const float d = fp16_to_float(block);
     if (type == TYPE_Q8_0) {
         i8x16 q0, q1;
@@ -215,13 +215,18 @@ static inline __attribute__((always_inline)) void float_row(const uint8_t *wrow,
                                                             const int rows) {
     qv16 acc[ROW_TILE][2];
     memset(acc, 0, sizeof acc);
-    for (int64_t b = 0; b < K / QK; ++b) {
-        qv16 w0, w1;
-        decode_block(wrow, type, bytes, b, &w0, &w1);
-        for (int r = 0; r < rows; ++r) {
-            const float *xb = x + (m0 + r) * K + b * QK;
-            acc[r][0] += w0 * qload16(xb);
-            acc[r][1] += w1 * qload16(xb + 16);
+    const int sub_blocks = (int)(quant_block_values(type) / QK);
+    for (int64_t b = 0; b < K / QK; b += sub_blocks) {
+        const uint8_t *block = wrow + b / sub_blocks * bytes;
+#pragma GCC unroll 8 /* a constant sub-block index: constant shifts in decode_sub_block */
+        for (int s = 0; s < sub_blocks; ++s) {
+            qv16 w0, w1;
+            decode_block(block, type, s, &w0, &w1);
+            for (int r = 0; r < rows; ++r) {
+                const float *xb = x + (m0 + r) * K + (b + s) * QK;
+                acc[r][0] += w0 * qload16(xb);
+                acc[r][1] += w1 * qload16(xb + 16);
+            }
         }
     }
     for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = qsum16(acc[r][0] + acc[r][1]);

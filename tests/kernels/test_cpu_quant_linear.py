@@ -8,6 +8,9 @@ at most ``d / 2``, so ``|y - x @ W.T| <= (d / 2) @ |W|.T`` plus the same float r
 
 from __future__ import annotations
 
+import ctypes
+import platform
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,13 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from kernels import cpu_quant_linear
-from kernels.cpu_build import DISABLE_ENV, find_compiler, native_kernels_enabled
+from kernels.cpu_build import (
+    COMPILE_FLAGS,
+    DISABLE_ENV,
+    LINK_FLAGS,
+    find_compiler,
+    native_kernels_enabled,
+)
 from kernels.cpu_quant_linear import (
     BLOCK_BYTES,
     BLOCK_VALUES,
@@ -141,6 +150,66 @@ def test_matches_dequantized_matmul_whole_super_blocks(
         weight, reference = quantized_case(kind, out_features, in_features, seed=rows)
         x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
         assert_close(quantized_linear(x, weight, method), x, reference, method)
+
+
+# The library as built here takes the widest path this CPU has; these flags take the others.
+NARROWER_INSTRUCTION_SETS = {
+    "avx2": ("-mno-avx512vnni", "-mno-avxvnni"),  # maddubs + madd instead of VNNI
+    "plain C": ("-mno-avx2", "-mno-fma", "-mno-f16c", "-mno-avxvnni"),  # no intrinsics at all
+}
+
+
+@needs_native
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 instruction-set flags")
+@pytest.mark.parametrize("instruction_set", list(NARROWER_INSTRUCTION_SETS))
+def test_narrower_instruction_sets(tmp_path: Path, instruction_set: str) -> None:
+    """The int8 paths a CPU without VNNI (or without AVX2) runs, built here with those
+    instructions switched off, against the same referee."""
+    cpu_flags = set(Path("/proc/cpuinfo").read_text().split())
+    if instruction_set == "avx2" and not {"avx2", "fma"} <= cpu_flags:
+        pytest.skip("no AVX2 here")
+    library_path, compiler = tmp_path / "quant_linear.so", find_compiler()
+    assert compiler is not None
+    flags = (*COMPILE_FLAGS, *NARROWER_INSTRUCTION_SETS[instruction_set])
+    subprocess.run(
+        [
+            compiler,
+            *flags,
+            "-c",
+            "-o",
+            str(tmp_path / "quant_linear.o"),
+            str(cpu_quant_linear.SOURCE),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [compiler, *LINK_FLAGS, "-o", str(library_path), str(tmp_path / "quant_linear.o"), "-lm"],
+        check=True,
+        capture_output=True,
+    )
+    library = ctypes.CDLL(str(library_path))
+    assert ("plain C", "avx2", "vnni")[library.tollway_quant_linear_int8_isa()] == instruction_set
+    kernel = library.tollway_quant_linear
+    kernel.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    kernel.argtypes += [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_int]
+
+    def run(weight: GGUFBlockWeight, x: torch.Tensor, method: int, threads: int) -> torch.Tensor:
+        y = torch.empty(x.shape[0], weight.out_features)
+        status = kernel(
+            weight.blocks.data_ptr(), int(weight.quant_type), x.data_ptr(), y.data_ptr(),
+            x.shape[0], weight.out_features, weight.in_features, method, threads,
+        )  # fmt: skip
+        assert status == 0
+        return y
+
+    for kind in ALL_TYPES:
+        weight, reference = quantized_case(kind, 37, 512, seed=5)
+        x = torch.randn(5, 512, generator=torch.Generator().manual_seed(5))
+        for method in METHODS:
+            y = run(weight, x, int(method), 2)
+            assert_close(y, x, reference, method)
+            assert torch.equal(run(weight, x, int(method), 1), y), kind.name
 
 
 @needs_native
