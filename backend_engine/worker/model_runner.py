@@ -38,6 +38,7 @@ from backend_engine.worker.logits_mask import accept_tokens, mask_logits
 from backend_engine.worker.logits_processing import apply_logits_stage
 from backend_engine.worker.prompt_logprobs import chunk_prompt_logprobs, owes_prompt_logprobs
 from backend_engine.worker.sampler import choose_tokens, token_logprobs
+from kernels.int8_kv_cache import int8_bytes_per_block, int8_cache_shape
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
 
@@ -50,10 +51,38 @@ def engine_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype
     return dtype
 
 
-def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    element_size = torch.empty((), dtype=dtype).element_size()
-    per_token = 2 * model_config.num_key_value_heads * model_config.head_dim * element_size
-    return per_token * block_size * model_config.num_hidden_layers
+def kv_bytes_per_block(
+    model_config: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
+) -> int:
+    """Bytes of one block across every layer's K and V: ``dtype`` elements, or an int8
+    cache's values and its per-head scales (:mod:`kernels.int8_kv_cache`)."""
+    kv_heads, head_dim = model_config.num_key_value_heads, model_config.head_dim
+    if kv_cache_dtype == "int8":
+        per_layer = 2 * int8_bytes_per_block(block_size, kv_heads, head_dim)
+    else:
+        element_size = torch.empty((), dtype=dtype).element_size()
+        per_layer = 2 * kv_heads * head_dim * element_size * block_size
+    return per_layer * model_config.num_hidden_layers
+
+
+def allocate_kv_caches(
+    config: EngineConfig, model_config: ModelConfig, num_blocks: int, dtype: torch.dtype
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One zeroed (key_cache, value_cache) pair per layer, of ``dtype`` or int8 as configured:
+    [num_blocks, block_size (+ 1 scale row if int8), num_kv_heads, head_dim]."""
+    kv_heads, head_dim = model_config.num_key_value_heads, model_config.head_dim
+    if config.kv_cache_dtype == "int8":
+        shape = int8_cache_shape(num_blocks, config.block_size, kv_heads, head_dim)
+        dtype = torch.int8
+    else:
+        shape = (num_blocks, config.block_size, kv_heads, head_dim)
+    return [
+        (
+            torch.zeros(shape, dtype=dtype, device=config.device),
+            torch.zeros(shape, dtype=dtype, device=config.device),
+        )
+        for _ in range(model_config.num_hidden_layers)
+    ]
 
 
 @dataclass(frozen=True)
@@ -66,11 +95,15 @@ class ModelRunnerPlan:
 
     @property
     def kv_dtype(self) -> str:
+        if self.config.kv_cache_dtype == "int8":
+            return "int8"
         return str(self.dtype).removeprefix("torch.")
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return kv_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+        return kv_bytes_per_block(
+            self.model_config, self.config.block_size, self.dtype, self.config.kv_cache_dtype
+        )
 
     def build(self, num_blocks: int, checkpoint: Checkpoint) -> ModelRunner:
         return ModelRunner(self.config, self.model_config, num_blocks, checkpoint)
@@ -121,21 +154,11 @@ class ModelRunner:
         )
         if self.device.type == "cpu":
             pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls
-        shape = (
-            num_blocks,
-            config.block_size,
-            model_config.num_key_value_heads,
-            model_config.head_dim,
-        )
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(model_config.num_hidden_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(config, model_config, num_blocks, self.dtype)
         if self.device.type == "cpu":
-            self.model.bind_native_decoder(self.kv_caches)  # decode steps in one native call
+            # Decode steps in one native call (float32 caches only, for now: an int8 cache's
+            # steps run layer by layer).
+            self.model.bind_native_decoder(self.kv_caches)
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self._generators: dict[str, torch.Generator] = {}
 
@@ -192,7 +215,9 @@ class ModelRunner:
             return
         src = torch.tensor([c.src_block_id for c in copies], device=self.device)
         dst = torch.tensor([c.dst_block_id for c in copies], device=self.device)
-        for k_cache, v_cache in self.kv_caches:  # [num_blocks, block_size, kv_heads, head_dim]
+        # [num_blocks, block_size (+ 1 if int8), kv_heads, head_dim]: an int8 block's scale
+        # row travels with it
+        for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
             v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
 
