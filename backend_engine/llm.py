@@ -24,6 +24,10 @@ class EngineOptions(TypedDict, total=False):
 
     device: str
     dtype: str
+    quantization: str | None
+    quantization_group_size: int
+    dequantize: bool
+    kv_cache_dtype: str
     block_size: int
     kv_cache_memory_bytes: int
     num_kv_blocks: int | None

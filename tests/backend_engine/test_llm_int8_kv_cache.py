@@ -22,7 +22,7 @@ from backend_engine import LLM, SamplingParams
 from backend_engine.config import EngineConfig
 from backend_engine.llm_engine import LLMEngine
 from backend_engine.outputs import RequestOutput
-from backend_engine.worker.model_runner import plan_model_runner
+from backend_engine.worker.model_runner import ModelRunner, plan_model_runner
 
 MAX_PROMPT_LOGPROB_ERROR = 0.15
 MAX_MEAN_PROMPT_LOGPROB_ERROR = 0.04
@@ -82,10 +82,12 @@ def test_an_int8_cache_holds_over_3_5x_the_tokens_under_its_own_prefix_cache_key
     float_blocks = engines["auto"].kv_cache.num_blocks
     int8_blocks = engines["int8"].kv_cache.num_blocks
     assert int8_blocks >= 3.5 * float_blocks
-    key_cache, value_cache = engines["int8"].runner.kv_caches[0]
+    runner = engines["int8"].runner
+    assert isinstance(runner, ModelRunner)
+    key_cache, value_cache = runner.kv_caches[0]
     assert key_cache.dtype == value_cache.dtype == torch.int8
     assert key_cache.shape[:2] == (int8_blocks, 16 + 1)  # block_size 16 and its scale row
-    assert engines["int8"].runner.model.native_decoder is None  # layer by layer, for now
+    assert runner.model.native_decoder is None  # layer by layer, for now
     # Blocks of one cache type never answer a lookup from the other.
     assert engines["int8"].kv_cache.extra_key != engines["auto"].kv_cache.extra_key
     config = engines["int8"].config
