@@ -209,12 +209,16 @@ static inline __attribute__((always_inline)) void int8_row_q6k(
                                    _mm256_and_si256(qh, high2));
             w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), high2));
+            const __m256 half_scales = _mm256_mul_ps( /* d * scales[8 half ... 8 half + 7] */
+                _mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                       (const __m128i *)(scales + 8 * half)))));
             for (int t = 0; t < 4; ++t) {
                 const int s = 4 * half + t; /* the sub-block of 32 */
                 const __m256i ws = _mm256_sub_epi8(w[t], offset);
                 const __m256i ws_abs = _mm256_sign_epi8(ws, ws);
-                const __m256 scale = _mm256_set_m128(_mm_set1_ps(d * (float)scales[2 * s + 1]),
-                                                     _mm_set1_ps(d * (float)scales[2 * s]));
+                const __m256 scale = _mm256_permutevar8x32_ps( /* scale 2 t, 4 lanes; 2 t + 1 */
+                    half_scales, _mm256_set_epi32(2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1,
+                                                  2 * t, 2 * t, 2 * t, 2 * t));
                 for (int r = 0; r < rows; ++r) {
                     const int64_t row = (m0 + r) * nb + sb * 8 + s;
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + row * QK));
