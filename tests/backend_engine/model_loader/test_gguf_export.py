@@ -37,10 +37,11 @@ from tests.support.gguf_files import HEADS, KV_HEADS, hf_tensors, write_gguf
 NUM_NEW_TOKENS = 6
 
 
-def gguf_source(path: Path, *, qtype: Q = Q.F32, bias: bool = False, tied: bool = False) -> Path:
-    return write_gguf(
-        path, hf_tensors(bias=bias, tied=tied, scale=0.1), qtype=qtype, tokenizer_pre="smollm"
-    )
+def gguf_source(
+    path: Path, *, qtype: Q = Q.F32, bias: bool = False, tied: bool = False, arch: str = "llama"
+) -> Path:
+    tensors = hf_tensors(bias=bias, tied=tied, scale=0.1)
+    return write_gguf(path, tensors, arch=arch, qtype=qtype, tokenizer_pre="smollm")
 
 
 def floats(path: Path) -> dict[str, torch.Tensor]:
@@ -48,9 +49,11 @@ def floats(path: Path) -> dict[str, torch.Tensor]:
 
 
 def stored(path: Path) -> dict[str, tuple[Q, np.ndarray]]:
-    """Each tensor's type and stored data (rows first), q/k rows unpermuted, by HF name."""
+    """Each tensor's type and stored data (rows first), q/k rows unpermuted (llama), by HF
+    name."""
     reader = GGUFReader(path)
-    heads = {"attn_q": HEADS, "attn_k": KV_HEADS}
+    is_llama = metadata_value(reader, "general.architecture") == "llama"
+    heads = {"attn_q": HEADS, "attn_k": KV_HEADS} if is_llama else {}
     tensors = {}
     for tensor in reader.tensors:
         data = np.array(tensor.data)
@@ -122,6 +125,19 @@ def test_dtype_chooses_the_matrices_type(tmp_path: Path) -> None:
         for name, values in expected.items():
             rounded = values.to(torch_dtype).float() if values.dim() == 2 else values
             assert torch.equal(got[name], rounded), name
+
+
+def test_qwen2_is_written_unpermuted_with_its_biases(tmp_path: Path) -> None:
+    source = gguf_source(tmp_path / "src.gguf", bias=True, arch="qwen2")
+    out = convert_to_gguf(source, tmp_path / "out.gguf", quantization="int8")
+    assert hf_config(open_gguf(out)) == hf_config(open_gguf(source))
+    assert hf_config(open_gguf(out))["attention_bias"] is True
+    for name, value in floats(source).items():
+        _, data = stored(out)[name]  # as written: qwen2's rows are not permuted
+        quantized = quantize_tensor(name, value, "int8", 32, "cpu")
+        expected = quantized.blocks if isinstance(quantized, GGUFBlockWeight) else quantized
+        assert isinstance(expected, torch.Tensor)
+        assert np.array_equal(data, expected.numpy()), name
 
 
 def test_the_names_are_llama_cpps() -> None:
