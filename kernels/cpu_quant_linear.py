@@ -24,8 +24,8 @@ Two methods (:class:`QuantLinearMethod`), both in the kernel:
   time at one row and 3.2-4.4x at 256: the decode costs more than the load it saves.
   Per byte of weight, the other types decode about as fast as Q4_1 (one row, one thread,
   ``--types``, 576-1536 outputs, the super-block types at in_features 768 and 1536; a loaded
-  machine, so rough): the int8 method read Q4_K at 12-15 GB/s, Q5_K and Q6_K at 14-17, Q5_0
-  and Q5_1 at 12-16, against Q4_1's 12-14 and Q8_0's 21-26 in the same run.
+  machine, so rough): the int8 method read Q4_K at 13-16 GB/s, Q5_K at 15-18, Q6_K at 20-23,
+  Q5_0 and Q5_1 at 12-16, against Q4_1's 12-15 and Q8_0's 24-32 in the same run.
 
 When it falls back: with native kernels off (``TOLLWAY_CPU_KERNELS=reference``) or unbuildable,
 :func:`quantized_linear` dequantizes with :func:`dequantize` and runs ``torch.matmul``.
