@@ -29,7 +29,10 @@
  *                    Q8_0 activations) and take integer dot products (AVX-512 VNNI or AVX-VNNI
  *                    when the compiler targets them, plain C otherwise): W @ x_hat exactly up
  *                    to float rounding, x_hat being x rounded to its int8 grid. (AVX2
- *                    without VNNI: pairwise int16 products; without AVX2: plain C.)
+ *                    without VNNI: pairwise int16 products; without AVX2: plain C.) A
+ *                    super-block's sub-blocks of 32 line up with x's blocks: Q4_K's and
+ *                    Q5_K's are Q4_1-like dots with scale d * sc_j and min dmin * m_j; Q6_K's
+ *                    16-value scales each weigh half of a dot's int32 lanes.
  *
  * Work: output features (rows of W) split evenly over OpenMP threads; each output is computed
  * by one thread in one fixed order, so results are bit-identical for any thread count.
