@@ -3,10 +3,11 @@
 Each call dispatches on the query's device (see :mod:`kernels.dispatch`): CUDA goes to the
 Triton kernels, CPU to :mod:`kernels.cpu_attention` (native C decode attention and KV stores,
 built once per machine, per-prompt fused prefill, and the PyTorch reference behind them).
-:mod:`kernels.reference` documents the cache layout and is the referee for both. The
-model's other CPU kernels live beside them: :mod:`kernels.cpu_linear`,
-:mod:`kernels.rms_norm` and :mod:`kernels.rotary`, and :mod:`kernels.cpu_decoder`, which
-runs all of a decode step's layers in one call.
+:mod:`kernels.reference` documents the cache layout and is the referee for both;
+:mod:`kernels.int8_kv_cache` the int8 cache's (a scale row per block), which every
+implementation reads and writes as stored. The model's other CPU kernels live beside them:
+:mod:`kernels.cpu_linear`, :mod:`kernels.rms_norm` and :mod:`kernels.rotary`, and
+:mod:`kernels.cpu_decoder`, which runs all of a decode step's layers in one call.
 """
 
 from __future__ import annotations
