@@ -6,22 +6,29 @@ place (its header gives the layouts) for decode and prefill alike: Q8_0, Q4_0, Q
 Q5_1 (blocks of 32 values) and the super-block types Q4_K, Q5_K and Q6_K (256 values, so their
 in_features must be a multiple of 256; llama.cpp's files fall back to another type where not).
 
-Two methods (:class:`QuantLinearMethod`), both in the kernel:
+Three methods (:class:`QuantLinearMethod`), all in the kernel:
 
 - ``DECODE_TO_FLOAT``: each block decoded to floats and FMA'd with x; the dequantized
   matmul up to summation order.
-- ``INT8_ACTIVATIONS`` (the default): x rounded to int8 per block of 32 (scale
-  ``max|x| / 127``, llama.cpp's Q8_0 activations) and integer dot products (VNNI where the
-  compiler targets it: the library is built with -march=native per processor model, so
-  that is a check of this CPU). Its result is ``W @ x_hat`` up to float rounding, x_hat
-  being x on its int8 grid, so ``|y - W @ x| <= |W| @ (max|x_block| / 254)`` per element
-  plus rounding.
+- ``INT8_ACTIVATIONS``: x rounded to int8 per block of 32 (scale ``max|x| / 127``,
+  llama.cpp's Q8_0 activations) and integer dot products (VNNI where the compiler targets
+  it: the library is built with -march=native per processor model, so that is a check of
+  this CPU). Its result is ``W @ x_hat`` up to float rounding, x_hat being x on its int8
+  grid, so ``|y - W @ x| <= |W| @ (max|x_block| / 254)`` per element plus rounding.
+- ``INT8_SPLIT_ACTIVATIONS`` (the default): x = hi + lo, both int8 blocks (lo rounds what hi
+  left over), two integer dot products per block sharing one read of W: activations good to
+  ``max|x_block| / 254**2`` (about 16 bits). Why the default: on the shipped SmolLM2 Q4_1,
+  teacher-forced greedy tokens agreed with the float32 path 97.8% of the time with one int8
+  pass (6,262 of 6,400 over 50 chat prompts: a 135M model has many near-ties, and one
+  pass's rounding moved logits by ~1 on average) and 100% with the split, which cost 1.4x
+  the int8 pass's time at one row and 1.9x at 256 rows (same run, loaded machine), for a
+  single stream still ~1.8x llama.cpp's (docs/benchmarks.md, issue #28).
   Measured on the 2-core AMD EPYC (Zen 4, AVX-512 VNNI) development machine, SmolLM2-135M's
   shapes (N, K in 192-1536 x 576-1536), against float32 ``torch.matmul`` of the dequantized
-  weight (``python -m bench.quant_linear``; a shared machine, so rough): one row (decode),
-  1.5-2.6x faster at 576-1536 outputs and even at 192; 256 rows (prefill), 0.9-1.25x the
-  matmul's time, with 4-7x less weight memory. ``DECODE_TO_FLOAT`` took 2.6-3.2x the matmul's
-  time at one row and 3.2-4.4x at 256: the decode costs more than the load it saves.
+  weight (``python -m bench.quant_linear``; a shared machine, so rough), the one-pass int8
+  method: one row (decode), 1.5-2.6x faster at 576-1536 outputs and even at 192; 256 rows
+  (prefill), 0.9-1.25x the matmul's time, with 4-7x less weight memory. ``DECODE_TO_FLOAT``
+  took 2.6-3.2x the matmul's time at one row and 3.2-4.4x at 256.
   Per byte of weight, the other types decode about as fast as Q4_1 (one row, one thread,
   ``--types``, 576-1536 outputs, the super-block types at in_features 768 and 1536; a loaded
   machine, so rough): the int8 method read Q4_K at 13-16 GB/s, Q5_K at 15-18, Q6_K at 20-23,
@@ -44,7 +51,7 @@ import torch
 from kernels.cpu_build import load_kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear_cpu.c"
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 
 
 class GGUFQuantType(IntEnum):
@@ -80,9 +87,10 @@ class QuantLinearMethod(IntEnum):
 
     DECODE_TO_FLOAT = 0
     INT8_ACTIVATIONS = 1
+    INT8_SPLIT_ACTIVATIONS = 2
 
 
-DEFAULT_METHOD = QuantLinearMethod.INT8_ACTIVATIONS
+DEFAULT_METHOD = QuantLinearMethod.INT8_SPLIT_ACTIVATIONS
 
 
 @dataclass(frozen=True)

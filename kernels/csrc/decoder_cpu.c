@@ -111,7 +111,8 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
 #pragma omp barrier
         return;
     }
-    quant_activations_slice(x, M, K, q->xq, q->xd, q->xdsum, thread, team);
+    quant_activations_slice(x, M, K, QUANT_INT8_SPLIT_ACTIVATIONS, q->xq, q->xd, q->xdsum, thread,
+                            team);
 #pragma omp barrier
     const int64_t first = N * thread / team, last = N * (thread + 1) / team;
     int64_t offset = 0;
@@ -122,7 +123,7 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
         if (lo < hi)
             quant_linear_slice(segment->data, (int)segment->type, x, q->xq, q->xd, q->xdsum,
                                bias == NULL ? NULL : bias + offset, y + offset, M, N, K,
-                               QUANT_INT8_ACTIVATIONS, lo - offset, hi - offset);
+                               QUANT_INT8_SPLIT_ACTIVATIONS, lo - offset, hi - offset);
         offset += segment->rows;
     }
 #pragma omp barrier
@@ -136,10 +137,13 @@ static int linear_is_valid(const DecoderLinear *w, int64_t N, int64_t K) {
     int64_t rows = 0;
     for (int64_t s = 0; s < w->num_segments; ++s) {
         const WeightSegment *segment = &w->segments[s];
-        if (quant_block_bytes((int)segment->type) == 0 || segment->rows < 1) return 0;
+        const int64_t values = quant_block_values((int)segment->type);
+        if (quant_block_bytes((int)segment->type) == 0 || segment->rows < 1 || values == 0 ||
+            K % values != 0)
+            return 0;
         rows += segment->rows;
     }
-    return rows == N && K % QK == 0;
+    return rows == N;
 }
 
 /* out[r] = norm(residual[r] += addend[r]) for every row, shared among the team. */
@@ -192,12 +196,14 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
     const size_t per_thread = attention_buffer_floats(&items);
     /* residual, x, sub (a sublayer's output) [M, H] | qkv [M, QKV] | attn [M, Q]
        | gate_up [M, 2I] | act [M, I] | one attention buffer per thread
-       | a linear's input as int8 blocks: scales [M, widest / QK] x 2, values [M, widest] */
+       | a linear's input as int8 blocks, hi and lo rows (R = 2M): scales [R, widest / QK] x 2,
+         values [R, widest] */
     const int64_t widest = H > Q ? (H > I ? H : I) : (Q > I ? Q : I);
+    const int64_t R = M * quant_rows_per_input(QUANT_INT8_SPLIT_ACTIVATIONS);
     const size_t step_floats = (size_t)(M * (3 * H + QKV + Q + 3 * I));
-    const size_t scale_floats = (size_t)(2 * M * ((widest + QK - 1) / QK));
+    const size_t scale_floats = (size_t)(2 * R * ((widest + QK - 1) / QK));
     const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
-    float *workspace = malloc(floats * sizeof(float) + (size_t)(M * widest));
+    float *workspace = malloc(floats * sizeof(float) + (size_t)(R * widest));
     if (workspace == NULL) return NO_MEMORY;
     float *scales = workspace + step_floats + per_thread * (size_t)num_threads;
     const QuantizedActivations quantized = {(int8_t *)(workspace + floats), scales,

@@ -21,7 +21,7 @@
  *
  *   w: [N, K / block values blocks] raw bytes    x: [M, K] float32    y: [M, N] float32
  *
- * Two ways to spend a block (the method argument; kernels/cpu_quant_linear.py says which is the
+ * Three ways to spend a block (the method argument; kernels/cpu_quant_linear.py says which is the
  * default and why):
  *   DECODE_TO_FLOAT  decode the block to 32 floats and FMA with x: the dequantized matmul, up
  *                    to summation order.
@@ -33,10 +33,14 @@
  *                    super-block's sub-blocks of 32 line up with x's blocks: Q4_K's and
  *                    Q5_K's are Q4_1-like dots with scale d * sc_j and min dmin * m_j; Q6_K's
  *                    16-value scales each weigh half of a dot's int32 lanes.
+ *   INT8_SPLIT_ACTIVATIONS  x = hi + lo, both int8 blocks (lo rounds what hi left over): two
+ *                    INT8_ACTIVATIONS dots per block sharing one decode of W, ~16-bit
+ *                    activations (quant_linear_rows.h).
  *
  * Work: output features (rows of W) split evenly over OpenMP threads; each output is computed
  * by one thread in one fixed order, so results are bit-identical for any thread count.
- */#include <stdint.h>
+ */
+#include <stdint.h>
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -44,7 +48,7 @@
 
 #include "quant_linear_rows.h"
 
-#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 1
+#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 2
 
 enum { OK = 0, BAD_ARGUMENTS = 1, NO_MEMORY = 2 };
 
@@ -57,17 +61,19 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
                          int64_t N, int64_t K, int method, int num_threads) {
     const int64_t block_values = quant_block_values(type);
     if (block_values == 0 || M < 0 || N < 1 || K < block_values || K % block_values != 0 ||
-        num_threads < 1 || (method != QUANT_DECODE_TO_FLOAT && method != QUANT_INT8_ACTIVATIONS))
+        num_threads < 1 ||
+        (method != QUANT_DECODE_TO_FLOAT && method != QUANT_INT8_ACTIVATIONS &&
+         method != QUANT_INT8_SPLIT_ACTIVATIONS))
         return BAD_ARGUMENTS;
     if (M == 0) return OK; /* an empty tensor's data pointer may be NULL */
     if (w == NULL || x == NULL || y == NULL) return BAD_ARGUMENTS;
-    const int64_t nb = K / QK;
+    const int64_t nb = K / QK, R = M * quant_rows_per_input(method); /* int8 rows */
     int8_t *xq = NULL;
     float *xd = NULL, *xdsum = NULL;
-    if (method == QUANT_INT8_ACTIVATIONS) {
-        xq = malloc((size_t)(M * K));
-        xd = malloc((size_t)(M * nb) * sizeof(float));
-        xdsum = malloc((size_t)(M * nb) * sizeof(float));
+    if (method != QUANT_DECODE_TO_FLOAT) {
+        xq = malloc((size_t)(R * K));
+        xd = malloc((size_t)(R * nb) * sizeof(float));
+        xdsum = malloc((size_t)(R * nb) * sizeof(float));
         if (xq == NULL || xd == NULL || xdsum == NULL) {
             free(xq), free(xd), free(xdsum);
             return NO_MEMORY;
@@ -81,8 +87,8 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
         thread = omp_get_thread_num();
         team = omp_get_num_threads();
 #endif
-        if (method == QUANT_INT8_ACTIVATIONS) {
-            quant_activations_slice(x, M, K, xq, xd, xdsum, thread, team);
+        if (method != QUANT_DECODE_TO_FLOAT) {
+            quant_activations_slice(x, M, K, method, xq, xd, xdsum, thread, team);
 #pragma omp barrier
         }
         quant_linear_slice(w, type, x, xq, xd, xdsum, NULL, y, M, N, K, method, N * thread / team,

@@ -17,7 +17,14 @@
 
 #define M_CHUNK 64 /* rows of x kept hot in cache while a thread walks its outputs */
 
-enum { QUANT_DECODE_TO_FLOAT = 0, QUANT_INT8_ACTIVATIONS = 1 }; /* the method argument */
+/* The method argument. INT8_SPLIT_ACTIVATIONS: x = hi + lo, both int8 blocks (lo rounds what
+   hi left over), so W @ x is two integer dot products per block sharing one read of W. */
+enum { QUANT_DECODE_TO_FLOAT = 0, QUANT_INT8_ACTIVATIONS = 1, QUANT_INT8_SPLIT_ACTIVATIONS = 2 };
+
+/* Rows of int8 activations a method keeps per row of x. */
+static inline int64_t quant_rows_per_input(int method) {
+    return method == QUANT_INT8_SPLIT_ACTIVATIONS ? 2 : 1;
+}
 
 static inline qv16 qload16(const float *p) {
     qv16 v;
@@ -107,36 +114,76 @@ static void int8_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t
 
 /* ---- a linear shared by an OpenMP team ------------------------------------------------ */
 
-/* x's rows as int8 blocks (xq [M, K], xd and xdsum [M, K / QK]), the rows split over the
-   team: every thread of the team calls it. The caller puts a barrier after it. */
-static inline void quant_activations_slice(const float *x, int64_t M, int64_t K, int8_t *xq,
-                                           float *xd, float *xdsum, int thread, int team) {
+/* x's row as two int8 rows: hi as quantize_row, then lo = the rest, x - hi, quantized the same
+   way (per block, its own scale). |x - (hi + lo)| <= max|x_block| / (254 * 254) per element:
+   the ~16-bit activations of two int8 passes. */
+static void quantize_row_split(const float *x, int64_t K, int8_t *q_hi, float *d_hi,
+                               float *dsum_hi, int8_t *q_lo, float *d_lo, float *dsum_lo) {
+    float rest[QK];
+    quantize_row(x, K, q_hi, d_hi, dsum_hi);
+    for (int64_t b = 0; b < K / QK; ++b) {
+        for (int i = 0; i < QK; ++i) rest[i] = x[b * QK + i] - d_hi[b] * (float)q_hi[b * QK + i];
+        quantize_row(rest, QK, q_lo + b * QK, d_lo + b, dsum_lo + b);
+    }
+}
+
+/* x's rows as int8 blocks for `method` (xq [R, K], xd and xdsum [R, K / QK], R = M times
+   quant_rows_per_input: the split method's hi and lo rows of x's row m are rows 2m and 2m + 1),
+   the rows split over the team: every thread of the team calls it. The caller puts a barrier
+   after it. */
+static inline void quant_activations_slice(const float *x, int64_t M, int64_t K, int method,
+                                           int8_t *xq, float *xd, float *xdsum, int thread,
+                                           int team) {
     const int64_t nb = K / QK;
-    for (int64_t m = M * thread / team; m < M * (thread + 1) / team; ++m)
-        quantize_row(x + m * K, K, xq + m * K, xd + m * nb, xdsum + m * nb);
+    for (int64_t m = M * thread / team; m < M * (thread + 1) / team; ++m) {
+        if (method == QUANT_INT8_SPLIT_ACTIVATIONS) {
+            const int64_t hi = 2 * m, lo = 2 * m + 1;
+            quantize_row_split(x + m * K, K, xq + hi * K, xd + hi * nb, xdsum + hi * nb,
+                               xq + lo * K, xd + lo * nb, xdsum + lo * nb);
+        } else {
+            quantize_row(x + m * K, K, xq + m * K, xd + m * nb, xdsum + m * nb);
+        }
+    }
+}
+
+/* The split method's outputs for x's rows [m0 / 2, (m0 + rows) / 2): each the sum of its hi and
+   lo rows' dot products (a tile of the activation rows, into a scratch row, then added). */
+static inline void split_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
+                              const float *xd, const float *xdsum, float *y, int64_t N,
+                              int64_t K, int64_t n, int64_t m0, int64_t rows) {
+    const int64_t nb = K / QK;
+    float pairs[ROW_TILE];
+    int8_rows(wrow, type, bytes, xq + m0 * K, xd + m0 * nb, xdsum + m0 * nb, pairs, 1, K, 0, 0,
+              rows);
+    for (int64_t j = 0; j < rows / 2; ++j) y[(m0 / 2 + j) * N + n] = pairs[2 * j] + pairs[2 * j + 1];
 }
 
 /* y[:, first:last] (+ bias) of y = x @ W.T, W [N, K] of ggml blocks of `type`: the outputs one
-   thread owns. INT8_ACTIVATIONS reads xq/xd/xdsum (quant_activations_slice's, all rows);
+   thread owns. The int8 methods read xq/xd/xdsum (quant_activations_slice's, all rows);
    DECODE_TO_FLOAT reads x. Each output is one thread's, summed in one fixed order. */
 static inline void quant_linear_slice(const uint8_t *w, int type, const float *x,
                                       const int8_t *xq, const float *xd, const float *xdsum,
                                       const float *bias, float *y, int64_t M, int64_t N,
                                       int64_t K, int method, int64_t first, int64_t last) {
     const int64_t bytes = quant_block_bytes(type), row_bytes = K / quant_block_values(type) * bytes;
-    for (int64_t c = 0; c < M; c += M_CHUNK) {
-        const int64_t chunk_end = M - c < M_CHUNK ? M : c + M_CHUNK;
+    const int64_t per_input = quant_rows_per_input(method), R = M * per_input;
+    /* chunks and tiles of activation rows; both even, so a split pair never straddles them */
+    for (int64_t c = 0; c < R; c += M_CHUNK) {
+        const int64_t chunk_end = R - c < M_CHUNK ? R : c + M_CHUNK;
         for (int64_t n = first; n < last; ++n) {
             const uint8_t *wrow = w + n * row_bytes;
             for (int64_t m0 = c; m0 < chunk_end; m0 += ROW_TILE) {
                 const int64_t rows = chunk_end - m0 < ROW_TILE ? chunk_end - m0 : ROW_TILE;
-                if (method == QUANT_INT8_ACTIVATIONS)
+                if (method == QUANT_INT8_SPLIT_ACTIVATIONS)
+                    split_rows(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, rows);
+                else if (method == QUANT_INT8_ACTIVATIONS)
                     int8_rows(wrow, type, bytes, xq, xd, xdsum, y, N, K, n, m0, rows);
                 else
                     float_rows(wrow, type, bytes, x, y, N, K, n, m0, rows);
             }
             if (bias != NULL)
-                for (int64_t m = c; m < chunk_end; ++m) y[m * N + n] += bias[n];
+                for (int64_t m = c / per_input; m < chunk_end / per_input; ++m)
+                    y[m * N + n] += bias[n];
         }
     }
 }

@@ -92,9 +92,11 @@ def assert_close(
     want = x.double() @ reference.double().T
     scale = x.double().abs() @ reference.double().abs().T
     bound = ROUNDING * scale + 1e-6
-    if method == QuantLinearMethod.INT8_ACTIVATIONS:
+    if method != QuantLinearMethod.DECODE_TO_FLOAT:
+        # int8: half a step of max|x_block| / 127; split: of that step / 254 again
+        steps = 127 * 2 * (254 if method == QuantLinearMethod.INT8_SPLIT_ACTIVATIONS else 1)
         blocks = x.double().reshape(x.shape[0], -1, X_BLOCK)
-        half_step = blocks.abs().amax(dim=2, keepdim=True) / 127 / 2  # [rows, blocks, 1]
+        half_step = blocks.abs().amax(dim=2, keepdim=True) / steps  # [rows, blocks, 1]
         half_step = half_step.expand_as(blocks).reshape(x.shape)
         bound = bound + half_step @ reference.double().abs().T
     error = (y.double() - want).abs()
