@@ -34,9 +34,10 @@ from kernels import cpu_linear
 from kernels.cpu_build import load_kernels
 from kernels.cpu_linear import BlockedWeight
 from kernels.cpu_quant_linear import GGUFBlockWeight
+from kernels.int8_kv_cache import block_size_of
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 MAX_SEGMENTS = 3  # decoder_cpu.c's: q, k and v of three types
 _FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
 
@@ -44,6 +45,7 @@ _FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
 LinearWeight = BlockedWeight | tuple[GGUFBlockWeight, ...]
 MAX_TOKENS = cpu_linear.MAX_ROWS  # the linears' native limit (the library agrees at load)
 _OK, _BAD_ARGUMENTS, _BAD_TABLES, _NO_MEMORY = 0, 1, 2, 3
+_FLOAT32_CACHE, _INT8_CACHE = 0, 2  # paged_attention.h's DTYPE_FLOAT32 and DTYPE_INT8
 
 
 class _Segment(ctypes.Structure):  # decoder_cpu.c's WeightSegment
@@ -79,6 +81,7 @@ class _Decoder(ctypes.Structure):  # decoder_cpu.c's Decoder
                 "head_dim",
                 "num_blocks",
                 "block_size",
+                "cache_dtype",
             )
         ),
         ("eps", ctypes.c_float),
@@ -157,7 +160,7 @@ class NativeDecoder:
         self.hidden_size = final_norm.shape[0]
         self._head_dim = shape.head_dim
         first = self.layers[0]
-        num_blocks, block_size = first.key_cache.shape[:2]
+        num_blocks, block_size = first.key_cache.shape[0], block_size_of(first.key_cache)
         self._layer_structs = (_Layer * len(self.layers))(*map(_layer_struct, self.layers))
         self._decoder = _Decoder(
             num_layers=len(self.layers),
@@ -168,6 +171,7 @@ class NativeDecoder:
             head_dim=shape.head_dim,
             num_blocks=num_blocks,
             block_size=block_size,
+            cache_dtype=_INT8_CACHE if first.key_cache.dtype == torch.int8 else _FLOAT32_CACHE,
             eps=shape.eps,
             scale=shape.head_dim**-0.5,
             layers=self._layer_structs,
@@ -307,11 +311,17 @@ def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: Decod
         and linear_is(layer.gate_up, 2 * intermediate, hidden)
         and linear_is(layer.down, hidden, intermediate)
         and all(
-            _is_plain_float32(cache) and cache.shape == cache_shape
+            (_is_plain_float32(cache) or _is_plain_int8(cache))
+            and cache.dtype == first.key_cache.dtype
+            and cache.shape == cache_shape
             for cache in (layer.key_cache, layer.value_cache)
         )
         for layer in layers
     )
+
+
+def _is_plain_int8(t: torch.Tensor) -> bool:  # an int8 KV cache (kernels/int8_kv_cache.py)
+    return t.dtype == torch.int8 and t.device.type == "cpu" and t.is_contiguous()
 
 
 def _is_plain_float32(t: torch.Tensor) -> bool:

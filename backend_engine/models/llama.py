@@ -291,8 +291,9 @@ class CausalLM(nn.Module):
     def bind_native_decoder(self, kv_caches: Sequence[KVCache]) -> bool:
         """Run decode-only steps of up to ``kernels.cpu_decoder.MAX_TOKENS`` sequences on
         ``kv_caches`` as one native call (:mod:`kernels.cpu_decoder`), when the model fits it:
-        float32 on the CPU, every linear on the native small-batch kernel (see
-        ``packed_linear``). Returns whether it does; other steps run layer by layer."""
+        float32 activations on the CPU, every linear on a native kernel (oneDNN-packed float32,
+        see ``packed_linear``, or a GGUF file's blocks, see ``quantized_linear``), float32 or
+        int8 KV caches. Returns whether it does; other steps run layer by layer."""
         decoder_layers = cast(Sequence[DecoderLayer], self.model.layers)
         layers = [
             layer.native_weights(kv_cache)

@@ -49,7 +49,7 @@
 #include "rms_norm_row.h"
 #include "rotary_token.h"
 
-#define TOLLWAY_DECODER_ABI_VERSION 2
+#define TOLLWAY_DECODER_ABI_VERSION 3
 #define MAX_SEGMENTS 3 /* q, k, v */
 #define FLOAT32_PACKED 0 /* a segment type that is not a ggml block type */
 
@@ -71,12 +71,13 @@ typedef struct {
 typedef struct {
     const float *input_norm, *qkv_bias, *post_norm;
     DecoderLinear qkv, o, gate_up, down;
-    float *key_cache, *value_cache;
+    void *key_cache, *value_cache; /* float32, or int8 with a scale row per block */
 } DecoderLayer;
 
 typedef struct {
     int64_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim;
-    int64_t num_blocks, block_size;
+    int64_t num_blocks, block_size; /* block_size: tokens (an int8 block has one row more) */
+    int64_t cache_dtype;            /* DTYPE_FLOAT32 or DTYPE_INT8 (paged_attention.h) */
     float eps, scale;
     const DecoderLayer *layers;
     const float *final_norm;
@@ -228,16 +229,22 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
                 float *row = qkv + t * QKV;
                 rotate_token(row, cos + t * (D / 2), sin + t * (D / 2),
                              d->num_heads + d->num_kv_heads, D);
-                if (slots[t] >= 0) {
-                    memcpy(layer->key_cache + slots[t] * KV, row + Q, (size_t)KV * sizeof(float));
-                    memcpy(layer->value_cache + slots[t] * KV, row + Q + KV,
+                if (slots[t] < 0) continue;
+                if (d->cache_dtype == DTYPE_INT8) {
+                    store_token_int8(layer->key_cache, layer->value_cache, slots[t], row + Q,
+                                     row + Q + KV, d->num_kv_heads, D, d->block_size);
+                } else {
+                    memcpy((float *)layer->key_cache + slots[t] * KV, row + Q,
+                           (size_t)KV * sizeof(float));
+                    memcpy((float *)layer->value_cache + slots[t] * KV, row + Q + KV,
                            (size_t)KV * sizeof(float));
                 }
             }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < num_items; ++item)
-                attend_item(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
-                            DTYPE_FLOAT32, block_tables, seq_lens, attn, buffer);
+                attend_item_caches(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
+                                   DTYPE_FLOAT32, (int)d->cache_dtype, block_tables, seq_lens,
+                                   attn, buffer);
             shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized);
             shared_norm(x, residual, sub, layer->post_norm, M, H, d->eps);
             shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized);

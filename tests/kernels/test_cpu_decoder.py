@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_decoder, cpu_linear, reference
 from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
+from kernels.int8_kv_cache import block_scales, int8_cache_shape
 
 pytestmark = pytest.mark.skipif(
     cpu_decoder.native_library() is None or not cpu_linear.is_available(),
@@ -331,3 +332,43 @@ def test_build_declines_what_the_kernel_does_not_take(monkeypatch: pytest.Monkey
     assert NativeDecoder.build([weights], norm, DecoderShape(3, 2, 32, EPS)) is None
     monkeypatch.setattr(cpu_decoder, "native_library", lambda: None)
     assert NativeDecoder.build([weights], norm, shape(dims)) is None
+
+
+def int8_caches(dims: Dims, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """int8 caches (kernels/int8_kv_cache.py) holding random values and scales."""
+    cache_shape = int8_cache_shape(NUM_BLOCKS, BLOCK_SIZE, dims.num_kv_heads, dims.head_dim)
+    caches = []
+    for _ in range(dims.num_layers):
+        pair = []
+        for _ in range(2):
+            cache = torch.randint(-127, 128, cache_shape, generator=gen, dtype=torch.int8)
+            block_scales(cache)[:] = torch.rand(NUM_BLOCKS, dims.num_kv_heads, generator=gen) / 64
+            pair.append(cache)
+        caches.append((pair[0], pair[1]))
+    return caches
+
+
+@pytest.mark.parametrize("case", ["mixed contexts", "head_dim 128", "sixteen sequences"])
+def test_decode_step_on_int8_caches_matches_plain_pytorch(case: str) -> None:
+    """The new tokens quantized into their slots by the int8 cache's rules (a block's first
+    slot resets its stale scale), attention reading the blocks times their scales."""
+    dims, seq_lens = CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    layers = raw_layers(dims, gen)
+    final_norm = 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+    caches = int8_caches(dims, gen)
+    step = make_step(dims, seq_lens, gen)
+    want_caches = clone(caches)
+    want = reference_step(layers, want_caches, final_norm, dims, step)
+
+    got = run(build(layers, caches, final_norm, dims), step)
+
+    # (a stored value one int8 step apart moves the output by up to ~1e-4)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    for (key, value), (want_key, want_value) in zip(caches, want_caches, strict=True):
+        for cache, want_cache in ((key, want_key), (value, want_value)):
+            # K and V come from matmuls that may differ in the last bits: a value may round
+            # one step the other way, a scale move by an ulp or so
+            steps = (cache[:, :-1].to(torch.int16) - want_cache[:, :-1].to(torch.int16)).abs()
+            assert int(steps.max()) <= 1
+            torch.testing.assert_close(block_scales(cache), block_scales(want_cache))
