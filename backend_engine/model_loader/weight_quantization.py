@@ -86,13 +86,14 @@ def scheme_for(name: str, quantization: str, device_type: str) -> Scheme | None:
 
 
 def quantize_weights(
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, LoadedWeight]],
     quantization: str,
     group_size: int,
     device_type: str,
     show_progress: bool = False,
 ) -> Iterator[tuple[str, LoadedWeight]]:
-    """``weights`` with each tensor ``scheme_for`` names quantized for ``device_type``."""
+    """``weights`` with each float tensor ``scheme_for`` names quantized for ``device_type``
+    (a GGUF file's blocks kept as stored pass through as they are)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if group_size not in INT4_GROUP_SIZES:
@@ -100,7 +101,12 @@ def quantize_weights(
     if device_type not in DEVICE_TYPES:
         raise ValueError(f"device_type must be one of {DEVICE_TYPES}, got {device_type!r}")
     quantized = (
-        (name, quantize_tensor(name, value, quantization, group_size, device_type))
+        (
+            name,
+            quantize_tensor(name, value, quantization, group_size, device_type)
+            if isinstance(value, torch.Tensor)
+            else value,
+        )
         for name, value in weights
     )
     if not show_progress:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from backend_engine.model_loader.weight_quantization import quantize_weights
 from backend_engine.model_loader.weights import (
     iter_checkpoint_weights,
     iter_checkpoint_weights_as_stored,
     resolve_dtype,
 )
+from backend_engine.models.linear_assembly import Shard
 from backend_engine.models.llama import CausalLM, KVCache
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -38,6 +41,8 @@ def load_model(
     device: str,
     show_progress: bool = False,
     keep_gguf_blocks: bool = False,
+    quantization: str | None = None,
+    group_size: int = 32,
 ) -> CausalLM:
     """Build the model for ``config`` on ``device`` and fill it from ``checkpoint`` (a
     Hugging Face directory or a GGUF file).
@@ -46,6 +51,9 @@ def load_model(
     quantized weights are widened to it, unless ``keep_gguf_blocks`` (CPU only: the kernels
     that read ggml blocks are CPU kernels): then its linears and embedding stay in the
     file's blocks (`backend_engine.models.quantized_linear`) and everything else is ``dtype``.
+    ``quantization`` (``"int8"`` or ``"int4"`` in groups of ``group_size``) quantizes float
+    weights as they load (`backend_engine.model_loader.weight_quantization`); a GGUF file's
+    quantized tensors kept as stored pass through as they are.
     """
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = Checkpoint(checkpoint)
@@ -54,14 +62,20 @@ def load_model(
     if keep_blocks and torch.device(device).type != "cpu":
         raise ValueError("GGUF blocks are kept on the CPU only; dequantize for CUDA")
     model = model_class(config.architecture)(
-        config, torch_dtype, torch.device(device), lazy_linears=keep_blocks
+        config,
+        torch_dtype,
+        torch.device(device),
+        lazy_linears=keep_blocks or quantization is not None,
     )
-    if keep_blocks:
-        model.load_weights(
-            iter_checkpoint_weights_as_stored(checkpoint, torch_dtype, show_progress)
-        )
-    else:
-        model.load_weights(iter_checkpoint_weights(checkpoint, torch_dtype, show_progress))
+    weights: Iterable[tuple[str, Shard]] = (
+        iter_checkpoint_weights_as_stored(checkpoint, torch_dtype, show_progress)
+        if keep_blocks
+        else iter_checkpoint_weights(checkpoint, torch_dtype, show_progress)
+    )
+    if quantization is not None:
+        device_type = torch.device(device).type
+        weights = quantize_weights(weights, quantization, group_size, device_type, show_progress)
+    model.load_weights(weights)
     return model.eval()
 
 

@@ -151,6 +151,8 @@ class ModelRunner:
             # A GGUF file's blocks stay as stored on the CPU (the kernels that read them are
             # CPU kernels); --dequantize widens them, today's float path and the referee's.
             keep_gguf_blocks=self.device.type == "cpu" and not config.dequantize,
+            quantization=config.quantization,
+            group_size=config.quantization_group_size,
         )
         if self.device.type == "cpu":
             pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls
