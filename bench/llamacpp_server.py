@@ -13,8 +13,9 @@ the engine's threads, one slot per concurrent request (``-np``), a context of
 A build for ``-march=native`` on a processor that lists AMX uses AMX tiles for quantized
 matmuls (its "repacked" weight buffers); where the kernel does not grant the process AMX
 state (this project's VMs), the server dies while warming up, of SIGILL or, in the repack
-itself, SIGSEGV. It is then restarted once with ``--no-repack``, which keeps its AVX-512
-kernels, and :attr:`LlamaServer.settings` says so.
+itself, SIGSEGV. So the server runs with ``--no-repack`` (its AVX-512 kernels) unless asked
+for ``repack=True``; a repacking server that dies so is restarted once with
+``--no-repack``, and :attr:`LlamaServer.settings` says so.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class LlamaServer:
         context_per_slot: int,
         flash_attention: bool = False,
         num_threads: int = 2,
+        repack: bool = False,
     ) -> None:
         self.port = _free_port()
         self.command = [
@@ -123,8 +125,10 @@ class LlamaServer:
             "-fa",
             "on" if flash_attention else "off",
             "--no-webui",
+            *(() if repack else ("--no-repack",)),
         ]
         self.settings = f"-np {slots} -fa {'on' if flash_attention else 'off'} -t {num_threads}"
+        self.settings += "" if repack else " --no-repack"
         self._process: subprocess.Popen[bytes] | None = None
         # Its log goes to a file: a pipe nobody reads fills (64 KiB, a few hundred requests'
         # timing lines) and then blocks the server on its next log write.
