@@ -1,0 +1,91 @@
+"""QuantizedLinear and QuantizedEmbedding against dequantize-then-matmul, and how shards become
+segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from backend_engine.models.quantized_linear import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    dequantize,
+    merge_shards,
+)
+from kernels.cpu_quant_linear import GGUFBlockWeight
+from kernels.quantized_weights import quantize_int4, quantize_int8
+
+
+def blocks(rows: int, columns: int, kind: GGMLQuantizationType, seed: int) -> GGUFBlockWeight:
+    values = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
+    return GGUFBlockWeight.from_blocks(torch.from_numpy(quants.quantize(values, kind)), int(kind))
+
+
+def assert_matches_dequantized(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    want = x.double() @ weight.double().T
+    bound = 1e-4 * (x.double().abs() @ weight.double().abs().T) + 1e-5
+    assert bool(((y.double() - want).abs() <= bound).all())
+
+
+def test_one_type_of_shards_becomes_one_segment() -> None:
+    q, k = (
+        blocks(64, 96, GGMLQuantizationType.Q4_1, 0),
+        blocks(32, 96, GGMLQuantizationType.Q4_1, 1),
+    )
+    (segment,) = merge_shards([q, k])
+    assert isinstance(segment, GGUFBlockWeight)
+    assert segment.out_features == 96
+    assert torch.equal(dequantize(segment), torch.cat([dequantize(q), dequantize(k)]))
+
+
+def test_shards_of_other_types_stay_apart_and_fill_their_columns() -> None:
+    shards = [
+        blocks(64, 96, GGMLQuantizationType.Q4_0, 0),
+        blocks(32, 96, GGMLQuantizationType.Q4_0, 1),
+        blocks(32, 96, GGMLQuantizationType.Q8_0, 2),
+    ]
+    bias = torch.randn(128)
+    linear = QuantizedLinear(shards, bias)
+    assert [s.out_features for s in linear.segments] == [96, 32]
+    assert linear.native_segments is not None
+    x = torch.randn(5, 96)
+    weight = torch.cat([dequantize(s) for s in shards])
+    assert_matches_dequantized(linear(x) - bias, x, weight)
+    assert linear.weight_bytes() == sum(s.blocks.nbytes for s in shards)
+
+
+def test_more_segments_than_the_decoder_takes_run_in_python_only() -> None:
+    kinds = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0] * 2
+    linear = QuantizedLinear([blocks(32, 64, kind, i) for i, kind in enumerate(kinds)], None)
+    assert len(linear.segments) == 4
+    assert linear.native_segments is None
+    x = torch.randn(3, 64)
+    weight = torch.cat([dequantize(s) for s in linear.segments])
+    assert_matches_dequantized(linear(x), x, weight)
+
+
+def test_triton_formats_merge_but_are_not_native() -> None:
+    first, second = torch.randn(32, 64), torch.randn(16, 64)
+    (int8,) = merge_shards([quantize_int8(first), quantize_int8(second)])
+    assert torch.equal(
+        dequantize(int8), torch.cat([dequantize(quantize_int8(w)) for w in (first, second)])
+    )
+    mixed = merge_shards([quantize_int4(first, 32), quantize_int4(second, 64)])
+    assert len(mixed) == 2  # another group size
+    assert QuantizedLinear(mixed, None).native_segments is None
+
+
+def test_a_bias_of_the_wrong_size_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"bias must be \[32\]"):
+        QuantizedLinear([blocks(32, 64, GGMLQuantizationType.Q8_0, 0)], torch.zeros(31))
+
+
+def test_the_embedding_widens_exactly_the_rows_asked_for() -> None:
+    table = blocks(50, 64, GGMLQuantizationType.Q8_0, 3)
+    embedding = QuantizedEmbedding(table, torch.float32)
+    ids = torch.tensor([7, 0, 49, 7])
+    assert torch.equal(embedding(ids), dequantize(table)[ids])
+    assert embedding(torch.zeros(0, dtype=torch.int64)).shape == (0, 64)
+    assert embedding.weight_bytes() == table.blocks.nbytes
