@@ -182,6 +182,13 @@ class LlamaServer:
                 self._log.close()
             self._process = None
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (for its ``/proc`` readings), while it runs."""
+        if self._process is None:
+            raise RuntimeError("llama-server is not running")
+        return self._process.pid
+
     def complete(
         self, prompt_token_ids: list[int], max_tokens: int, cache_prompt: bool = False
     ) -> Completion:
