@@ -34,6 +34,13 @@ Three methods (:class:`QuantLinearMethod`), all in the kernel:
   machine, so rough): the int8 method read Q4_K at 13-16 GB/s, Q5_K at 15-18, Q6_K at 20-23,
   Q5_0 and Q5_1 at 12-16, against Q4_1's 12-15 and Q8_0's 24-32 in the same run.
 
+A step of ``WIDEN_MIN_ROWS`` rows or more (prefill) does not use these methods:
+:func:`quantized_linear` widens the weight a cache-sized slice of rows at a time
+(``tollway_quant_dequantize``, the DECODE_TO_FLOAT decode) and runs one float32 matmul per
+slice, which took 0.5-0.55x the split kernel's time on SmolLM2's layer shapes at 64 and 256
+rows and 0.8-0.85x on its 49,152-row output projection (quiet machine, one run); the weight
+is still stored quantized, the float32 slice is transient.
+
 When it falls back: with native kernels off (``TOLLWAY_CPU_KERNELS=reference``) or unbuildable,
 :func:`quantized_linear` dequantizes with :func:`dequantize` and runs ``torch.matmul``.
 """
@@ -51,7 +58,7 @@ import torch
 from kernels.cpu_build import load_kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear_cpu.c"
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 
 
 class GGUFQuantType(IntEnum):
@@ -91,6 +98,11 @@ class QuantLinearMethod(IntEnum):
 
 
 DEFAULT_METHOD = QuantLinearMethod.INT8_SPLIT_ACTIVATIONS
+# From this many rows (prefill), a float32 matmul on the weight widened a slice at a time
+# beats the split int8 kernel: 0.5-0.55x its time at 64-256 rows on SmolLM2's layer shapes,
+# 0.8-0.85x on the output projection; 1.0-1.9x at 16-32 rows (module docstring).
+WIDEN_MIN_ROWS = 64
+WIDEN_SLICE_BYTES = 1 << 20  # float32 rows widened at a time: stay in L2 for the matmul
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,12 @@ def native_library() -> ctypes.CDLL | None:
                 ctypes.c_int,
             ),
             "tollway_quant_linear_int8_isa": ([], ctypes.c_int),
+            "tollway_quant_dequantize": (
+                [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                + [ctypes.c_int64] * 2
+                + [ctypes.c_int],
+                ctypes.c_int,
+            ),
         },
     )
 
@@ -163,11 +181,14 @@ def int8_instruction_set() -> str | None:
 def quantized_linear(
     x: torch.Tensor,  # [num_rows, in_features] float32
     weight: GGUFBlockWeight,
-    method: QuantLinearMethod = DEFAULT_METHOD,
+    method: QuantLinearMethod | None = None,
     num_threads: int | None = None,
 ) -> torch.Tensor:  # [num_rows, out_features] float32
     """``x @ W.T`` over the stored blocks: the native kernel, else dequantize + matmul.
-    ``num_threads`` defaults to PyTorch's; the result does not depend on it."""
+    ``method`` ``None`` picks by the number of rows: from ``WIDEN_MIN_ROWS`` rows the weight is
+    widened a cache-sized slice of rows at a time for a float32 matmul (`_widened_matmul`),
+    below it ``DEFAULT_METHOD``. ``num_threads`` defaults to PyTorch's; the kernel's result
+    does not depend on it."""
     if x.dim() != 2 or x.shape[1] != weight.in_features:
         raise ValueError(f"x must be [rows, {weight.in_features}], got {list(x.shape)}")
     if x.dtype != torch.float32:
@@ -176,6 +197,10 @@ def quantized_linear(
     if library is None:
         return x @ dequantize(weight).T
     num_rows = x.shape[0]
+    if method is None:
+        if num_rows >= WIDEN_MIN_ROWS:
+            return _widened_matmul(x, weight, num_threads)
+        method = DEFAULT_METHOD
     y = torch.empty((num_rows, weight.out_features), dtype=torch.float32)
     if num_rows == 0:
         return y
@@ -194,6 +219,51 @@ def quantized_linear(
     if status != 0:
         raise ValueError(f"quantized_linear rejected a [{num_rows}, {weight.in_features}] input")
     return y
+
+
+def widened(
+    weight: GGUFBlockWeight,
+    first_row: int = 0,
+    end_row: int | None = None,
+    num_threads: int | None = None,
+) -> torch.Tensor:  # [end_row - first_row, in_features] float32
+    """Rows ``[first_row, end_row)`` of the weight as float32, decoded by the native kernel's
+    threads (``dequantize`` where there is none): a transient copy for a step of many rows."""
+    end_row = weight.out_features if end_row is None else end_row
+    if not 0 <= first_row < end_row <= weight.out_features:
+        raise ValueError(f"rows [{first_row}, {end_row}) are not rows of the weight")
+    rows = weight.blocks[first_row:end_row]
+    library = native_library()
+    if library is None:
+        return dequantize(GGUFBlockWeight.from_blocks(rows, weight.quant_type))
+    out = torch.empty((end_row - first_row, weight.in_features), dtype=torch.float32)
+    status = library.tollway_quant_dequantize(
+        rows.data_ptr(),
+        int(weight.quant_type),
+        out.data_ptr(),
+        end_row - first_row,
+        weight.in_features,
+        num_threads or torch.get_num_threads(),
+    )
+    if status != 0:
+        raise ValueError(f"the kernel could not widen a {weight.quant_type.name} weight")
+    return out
+
+
+def _widened_matmul(
+    x: torch.Tensor, weight: GGUFBlockWeight, num_threads: int | None
+) -> torch.Tensor:
+    """``x @ W.T`` for many rows: W widened ``WIDEN_SLICE_BYTES`` of float32 rows at a time
+    (they stay in cache for the matmul) and each slice's outputs from one float32 matmul."""
+    slice_rows = max(1, WIDEN_SLICE_BYTES // (4 * weight.in_features))
+    if slice_rows >= weight.out_features:
+        return x @ widened(weight, num_threads=num_threads).T
+    y_t = torch.empty((weight.out_features, x.shape[0]), dtype=torch.float32)  # y.T: slices
+    x_t = x.T.contiguous()  # of its rows are contiguous outputs for the matmul
+    for first in range(0, weight.out_features, slice_rows):
+        end = min(first + slice_rows, weight.out_features)
+        torch.mm(widened(weight, first, end, num_threads), x_t, out=y_t[first:end])
+    return y_t.T.contiguous()
 
 
 def dequantize(weight: GGUFBlockWeight) -> torch.Tensor:  # [out_features, in_features]

@@ -37,6 +37,9 @@
  *                    INT8_ACTIVATIONS dots per block sharing one decode of W, ~16-bit
  *                    activations (quant_linear_rows.h).
  *
+ * tollway_quant_dequantize widens W's rows to float32 (the DECODE_TO_FLOAT decode), for steps
+ * of many rows where the caller runs a float32 matmul on cache-sized slices instead.
+ *
  * Work: output features (rows of W) split evenly over OpenMP threads; each output is computed
  * by one thread in one fixed order, so results are bit-identical for any thread count.
  */
@@ -48,7 +51,7 @@
 
 #include "quant_linear_rows.h"
 
-#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 2
+#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 3
 
 enum { OK = 0, BAD_ARGUMENTS = 1, NO_MEMORY = 2 };
 
@@ -95,5 +98,31 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
                            N * (thread + 1) / team);
     }
     free(xq), free(xd), free(xdsum);
+    return OK;
+}
+
+/* W [N, K] widened to float32 rows (out [N, K]), the rows split over the threads: for a step of
+   many rows, where one float32 GEMM on the widened weight beats the int8 kernel. */
+int tollway_quant_dequantize(const uint8_t *w, int type, float *out, int64_t N, int64_t K,
+                             int num_threads) {
+    const int64_t values = quant_block_values(type);
+    if (values == 0 || N < 1 || K < values || K % values != 0 || num_threads < 1 || w == NULL ||
+        out == NULL)
+        return BAD_ARGUMENTS;
+    const int64_t bytes = quant_block_bytes(type), row_bytes = K / values * bytes;
+    const int sub_blocks = (int)(values / QK);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t b = 0; b < K / values; ++b) {
+            const uint8_t *block = w + n * row_bytes + b * bytes;
+            for (int s = 0; s < sub_blocks; ++s) {
+                qv16 first, second;
+                decode_block(block, type, s, &first, &second);
+                float *row = out + n * K + b * values + s * QK;
+                memcpy(row, &first, sizeof first);
+                memcpy(row + 16, &second, sizeof second);
+            }
+        }
+    }
     return OK;
 }

@@ -7,8 +7,10 @@ the arithmetic: the quantized kernel rounds each block of 32 activations to two 
 order. So:
 
 - greedy agreement, teacher-forced: over 50 chat prompts, the float32 arm's greedy output of
-  128 tokens is read by the quantized model as one sequence, and its argmax at every output
-  position must be the float32 arm's token for at least 99% of them. (A free-running
+  128 tokens is read by the quantized model, 16 tokens a step (so every linear runs the int8
+  kernel, as in decode steps: from 64 rows a step widens the blocks for a float32 matmul),
+  and its argmax at every output position must be the float32 arm's token for at least 99%
+  of them. (A free-running
   comparison would count every token after a first near-tie as different, which measures the
   tie, not the kernel.)
 - logits, per position, on whole sequences: within the tolerance below;
@@ -34,6 +36,7 @@ from model_files.checkpoint import Checkpoint
 from tests.support.model_logits import whole_sequence_logits
 
 OUTPUT_TOKENS = 128
+DECODE_ROWS = 16  # rows a step when scoring: the int8 kernel's, as decode steps have
 MIN_AGREEMENT = 0.99
 # Per position, the largest |logit difference| over the 49k-token vocabulary (logits span
 # about 40): measured on this file at 0.003 on average and 0.008 at worst with the default
@@ -112,7 +115,7 @@ def test_greedy_output_agrees_with_the_float32_path(
 ) -> None:
     agree = total = 0
     for prompt, output in zip(prompts, float32_outputs, strict=True):
-        logits = whole_sequence_logits(stored_model, prompt + output)
+        logits = whole_sequence_logits(stored_model, prompt + output, DECODE_ROWS)
         # the logits at position i predict token i + 1
         predicted = logits[len(prompt) - 1 : -1].argmax(dim=1).tolist()
         agree += sum(p == t for p, t in zip(predicted, output, strict=True))
@@ -133,7 +136,7 @@ def test_logits_per_position_stay_within_the_tolerance(
     for prompt, output in list(zip(prompts, float32_outputs, strict=True))[:: len(ASKS)]:
         tokens = prompt + output
         want = whole_sequence_logits(widened, tokens)
-        got = whole_sequence_logits(stored_model, tokens)
+        got = whole_sequence_logits(stored_model, tokens, DECODE_ROWS)
         errors.append((got - want).abs().amax(dim=1))
     per_position = torch.cat(errors)
     assert float(per_position.mean()) <= MEAN_MAX_LOGIT_ERROR, per_position.mean()

@@ -333,3 +333,27 @@ def test_shipped_smollm2_tensors(smollm2_gguf: Path, method: QuantLinearMethod) 
         assert_close(
             quantized_linear(x[:, :features], weight, method), x[:, :features], reference, method
         )
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ALL_TYPES, ids=lambda kind: kind.name)
+def test_widened_rows_equal_the_dequantized_weight(kind: GGMLQuantizationType) -> None:
+    in_features = 96 if kind in TYPES else 512
+    weight, reference = quantized_case(kind, 37, in_features)
+    assert torch.equal(cpu_quant_linear.widened(weight), reference)
+    assert torch.equal(cpu_quant_linear.widened(weight, 5, 30, num_threads=3), reference[5:30])
+    with pytest.raises(ValueError, match="not rows of the weight"):
+        cpu_quant_linear.widened(weight, 30, 5)
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [cpu_quant_linear.WIDEN_MIN_ROWS, 300])
+def test_many_rows_run_a_float32_matmul_on_widened_slices(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weight, reference = quantized_case(GGMLQuantizationType.Q4_1, 103, 96)
+    monkeypatch.setattr(cpu_quant_linear, "WIDEN_SLICE_BYTES", 96 * 4 * 10)  # 10-row slices
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+    y = quantized_linear(x, weight)
+    assert y.is_contiguous()
+    assert_close(y, x, reference, QuantLinearMethod.DECODE_TO_FLOAT)
