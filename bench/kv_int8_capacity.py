@@ -11,7 +11,8 @@ or int8 (a float32 scale per block and KV head beside int8 values). The batch th
 ``--output-len`` tokens (each keeps its whole KV to the end). Each repeat runs exactly that
 many requests at ``max_num_seqs`` = that batch: the peak of running sequences and the
 preemptions show they fit; throughput is their output tokens over the wall time, prefill
-included. Weights are the GGUF's blocks as stored (``--dequantize``: float32).
+included, and over the decode steps alone (from the step after which every sequence has
+its first token). Weights are the GGUF's blocks as stored (``--dequantize``: float32).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class BatchRun:
     batch: int  # sequences that fit at once
     peak_running: int
     num_preemptions: int
-    output_tokens_per_s: float
+    output_tokens_per_s: float  # the whole run's: prefill included
+    decode_tokens_per_s: float  # once every sequence has its first token: decode steps only
 
 
 def batch_that_fits(num_kv_blocks: int, block_size: int, seq_len: int) -> int:
@@ -86,16 +88,24 @@ def run_arm(args: argparse.Namespace, model: str, kv_cache_dtype: str, seed: int
         engine.add_request(f"kv-{i}", prompt, params)
     peak = 0
     start = time.perf_counter()
+    decode_start, tokens_before_decode = 0.0, 0
     while engine.has_unfinished():
         engine.step()
-        peak = max(peak, len(engine.scheduler.running))
-    elapsed = time.perf_counter() - start
+        running = engine.scheduler.running
+        peak = max(peak, len(running))
+        is_full = len(running) == batch
+        if not decode_start and is_full and all(r.num_output_tokens >= 1 for r in running):
+            decode_start = time.perf_counter()
+            tokens_before_decode = engine.num_generation_tokens
+    end = time.perf_counter()
+    num_outputs = batch * args.output_len
     return BatchRun(
         num_blocks,
         batch,
         peak,
         engine.scheduler.num_preemptions,
-        batch * args.output_len / elapsed,
+        num_outputs / (end - start),
+        (num_outputs - tokens_before_decode) / (end - decode_start) if decode_start else 0.0,
     )
 
 
@@ -125,21 +135,29 @@ def main() -> None:
     )
     for label, values in runs.items():
         first = values[0]
-        rates = [r.output_tokens_per_s for r in values]
         print(
             f"{label + ':':12} {first.num_kv_blocks} blocks -> batch {first.batch} "
             f"(peak running: {', '.join(str(r.peak_running) for r in values)}; preemptions: "
-            f"{', '.join(str(r.num_preemptions) for r in values)}); "
-            f"{statistics.median(rates):7.1f} output tokens/s  (runs: "
-            + ", ".join(f"{x:.1f}" for x in rates)
-            + ")"
+            f"{', '.join(str(r.num_preemptions) for r in values)})"
         )
+        print(f"  whole run (prefill included): {_rates([r.output_tokens_per_s for r in values])}")
+        print(f"  decode steps only:            {_rates([r.decode_tokens_per_s for r in values])}")
     fp, q = runs["float32 KV"], runs["int8 KV"]
     print(f"ratio of batch (int8 / float32 KV): {q[0].batch / fp[0].batch:.2f}x")
-    ratio = statistics.median(r.output_tokens_per_s for r in q) / statistics.median(
-        r.output_tokens_per_s for r in fp
+    for name, pick in (
+        ("whole run", "output_tokens_per_s"),
+        ("decode only", "decode_tokens_per_s"),
+    ):
+        ratio = statistics.median(getattr(r, pick) for r in q) / statistics.median(
+            getattr(r, pick) for r in fp
+        )
+        print(f"ratio of throughput at that batch, {name} (int8 / float32 KV): {ratio:.2f}x")
+
+
+def _rates(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f} output tokens/s  (runs: " + (
+        ", ".join(f"{x:.1f}" for x in values) + ")"
     )
-    print(f"ratio of throughput at that batch (int8 / float32 KV): {ratio:.2f}x")
 
 
 if __name__ == "__main__":
