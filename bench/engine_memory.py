@@ -1,15 +1,16 @@
-"""Memory of a serving process: our engine's RSS (GGUF blocks as stored, and --dequantize to
-float32) against llama.cpp's ``llama-server`` on the same GGUF, after load and at
-``--num-streams`` concurrent requests, side by side in one run.
+"""Memory of a serving process: our engine's RSS (GGUF blocks as stored, --dequantize to
+float32, and as stored with an int8 KV cache) against llama.cpp's ``llama-server`` on the
+same GGUF, after load and at ``--num-streams`` concurrent requests, side by side in one run.
 
     python -m bench.engine_memory                  # the shipped SmolLM2 Q4_1, 32 streams
     python -m bench.engine_memory --num-streams 64 --prompt-len 512 --output-len 256
 
 Each arm is its own process, started fresh each repeat: ours is ``python -m
-backend_engine --model FILE --uds SOCK --dtype float32 [--dequantize]`` with a KV budget
-that holds ``--num-streams`` x (prompt + output + 16) tokens; llama.cpp is ``llama-server
--np STREAMS -c STREAMS x (prompt + output + 16)`` (its KV is float16 by default, ours
-float32: the KV part of ours is twice theirs for the same tokens). Readings come from
+backend_engine --model FILE --uds SOCK --dtype float32 [--dequantize] [--kv-cache-dtype
+int8]`` with a KV budget of the blocks that hold ``--num-streams`` x (prompt + output + 16)
+tokens (the same tokens as llama.cpp's context); llama.cpp is ``llama-server -np STREAMS
+-c STREAMS x (prompt + output + 16)`` (its KV is float16 by default, ours
+float32, twice theirs for the same tokens; int8, about half). Readings come from
 ``/proc/PID/status``:
 
 - after load: ``VmRSS`` once the server is ready (``/ready`` for ours, ``/health`` for
@@ -44,11 +45,15 @@ if __package__ in (None, ""):  # run as `python bench/...py`: make the repo root
 from bench.llamacpp_server import LlamaServer, add_llamacpp_args, llamacpp_arm, missing_binary_note
 from bench.workloads import add_common_args, checkpoint, command_line, shipped_gguf
 
-# Our arms: label -> --dequantize.
-ARMS = {"tollway (GGUF blocks as stored)": False, "tollway --dequantize (float32)": True}
+# Our arms: label -> (--dequantize, --kv-cache-dtype).
+ARMS = {
+    "tollway (GGUF blocks as stored)": (False, "auto"),
+    "tollway --dequantize (float32)": (True, "auto"),
+    "tollway (GGUF blocks as stored) --kv-cache-dtype int8": (False, "int8"),
+}
 _START_TIMEOUT_S = 300.0
 _SAMPLE_EVERY_S = 0.02
-_KV_BYTES_PER_TOKEN_SLACK = 1.25  # room over the exact KV of the streams (block rounding)
+_BLOCK_SIZE = 16  # EngineConfig's default block_size, which the engine runs with here
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,12 @@ def measure(pid: int, run_streams: Callable[[], None]) -> MemoryReading:
 
 @contextmanager
 def our_engine(
-    model: str, dequantize: bool, num_threads: int, kv_bytes: int, num_streams: int
+    model: str,
+    dequantize: bool,
+    kv_cache_dtype: str,
+    num_threads: int,
+    kv_bytes: int,
+    num_streams: int,
 ) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client, list[str]]]:
     """Our engine serving ``model`` on a Unix socket, in its own process."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,6 +123,8 @@ def our_engine(
             command += ["--num-threads", str(num_threads)]
         if dequantize:
             command.append("--dequantize")
+        if kv_cache_dtype != "auto":
+            command += ["--kv-cache-dtype", kv_cache_dtype]
         # Its log goes to a file: a pipe nobody reads fills and then blocks the engine.
         log = Path(f"{tmp}/engine.log")
         with log.open("wb") as log_file:
@@ -189,14 +201,20 @@ def main() -> None:
     args = parser.parse_args()
     num_threads = args.num_threads or 2
 
+    import torch
+
+    from backend_engine.worker.model_runner import kv_bytes_per_block
     from model_files.checkpoint import Checkpoint
 
     model = checkpoint(args.model, args.size)
     model_config = Checkpoint(model).check()
     per_slot = args.prompt_len + args.output_len + 16
-    kv_per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads
-    kv_per_token *= model_config.head_dim * 4  # float32
-    kv_bytes = int(args.num_streams * per_slot * kv_per_token * _KV_BYTES_PER_TOKEN_SLACK)
+    num_blocks = args.num_streams * -(-per_slot // _BLOCK_SIZE)
+    kv_bytes = {
+        kv_dtype: num_blocks
+        * kv_bytes_per_block(model_config, _BLOCK_SIZE, torch.float32, kv_dtype)
+        for kv_dtype in ("auto", "int8")
+    }
     rng = random.Random(0)
     vocab = model_config.vocab_size
     prompts = [
@@ -209,8 +227,10 @@ def main() -> None:
     readings: dict[str, list[MemoryReading]] = {}
     commands: dict[str, str] = {}
     for _ in range(args.repeats):
-        for label, dequantize in ARMS.items():
-            engine = our_engine(model, dequantize, num_threads, kv_bytes, args.num_streams)
+        for label, (dequantize, kv_dtype) in ARMS.items():
+            engine = our_engine(
+                model, dequantize, kv_dtype, num_threads, kv_bytes[kv_dtype], args.num_streams
+            )
             with engine as (process, client, command):
                 streams = partial(our_streams, client, prompts, args.output_len)
                 reading = measure(process.pid, streams)
@@ -228,7 +248,8 @@ def main() -> None:
     print(
         f"model: {model}; {args.num_streams} streams of {args.prompt_len} prompt + "
         f"{args.output_len} output tokens; threads: {num_threads}; repeats: {args.repeats}; "
-        f"our KV budget {kv_bytes / 2**20:.0f} MiB (float32), llama.cpp -c "
+        f"our KV budget {kv_bytes['auto'] / 2**20:.0f} MiB (float32) or "
+        f"{kv_bytes['int8'] / 2**20:.0f} MiB (int8), llama.cpp -c "
         f"{args.num_streams * per_slot} (float16 KV)"
     )
     for label, values in readings.items():
