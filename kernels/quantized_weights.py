@@ -9,24 +9,29 @@ int8, per output channel (symmetric)::
     qweight [N, K] int8 in [-127, 127]     scales [N] float
     W[n, k] = qweight[n, k] * scales[n]    scales[n] = max_k |W[n, k]| / 127
 
-int4, in groups of ``group_size`` (32 or 64) along K, symmetric with an implicit offset of 8
-(GGUF's Q4_0 scheme, so ``tollway convert`` can write it without requantizing)::
+int4, in groups of ``group_size`` (32 or 64) along K, asymmetric (GGUF's Q4_1 form, so
+``tollway convert`` can write it without requantizing)::
 
-    codes  [N, K] in 0..15                 scales [N, K // group_size] float
-    W[n, k] = (codes[n, k] - 8) * scales[n, k // group_size]
-    scales  = (the group's value of largest magnitude) / -8, so it maps exactly to code 0
+    codes  [N, K] in 0..15                 scales, mins [N, K // group_size] float
+    W[n, k] = codes[n, k] * scales[n, g] + mins[n, g]        g = k // group_size
 
-Two codes share a byte, row by row along K (unlike Q4_0, which pairs k with k + 16): byte
+Why asymmetric: a group's values are rarely symmetric about 0, and a symmetric grid (Q4_0's
+``(code - 8) * scale``) spends codes on the side the group does not reach; a minimum per group
+puts all 16 codes over the group's actual range. The cost is one more float per group (a
+float16 on the load path, which Q4_1 stores anyway). The scale and minimum are searched per
+group (:mod:`kernels.int4_quantization`), never worse than plain min/max rounding.
+
+Two codes share a byte, row by row along K (unlike Q4_1, which pairs k with k + 16): byte
 ``i`` of row ``n`` holds column ``2i`` in its LOW half-byte and column ``2i + 1`` in its
 HIGH half-byte::
 
     packed [N, K // 2] uint8    packed[n, i] = codes[n, 2i] | codes[n, 2i + 1] << 4
 
-Symmetric, not zero points: one tensor fewer to read per group, and the integer codes (minus
-8) are exact in float16 and bfloat16, which lets the kernel multiply them unscaled and apply
-each group's scale to the float32 partial sums. Scales may be float16, bfloat16 or float32
-(the quantize helpers return float32 unless given another ``scale_dtype``, and round the
-codes against the scale as stored); every reader widens them to float32.
+The codes 0..15 are exact in float16 and bfloat16, which lets the kernel multiply them
+unscaled, apply each group's scale to the float32 partial sums and add the minimum times
+the sum of x over the group. Scales and mins may be float16, bfloat16 or float32 (the
+quantize helpers return float32 unless given another ``scale_dtype``, and choose the codes
+against the scale and minimum as stored); every reader widens them to float32.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.int4_quantization import INT4_MAX_CODE, searched_codes
+
 INT4_GROUP_SIZES = (32, 64)
-INT4_OFFSET = 8  # code 8 is zero
 INT8_MAX = 127
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -68,10 +74,12 @@ class Int8Weight:
 
 @dataclass(frozen=True)
 class Int4Weight:
-    """Packed int4 codes with one scale per group of ``group_size`` inputs (module docstring)."""
+    """Packed int4 codes with one scale and one minimum per group of ``group_size`` inputs
+    (module docstring)."""
 
     packed: torch.Tensor  # [out_features, in_features // 2] uint8
     scales: torch.Tensor  # [out_features, in_features // group_size] float
+    mins: torch.Tensor  # [out_features, in_features // group_size] float
     group_size: int
 
     def __post_init__(self) -> None:
@@ -82,7 +90,11 @@ class Int4Weight:
                 f"(two codes a byte), got {self.packed.dtype} {tuple(self.packed.shape)}"
             )
         check_in_features(self.in_features, self.group_size)
-        _check_scales(self.scales, (self.out_features, self.in_features // self.group_size))
+        group_shape = (self.out_features, self.in_features // self.group_size)
+        _check_scales(self.scales, group_shape)
+        _check_scales(self.mins, group_shape, "mins")
+        if self.mins.device != self.scales.device:
+            raise ValueError(f"mins are on {self.mins.device}, scales on {self.scales.device}")
 
     @property
     def out_features(self) -> int:
@@ -138,22 +150,16 @@ def quantize_int8(
 
 def int4_codes(
     weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:  # codes [N, K] uint8, scales [N, K // G] scale_dtype
-    """Unpacked int4 codes and group scales (the Q4_0 rule: the group's value of largest
-    magnitude maps to code 0, so a group uses all 16 codes). The scales are rounded to
-    ``scale_dtype`` before the codes are chosen against them (as ``quantize_int8``)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unpacked int4 codes ``[N, K]`` uint8 with each group's scale and minimum
+    ``[N, K // G]`` in ``scale_dtype``, searched for the smallest squared error
+    (:mod:`kernels.int4_quantization`); the codes are chosen against the rounded pair."""
     _check_float_weight(weight)
     check_group_size(group_size)
-    num_rows, in_features = weight.shape
-    check_in_features(int(in_features), group_size)
-    groups = weight.float().reshape(num_rows, -1, group_size)  # [N, K // G, G]
-    extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # [N, K // G, 1]
-    scales = (extreme / -INT4_OFFSET).to(scale_dtype)
-    widened = scales.float()
-    inverse = torch.where(widened == 0, torch.zeros_like(widened), 1.0 / widened)
-    codes = torch.round(groups * inverse) + INT4_OFFSET
-    codes = codes.clamp_(0, 2 * INT4_OFFSET - 1).to(torch.uint8).reshape(num_rows, in_features)
-    return codes, scales.squeeze(2)
+    check_in_features(int(weight.shape[1]), group_size)
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype must be float16, bfloat16 or float32, got {scale_dtype}")
+    return searched_codes(weight, group_size, scale_dtype)
 
 
 def quantize_int4(
@@ -161,8 +167,8 @@ def quantize_int4(
     group_size: int,
     scale_dtype: torch.dtype = torch.float32,
 ) -> Int4Weight:
-    codes, scales = int4_codes(weight, group_size, scale_dtype)
-    return Int4Weight(pack_int4(codes), scales, group_size)
+    codes, scales, mins = int4_codes(weight, group_size, scale_dtype)
+    return Int4Weight(pack_int4(codes), scales, mins, group_size)
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:  # [N, K] uint8 0..15 -> [N, K // 2] uint8
@@ -172,7 +178,7 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:  # [N, K] uint8 0..15 -> [N,
             f"int4 codes must be a 2-D uint8 tensor with an even number of columns, got "
             f"{codes.dtype} {tuple(codes.shape)}"
         )
-    if bool((codes > 2 * INT4_OFFSET - 1).any()):
+    if bool((codes > INT4_MAX_CODE).any()):
         raise ValueError("int4 codes must lie in 0..15")
     return codes[:, 0::2] | (codes[:, 1::2] << 4)
 
@@ -185,9 +191,10 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:  # [N, K // 2] uint8 -> [
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:  # [out_features, in_features] f32
     if isinstance(weight, Int8Weight):
         return weight.qweight.float() * weight.scales.float()[:, None]
-    codes = unpack_int4(weight.packed).float() - INT4_OFFSET  # [N, K]
+    codes = unpack_int4(weight.packed).float()  # [N, K]
     scales = weight.scales.float().repeat_interleave(weight.group_size, dim=1)  # [N, K]
-    return codes * scales
+    mins = weight.mins.float().repeat_interleave(weight.group_size, dim=1)  # [N, K]
+    return codes * scales + mins
 
 
 def reference_linear(
@@ -207,8 +214,8 @@ def _check_float_weight(weight: torch.Tensor) -> None:
         )
 
 
-def _check_scales(scales: torch.Tensor, shape: tuple[int, ...]) -> None:
+def _check_scales(scales: torch.Tensor, shape: tuple[int, ...], what: str = "scales") -> None:
     if scales.dtype not in SCALE_DTYPES:
-        raise ValueError(f"scales must be float16, bfloat16 or float32, got {scales.dtype}")
+        raise ValueError(f"{what} must be float16, bfloat16 or float32, got {scales.dtype}")
     if tuple(scales.shape) != shape:
-        raise ValueError(f"scales must be {list(shape)}, got {list(scales.shape)}")
+        raise ValueError(f"{what} must be {list(shape)}, got {list(scales.shape)}")
