@@ -4,7 +4,7 @@ against a float16 ``torch`` matmul of the same weight dequantized.
     python -m bench.kernels_gpu --skip store_kv --skip decode --skip prefill
 
 Decode (one row) is memory bound: the figure of merit is the bytes read (weight codes,
-scales, activations) per second, against the float16 matmul reading 2 bytes a weight.
+scales, int4 mins, activations) per second, against the float16 matmul reading 2 bytes a weight.
 Prefill (512 rows) shows what the in-kernel widening costs once the matmul is compute bound.
 ``err`` is the largest |Triton - reference| (dequantize, float32 matmul) difference.
 """
@@ -17,7 +17,6 @@ import torch
 
 from bench.kernels_gpu import time_ms
 from kernels.quantized_weights import (
-    Int4Weight,
     Int8Weight,
     QuantizedWeight,
     dequantize,
@@ -39,18 +38,18 @@ FORMATS = ["int8", "int4-g32", "int4-g64"]
 
 
 def quantize(weight: torch.Tensor, fmt: str) -> QuantizedWeight:
-    """``fmt``'s weight with float16 scales (what a served model would keep)."""
+    """``fmt``'s weight with float16 scales (and int4 mins): what a served model would keep."""
     if fmt == "int8":
         int8 = quantize_int8(weight)
         return Int8Weight(int8.qweight, int8.scales.half())
     group_size = int(fmt.removeprefix("int4-g"))
-    int4 = quantize_int4(weight, group_size)
-    return Int4Weight(int4.packed, int4.scales.half(), group_size)
+    return quantize_int4(weight, group_size, torch.float16)
 
 
 def weight_bytes(weight: QuantizedWeight) -> int:
-    codes = weight.qweight if isinstance(weight, Int8Weight) else weight.packed
-    return codes.nbytes + weight.scales.nbytes
+    if isinstance(weight, Int8Weight):
+        return weight.qweight.nbytes + weight.scales.nbytes
+    return weight.packed.nbytes + weight.scales.nbytes + weight.mins.nbytes
 
 
 def bench_quant_linear(args: argparse.Namespace) -> None:

@@ -2,17 +2,21 @@
 """Triton weight-only quantized linears: ``y = x @ dequantize(W).T`` with W kept int8 or int4.
 
 The formats are :mod:`kernels.quantized_weights`' (int8 per output channel; int4 in groups
-of 32 or 64 along K, two codes a byte, column ``2i`` in the low half-byte). The weight is read
-as stored and widened tile by tile inside the kernel; nothing dequantized reaches memory.
+of 32 or 64 along K with a scale and a minimum each, two codes a byte, column ``2i`` in the
+low half-byte). The weight is read as stored and widened tile by tile inside the kernel;
+nothing dequantized reaches memory.
 
-The integer values (int8 codes, int4 codes minus 8) are exact in float16 and bfloat16, so
+The integer values (int8 codes, int4 codes 0..15) are exact in float16 and bfloat16, so
 the kernel multiplies x by them unscaled on the tensor cores, accumulates in float32 and
 applies the scales to the float32 sums: once per output channel at the end for int8, once
-per group for int4 (the K tile *is* the group)::
+per group for int4 (the K tile *is* the group). An int4 group's minimum multiplies the sum
+of x over the group's columns, the same for every output feature: an outer product of the
+x row sums and the group's mins::
 
     grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     int8:  acc = sum_k x[:, k] * q[n, k]             y = acc * scales[n]
-    int4:  acc += scales[n, g] * sum_{k in g} x[:, k] * (code[n, k] - 8)
+    int4:  acc += scales[n, g] * sum_{k in g} x[:, k] * code[n, k]
+                + mins[n, g] * sum_{k in g} x[:, k]
 
 Integers reach x's dtype through float32 (exact either way; Triton's interpreter turns int8
 straight into bfloat16 wrongly).
@@ -35,7 +39,6 @@ import triton
 import triton.language as tl
 
 from kernels.quantized_weights import (
-    INT4_OFFSET,
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
@@ -96,6 +99,7 @@ def _int4_linear_kernel(
     x_ptr,  # [M, K] float
     packed_ptr,  # [N, K // 2] uint8, column 2i low half-byte, 2i + 1 high
     scales_ptr,  # [N, K // GROUP] float
+    mins_ptr,  # [N, K // GROUP] float
     out_ptr,  # [M, N], x's dtype
     M,
     N,
@@ -104,8 +108,8 @@ def _int4_linear_kernel(
     stride_x_col,
     stride_packed_row,
     stride_scales_row,
+    stride_mins_row,
     stride_out_row,
-    OFFSET: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -118,6 +122,7 @@ def _int4_linear_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x_row  # [BLOCK_M, 1]
     w_cols = packed_ptr + cols.to(tl.int64)[None, :] * stride_packed_row  # [1, BLOCK_N]
     s_cols = scales_ptr + cols.to(tl.int64) * stride_scales_row  # [BLOCK_N]
+    m_cols = mins_ptr + cols.to(tl.int64) * stride_mins_row  # [BLOCK_N]
     byte_offsets = tl.arange(0, GROUP // 2)
     k_offsets = tl.arange(0, GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -127,8 +132,8 @@ def _int4_linear_kernel(
             mask=is_col[None, :],
             other=0,
         )  # [GROUP // 2, BLOCK_N] uint8
-        low = (packed & 0xF).to(tl.int8) - OFFSET  # columns 2i
-        high = (packed >> 4).to(tl.int8) - OFFSET  # columns 2i + 1
+        low = packed & 0xF  # columns 2i
+        high = packed >> 4  # columns 2i + 1
         # [GROUP // 2, BLOCK_N, 2] -> [BLOCK_N, GROUP // 2, 2] -> [BLOCK_N, GROUP]: 2i, 2i + 1
         codes = tl.reshape(tl.permute(tl.join(low, high), (1, 0, 2)), (BLOCK_N, GROUP))
         x = tl.load(
@@ -139,7 +144,9 @@ def _int4_linear_kernel(
         weights = tl.trans(codes.to(tl.float32).to(x.dtype))  # [GROUP, BLOCK_N]
         partial = tl.dot(x, weights, input_precision=DOT_PRECISION)
         scales = tl.load(s_cols + group, mask=is_col, other=0.0).to(tl.float32)
-        acc += partial * scales[None, :]
+        mins = tl.load(m_cols + group, mask=is_col, other=0.0).to(tl.float32)
+        x_sums = tl.sum(x.to(tl.float32), axis=1)  # [BLOCK_M]
+        acc += partial * scales[None, :] + x_sums[:, None] * mins[None, :]
     tl.store(
         out_ptr + rows.to(tl.int64)[:, None] * stride_out_row + cols[None, :],
         acc.to(out_ptr.dtype.element_ty),
@@ -190,10 +197,12 @@ def quantized_linear(
         return out
     packed = weight.packed if weight.packed.stride(1) == 1 else weight.packed.contiguous()
     scales = weight.scales if weight.scales.stride(1) == 1 else weight.scales.contiguous()
+    mins = weight.mins if weight.mins.stride(1) == 1 else weight.mins.contiguous()
     _int4_linear_kernel[grid](
         x,
         packed,
         scales,
+        mins,
         out,
         num_rows,
         weight.out_features,
@@ -202,8 +211,8 @@ def quantized_linear(
         x.stride(1),
         packed.stride(0),
         scales.stride(0),
+        mins.stride(0),
         out.stride(0),
-        OFFSET=INT4_OFFSET,
         GROUP=weight.group_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

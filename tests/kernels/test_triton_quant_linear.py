@@ -44,8 +44,8 @@ class Format:
             int8 = quantize_int8(weight)
             return Int8Weight(int8.qweight.to(DEVICE), int8.scales.to(DEVICE, scale_dtype))
         int4 = quantize_int4(weight, self.group_size)
-        scales = int4.scales.to(DEVICE, scale_dtype)
-        return Int4Weight(int4.packed.to(DEVICE), scales, self.group_size)
+        scales, mins = int4.scales.to(DEVICE, scale_dtype), int4.mins.to(DEVICE, scale_dtype)
+        return Int4Weight(int4.packed.to(DEVICE), scales, mins, self.group_size)
 
 
 # N and K off the tile sizes (decode 32, prefill 64 output features; int8 takes K 64 at a time).
