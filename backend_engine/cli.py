@@ -154,7 +154,7 @@ def convert(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
     quantization: Annotated[
         str | None,
-        typer.Option(help="A .gguf OUT only: int8 (Q8_0 blocks) or int4 (Q4_0 blocks)."),
+        typer.Option(help="A .gguf OUT only: int8 (Q8_0 blocks) or int4 (Q4_1 blocks)."),
     ] = None,
     group_size: Annotated[
         int | None, typer.Option(help="With --quantization int4: values per scale, 32 or 64.")

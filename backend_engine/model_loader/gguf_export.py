@@ -13,7 +13,7 @@ own loader read it):
                  (``permute_rows``, the inverse of ``gguf_weights.unpermute_rows``); norms
                  and biases F32; the matrices in ``--dtype`` (F32, F16, BF16) or, quantized,
                  in the blocks ``weight_quantization`` makes for the CPU: int8 per output
-                 channel as Q8_0, int4 groups as Q4_0 (both exact encodings of the schemes,
+                 channel as Q8_0, int4 groups as Q4_1 (both exact encodings of the schemes,
                  so llama.cpp reads them as they are), the output projection and the
                  embedding int8
 
@@ -64,7 +64,7 @@ FILE_TYPES = {
     "float16": LlamaFileType.MOSTLY_F16,
     "bfloat16": LlamaFileType.MOSTLY_BF16,
     "int8": LlamaFileType.MOSTLY_Q8_0,
-    "int4": LlamaFileType.MOSTLY_Q4_0,
+    "int4": LlamaFileType.MOSTLY_Q4_1,
 }
 _GGUF_ARCHITECTURES = {hf: arch for arch, hf in ARCHITECTURES.items()}
 _PERMUTED_ROPE = {"llama"}  # llama.cpp's converter permutes q/k rows for these

@@ -16,24 +16,27 @@ The output projection stays at 8 bits under int4 because it is the most sensitiv
 (llama.cpp keeps it at 6 bits or more). On CUDA the embedding is a gather of a few rows a
 step, cheap in float; on the CPU it is also the tied output projection of small models.
 
-The rules (one place each, ``kernels.quantized_weights``), with every scale rounded to
-float16 before the codes are chosen against it, so the stored scale is the one rounded to:
+The rules (one place each, ``kernels.quantized_weights``), with every scale (and int4
+minimum) rounded to float16 before the codes are chosen against it, so the stored values
+are the ones rounded to:
 
 - int8 per output channel: ``scale = fp16(amax / 127)``, ``q = round(w / scale)`` in
   [-127, 127]; ``|w - q * scale| <= scale / 2``.
-- int4 in groups of 32 or 64: ``scale = fp16(the group's value of largest magnitude / -8)``,
-  ``code = clamp(round(w / scale) + 8, 0, 15)``; the extreme value is code 0, and
-  ``|w - (code - 8) * scale| <= scale / 2`` except where code 15 was clamped (the
-  opposite end of a group, up to +8 steps): one step there.
+- int4 in groups of 32 or 64, asymmetric: ``w ~= code * scale + min``, codes 0..15, the
+  float16 pair searched per group for the smallest squared error (min/max rounding and 21
+  least-squares refits, :mod:`kernels.int4_quantization`), each code the nearest point of
+  the group's grid.
 
 The formats:
 
 - CPU (``GGUFBlockWeight``, GGUF's blocks of 32): int8 is Q8_0 with every block of a row
-  carrying the row's scale; int4 is Q4_0 (values ``j`` and ``j + 16`` of a block share a
-  byte), a group of 64 being two blocks with the same scale. Both are exact encodings of
-  the schemes, so ``tollway convert`` writes these very blocks into a GGUF file and
-  ``gguf.quants.dequantize`` (the referee) reads the values above back.
-- CUDA (``Int8Weight`` / ``Int4Weight``, the Triton kernels' formats), float16 scales.
+  carrying the row's scale; int4 is Q4_1 (float16 scale, float16 minimum, then values ``j``
+  and ``j + 16`` of a block sharing a byte), a group of 64 being two blocks with the same
+  scale and minimum. Both are exact encodings of the schemes, so ``tollway convert`` writes
+  these very blocks into a GGUF file and ``gguf.quants.dequantize`` (the referee) reads the
+  values above back.
+- CUDA (``Int8Weight`` / ``Int4Weight``, the Triton kernels' formats), float16 scales
+  (and mins).
 
 A matrix whose ``in_features`` is not a whole number of blocks (32 on the CPU) or of int4
 groups stays float, with one warning naming it: the kernels read whole blocks only, and a
@@ -64,7 +67,7 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8", "int4")
 DEVICE_TYPES = ("cpu", "cuda")
-BLOCK_VALUES = 32  # values in a Q8_0 or a Q4_0 block (ggml's QK8_0, QK4_0)
+BLOCK_VALUES = 32  # values in a Q8_0 or a Q4_1 block (ggml's QK8_0, QK4_1)
 SCALE_DTYPE = torch.float16  # the scale GGUF's blocks store; the CUDA formats keep the same
 EMBEDDING = "model.embed_tokens.weight"
 OUTPUT_PROJECTION = "lm_head.weight"
@@ -152,10 +155,10 @@ def quantize_tensor(
     if scheme == "int8":
         int8 = quantize_int8(weight, SCALE_DTYPE)
         return q8_0_blocks(int8) if device_type == "cpu" else int8
-    codes, scales = int4_codes(weight, group_size, SCALE_DTYPE)
+    codes, scales, mins = int4_codes(weight, group_size, SCALE_DTYPE)
     if device_type == "cpu":
-        return q4_0_blocks(codes, scales)
-    return Int4Weight(pack_int4(codes), scales, group_size)
+        return q4_1_blocks(codes, scales, mins)
+    return Int4Weight(pack_int4(codes), scales, mins, group_size)
 
 
 def q8_0_blocks(weight: Int8Weight) -> GGUFBlockWeight:
@@ -168,18 +171,21 @@ def q8_0_blocks(weight: Int8Weight) -> GGUFBlockWeight:
     return GGUFBlockWeight(blocks.reshape(num_rows, -1), GGUFQuantType.Q8_0, num_rows, in_features)
 
 
-def q4_0_blocks(
+def q4_1_blocks(
     codes: torch.Tensor,  # [N, K] uint8 in 0..15
     scales: torch.Tensor,  # [N, K // group_size] float16
+    mins: torch.Tensor,  # [N, K // group_size] float16
 ) -> GGUFBlockWeight:
-    """int4 codes as Q4_0 blocks: a float16 scale, then 16 bytes holding value ``j`` in the
-    low half-byte and value ``j + 16`` in the high one. A group of 64 is two blocks with
-    the group's scale."""
+    """int4 codes as Q4_1 blocks (ggml's ``block_q4_1``): a float16 scale, a float16
+    minimum, then 16 bytes holding value ``j`` in the low half-byte and value ``j + 16`` in
+    the high one. A group of 64 is two blocks with the group's scale and minimum."""
     num_rows, in_features = codes.shape
     num_blocks = in_features // BLOCK_VALUES
-    block_scales = scales.to(torch.float16).repeat_interleave(num_blocks // scales.shape[1], 1)
+    blocks_per_group = num_blocks // scales.shape[1]
+    pair = torch.stack((scales.to(torch.float16), mins.to(torch.float16)), dim=2)  # [N, G, 2]
+    pair = pair.repeat_interleave(blocks_per_group, dim=1)  # [N, blocks, 2]
+    pair_bytes = pair.contiguous().view(torch.uint8).reshape(num_rows, num_blocks, 4)
     halves = codes.reshape(num_rows, num_blocks, 2, BLOCK_VALUES // 2)
     packed = halves[:, :, 0] | (halves[:, :, 1] << 4)  # [N, blocks, 16]
-    scale_bytes = block_scales.contiguous().view(torch.uint8).reshape(num_rows, num_blocks, 2)
-    blocks = torch.cat((scale_bytes, packed), dim=2).reshape(num_rows, -1)
-    return GGUFBlockWeight(blocks, GGUFQuantType.Q4_0, int(num_rows), int(in_features))
+    blocks = torch.cat((pair_bytes, packed), dim=2).reshape(num_rows, -1)
+    return GGUFBlockWeight(blocks, GGUFQuantType.Q4_1, int(num_rows), int(in_features))

@@ -38,12 +38,12 @@ def dequantize(weight: QuantizedTensor) -> torch.Tensor:  # [out_features, in_fe
 
 
 def weight_bytes(weight: QuantizedTensor) -> int:
-    """The bytes the weight holds in memory (its blocks, codes and scales)."""
+    """The bytes the weight holds in memory (its blocks, codes, scales and mins)."""
     if isinstance(weight, GGUFBlockWeight):
         return weight.blocks.nbytes
     if isinstance(weight, Int8Weight):
         return weight.qweight.nbytes + weight.scales.nbytes
-    return weight.packed.nbytes + weight.scales.nbytes
+    return weight.packed.nbytes + weight.scales.nbytes + weight.mins.nbytes
 
 
 def merge_shards(shards: Sequence[QuantizedTensor]) -> tuple[QuantizedTensor, ...]:
@@ -77,7 +77,8 @@ def _joined(first: QuantizedTensor, second: QuantizedTensor) -> QuantizedTensor 
         and first.group_size == second.group_size
     ):
         scales = torch.cat((first.scales, second.scales.to(first.scales.dtype)))
-        return Int4Weight(torch.cat((first.packed, second.packed)), scales, first.group_size)
+        mins = torch.cat((first.mins, second.mins.to(first.mins.dtype)))
+        return Int4Weight(torch.cat((first.packed, second.packed)), scales, mins, first.group_size)
     return None
 
 

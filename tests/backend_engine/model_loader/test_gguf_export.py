@@ -96,9 +96,9 @@ def test_a_quantized_file_holds_the_blocks_of_the_scheme(
     )
     reader = open_gguf(out)
     assert hf_config(reader) == hf_config(open_gguf(source))
-    expected_file_type = 7 if quantization == "int8" else 2  # MOSTLY_Q8_0, MOSTLY_Q4_0
+    expected_file_type = 7 if quantization == "int8" else 3  # MOSTLY_Q8_0, MOSTLY_Q4_1
     assert metadata_value(reader, "general.file_type") == expected_file_type
-    scheme_type = Q.Q8_0 if quantization == "int8" else Q.Q4_0
+    scheme_type = Q.Q8_0 if quantization == "int8" else Q.Q4_1
     for name, value in floats(source).items():
         kind, data = stored(out)[name]
         quantized = quantize_tensor(name, value, quantization, group_size, "cpu")

@@ -1,4 +1,4 @@
-"""Quantizing float weights at load: the Q8_0 / Q4_0 encodings against gguf's dequantizer
+"""Quantizing float weights at load: the Q8_0 / Q4_1 encodings against gguf's dequantizer
 (the referee) and the float weight, the CUDA formats holding the same values, which tensors
 are quantized, and the float fallback for matrices that are not whole blocks."""
 
@@ -21,7 +21,7 @@ from backend_engine.model_loader.weight_quantization import (
 )
 from kernels import quantized_weights
 from kernels.cpu_quant_linear import GGUFBlockWeight, GGUFQuantType
-from kernels.quantized_weights import INT4_OFFSET, Int4Weight, Int8Weight
+from kernels.quantized_weights import Int4Weight, Int8Weight, int4_codes, pack_int4
 from tests.support.gguf_files import hf_tensors
 
 LINEAR = "model.layers.1.mlp.gate_proj.weight"
@@ -70,47 +70,50 @@ def test_int8_is_q8_0_with_the_rows_scale_in_every_block() -> None:
 
 
 @pytest.mark.parametrize("group_size", [32, 64])
-def test_int4_is_q4_0_with_one_scale_per_group(group_size: int) -> None:
+def test_int4_is_q4_1_with_one_scale_and_min_per_group(group_size: int) -> None:
     weight = random_weight(10, 320 if group_size == 32 else 256, seed=1)
-    num_rows = weight.shape[0]
+    weight[::3] += 0.04  # groups off center, so the minimum matters
+    num_rows, in_features = weight.shape
     blocks = blocks_of(quantize_tensor(LINEAR, weight, "int4", group_size, "cpu"))
-    assert blocks.quant_type == GGUFQuantType.Q4_0
-    groups = weight.reshape(num_rows, -1, group_size)
-    extreme = groups.gather(2, groups.abs().argmax(2, keepdim=True)).squeeze(2)
-    group_scale = (extreme / -INT4_OFFSET).half()  # [N, groups]
-    scales = block_scales(blocks)
-    # a group of 64 is two blocks carrying the same scale, computed over all 64 values
-    assert torch.equal(scales, group_scale.repeat_interleave(group_size // 32, dim=1))
-    dequantized = referee(blocks)
-    step = group_scale.float().abs().repeat_interleave(group_size, dim=1)  # [N, K]
-    codes = torch.round(dequantized / group_scale.float().repeat_interleave(group_size, 1))
-    assert bool(((codes >= -8) & (codes <= 7)).all())
-    # the group's value of largest magnitude is code 0 (-8 steps) exactly
-    extreme_dequantized = dequantized.reshape(num_rows, -1, group_size).gather(
-        2, groups.abs().argmax(2, keepdim=True)
+    assert blocks.quant_type == GGUFQuantType.Q4_1
+    raw = blocks.blocks.reshape(num_rows, in_features // 32, 20)  # d, m, 16 bytes of codes
+    codes, scales, mins = int4_codes(weight, group_size, torch.float16)
+    # a group of 64 is two blocks carrying the same scale and minimum, fitted over all 64
+    per_block = group_size // 32
+    assert torch.equal(
+        raw[:, :, 0:2].contiguous().view(torch.float16).squeeze(2),
+        scales.repeat_interleave(per_block, dim=1),
     )
-    assert torch.equal(extreme_dequantized.squeeze(2), -8 * group_scale.float())
-    # half a step everywhere but the clamped code 15 (+8 steps wanted): one step there
-    error = (dequantized - weight).abs()
-    is_clamped = codes == 7
-    assert bool((error[~is_clamped] <= step[~is_clamped] / 2).all())
-    assert bool((error[is_clamped] <= step[is_clamped]).all())
+    assert torch.equal(
+        raw[:, :, 2:4].contiguous().view(torch.float16).squeeze(2),
+        mins.repeat_interleave(per_block, dim=1),
+    )
+    # value j of a block in byte j's low half-byte, value j + 16 in its high one
+    block_codes = codes.reshape(num_rows, -1, 32)
+    assert torch.equal(raw[:, :, 4:] & 15, block_codes[:, :, :16])
+    assert torch.equal(raw[:, :, 4:] >> 4, block_codes[:, :, 16:])
+    # gguf reads back exactly what our own dequantize gives for those codes
+    ours = Int4Weight(pack_int4(codes), scales, mins, group_size)
+    assert torch.equal(referee(blocks), quantized_weights.dequantize(ours))
 
 
-def test_int4_group_32_is_ggmls_q4_0() -> None:
-    """Same scales as gguf's Q4_0 quantizer; ggml rounds against the unrounded scale, so a
-    code near a half step may land one step away, and rarely."""
+def block_errors(dequantized: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (dequantized - weight).pow(2).reshape(-1, 32).sum(dim=1)  # [blocks]
+
+
+def test_int4_group_32_beats_ggmls_q4_1_block_by_block() -> None:
+    """gguf's Q4_1 quantizer is min/max rounding (codes against the unrounded scale); the
+    search keeps that candidate, so no block of ours reads back worse, and most read back
+    better."""
     weight = random_weight(64, 256, seed=2)
-    ours = blocks_of(quantize_tensor(LINEAR, weight, "int4", 32, "cpu")).blocks.numpy()
-    ggml = gguf.quants.quantize(weight.numpy(), Q.Q4_0).reshape(ours.shape)
-    ours_blocks, ggml_blocks = ours.reshape(-1, 18), ggml.reshape(-1, 18)
-    assert np.array_equal(ours_blocks[:, :2], ggml_blocks[:, :2])
-    ours_codes = torch.from_numpy(ours_blocks[:, 2:].copy())
-    ggml_codes = torch.from_numpy(ggml_blocks[:, 2:].copy())
-    ours_codes = torch.cat((ours_codes & 15, ours_codes >> 4), 1).int()
-    ggml_codes = torch.cat((ggml_codes & 15, ggml_codes >> 4), 1).int()
-    assert int((ours_codes - ggml_codes).abs().max()) <= 1
-    assert float((ours_codes != ggml_codes).float().mean()) < 0.01
+    weight[::2] = weight[::2].abs()  # half the rows one-sided
+    ours = blocks_of(quantize_tensor(LINEAR, weight, "int4", 32, "cpu"))
+    ggml_blocks = gguf.quants.quantize(weight.numpy(), Q.Q4_1).reshape(64, -1)
+    ggml = GGUFBlockWeight(torch.from_numpy(ggml_blocks), GGUFQuantType.Q4_1, 64, 256)
+    ours_error = block_errors(referee(ours), weight)
+    ggml_error = block_errors(referee(ggml), weight)
+    assert bool((ours_error <= ggml_error * (1 + 1e-6)).all())
+    assert float(ours_error.sum()) < 0.9 * float(ggml_error.sum())
 
 
 @pytest.mark.parametrize(("quantization", "group_size"), [("int8", 32), ("int4", 32), ("int4", 64)])
@@ -121,6 +124,8 @@ def test_the_cuda_formats_hold_the_cpu_blocks_values(quantization: str, group_si
     expected_type = Int8Weight if quantization == "int8" else Int4Weight
     assert isinstance(cuda, expected_type)
     assert cuda.scales.dtype == torch.float16
+    if isinstance(cuda, Int4Weight):
+        assert cuda.mins.dtype == torch.float16
     assert torch.equal(quantized_weights.dequantize(cuda), referee(cpu))
 
 
@@ -144,7 +149,7 @@ def test_which_tensors_are_quantized() -> None:
                 if scheme is None:
                     assert value is tensors[name]
                 elif device_type == "cpu":
-                    kind = GGUFQuantType.Q8_0 if scheme == "int8" else GGUFQuantType.Q4_0
+                    kind = GGUFQuantType.Q8_0 if scheme == "int8" else GGUFQuantType.Q4_1
                     assert blocks_of(value).quant_type == kind, name
                 else:
                     assert isinstance(value, Int8Weight if scheme == "int8" else Int4Weight)

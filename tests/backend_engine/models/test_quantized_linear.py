@@ -77,6 +77,16 @@ def test_triton_formats_merge_but_are_not_native() -> None:
     assert QuantizedLinear(mixed, None).native_segments is None
 
 
+def test_int4_shards_merge_with_their_scales_and_mins() -> None:
+    first, second = torch.randn(32, 64) + 0.5, torch.randn(16, 64) - 0.5
+    shards = [quantize_int4(w, 32, torch.float16) for w in (first, second)]
+    (int4,) = merge_shards(shards)
+    assert torch.equal(dequantize(int4), torch.cat([dequantize(s) for s in shards]))
+    linear = QuantizedLinear(shards, None)
+    expected_bytes = sum(s.packed.nbytes + s.scales.nbytes + s.mins.nbytes for s in shards)
+    assert linear.weight_bytes() == expected_bytes == 48 * 32 + 2 * 48 * 2 * 2
+
+
 def test_a_bias_of_the_wrong_size_is_refused() -> None:
     with pytest.raises(ValueError, match=r"bias must be \[32\]"):
         QuantizedLinear([blocks(32, 64, GGMLQuantizationType.Q8_0, 0)], torch.zeros(31))
