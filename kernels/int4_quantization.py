@@ -15,7 +15,7 @@ never worse than min/max rounding). It is llama.cpp's ``make_qkx2_quants`` idea:
 
 Codes are chosen against the rounded scale and minimum, so the error compared is the error of
 what is stored. The fit is vectorized over groups and done a chunk of rows at a time
-(``CHUNK_VALUES`` weights) so a 4096 x 11008 matrix needs a few MB of temporaries, not GBs;
+(``CHUNK_VALUES`` weights) so a 4096 x 11008 matrix needs tens of MB of temporaries, not GBs;
 the result does not depend on the chunking (every group is fitted on its own).
 """
 
@@ -27,7 +27,7 @@ INT4_MAX_CODE = 15
 SEARCH_STEPS = 20  # candidates i = 0..SEARCH_STEPS
 SEARCH_RMIN = -1.0  # the first candidate's iscale is (15 + rmin) / (max - min)
 SEARCH_RDELTA = 0.1
-CHUNK_VALUES = 1 << 18  # weights fitted at a time: float32 temporaries of 1 MiB each
+CHUNK_VALUES = 1 << 20  # weights fitted at a time: float32 temporaries of 4 MiB each
 
 
 def searched_codes(
