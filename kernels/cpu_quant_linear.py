@@ -16,8 +16,11 @@ Three methods (:class:`QuantLinearMethod`), all in the kernel:
   this CPU). Its result is ``W @ x_hat`` up to float rounding, x_hat being x on its int8
   grid, so ``|y - W @ x| <= |W| @ (max|x_block| / 254)`` per element plus rounding.
 - ``INT8_SPLIT_ACTIVATIONS`` (the default): x = hi + lo, both int8 blocks (lo rounds what hi
-  left over), two integer dot products per block sharing one read of W: activations good to
-  ``max|x_block| / 254**2`` (about 16 bits). Why the default: on the shipped SmolLM2 Q4_1,
+  left over on a grid 256 times finer), two integer dot products per block sharing one read
+  of W and summed as one integer, ``hi * 256 + lo``, before the block's single float
+  multiply-add: activations good to ``max|x_block| / (127 * 512)`` (about 16 bits; twice that
+  where lo's clamp to +-127 bites). Summing in one integer took the split's cost over one
+  int8 pass from ~1.5x to 1.25-1.35x at one row. Why the default: on the shipped SmolLM2 Q4_1,
   teacher-forced greedy tokens agreed with the float32 path 97.8% of the time with one int8
   pass (6,262 of 6,400 over 50 chat prompts: a 135M model has many near-ties, and one
   pass's rounding moved logits by ~1 on average) and 100% with the split, which cost 1.4x
@@ -34,12 +37,16 @@ Three methods (:class:`QuantLinearMethod`), all in the kernel:
   machine, so rough): the int8 method read Q4_K at 13-16 GB/s, Q5_K at 15-18, Q6_K at 20-23,
   Q5_0 and Q5_1 at 12-16, against Q4_1's 12-15 and Q8_0's 24-32 in the same run.
 
-A step of ``WIDEN_MIN_ROWS`` rows or more (prefill) does not use these methods:
-:func:`quantized_linear` widens the weight a cache-sized slice of rows at a time
-(``tollway_quant_dequantize``, the DECODE_TO_FLOAT decode) and runs one float32 matmul per
-slice, which took 0.5-0.55x the split kernel's time on SmolLM2's layer shapes at 64 and 256
-rows and 0.8-0.85x on its 49,152-row output projection (quiet machine, one run); the weight
-is still stored quantized, the float32 slice is transient.
+A step of ``WIDEN_MIN_ROWS`` rows or more (batched decode, prefill) does not use these
+methods: :func:`quantized_linear` widens the weight a cache-sized slice of rows at a time
+(``tollway_quant_dequantize``, the DECODE_TO_FLOAT decode) and runs one float32 oneDNN matmul
+per slice. The split kernel's time grows with every row (each row is its own dot products),
+while the widening is paid once per step and oneDNN's matmul is ~10x the split kernel's rate
+per row; measured on SmolLM2's layer shapes and its 49,152-row output projection (2 threads,
+one run): 1.0-1.15x the split kernel's time at 12 rows, 0.8-0.9x at 16, 0.6x at 24, 0.4-0.5x
+at 48 and 0.2-0.3x at 256. oneDNN took 0.4x ``torch.mm``'s time on the same slices (on AMD
+processors the latter does not take its fastest path). The weight is still stored quantized;
+the float32 slice is transient.
 
 When it falls back: with native kernels off (``TOLLWAY_CPU_KERNELS=reference``) or unbuildable,
 :func:`quantized_linear` dequantizes with :func:`dequantize` and runs ``torch.matmul``.
@@ -98,11 +105,12 @@ class QuantLinearMethod(IntEnum):
 
 
 DEFAULT_METHOD = QuantLinearMethod.INT8_SPLIT_ACTIVATIONS
-# From this many rows (prefill), a float32 matmul on the weight widened a slice at a time
-# beats the split int8 kernel: 0.5-0.55x its time at 64-256 rows on SmolLM2's layer shapes,
-# 0.8-0.85x on the output projection; 1.0-1.9x at 16-32 rows (module docstring).
-WIDEN_MIN_ROWS = 64
-WIDEN_SLICE_BYTES = 1 << 20  # float32 rows widened at a time: stay in L2 for the matmul
+# From this many rows (batched decode, prefill), a float32 oneDNN matmul on the weight
+# widened a slice at a time beats the split int8 kernel, whose time grows with every row:
+# 0.7-0.9x its time at 16 rows on SmolLM2's layer shapes and output projection, 0.2-0.4x at
+# 256; at 8 rows 1.5-1.7x (module docstring).
+WIDEN_MIN_ROWS = 16
+WIDEN_SLICE_BYTES = 4 << 20  # float32 rows widened at a time: stay in L2/L3 for the matmul
 
 
 @dataclass(frozen=True)
@@ -254,16 +262,23 @@ def _widened_matmul(
     x: torch.Tensor, weight: GGUFBlockWeight, num_threads: int | None
 ) -> torch.Tensor:
     """``x @ W.T`` for many rows: W widened ``WIDEN_SLICE_BYTES`` of float32 rows at a time
-    (they stay in cache for the matmul) and each slice's outputs from one float32 matmul."""
+    (they stay in cache for the matmul) and each slice's outputs from one float32 matmul,
+    oneDNN's where PyTorch has it (2.2-2.7x ``torch.mm``'s speed on these shapes here)."""
     slice_rows = max(1, WIDEN_SLICE_BYTES // (4 * weight.in_features))
+    x = x.contiguous()
     if slice_rows >= weight.out_features:
-        return x @ widened(weight, num_threads=num_threads).T
-    y_t = torch.empty((weight.out_features, x.shape[0]), dtype=torch.float32)  # y.T: slices
-    x_t = x.T.contiguous()  # of its rows are contiguous outputs for the matmul
+        return _float_matmul(x, widened(weight, num_threads=num_threads))
+    y = torch.empty((x.shape[0], weight.out_features), dtype=torch.float32)
     for first in range(0, weight.out_features, slice_rows):
         end = min(first + slice_rows, weight.out_features)
-        torch.mm(widened(weight, first, end, num_threads), x_t, out=y_t[first:end])
-    return y_t.T.contiguous()
+        y[:, first:end] = _float_matmul(x, widened(weight, first, end, num_threads))
+    return y
+
+
+def _float_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x @ weight.T
+    if torch.backends.mkldnn.is_available():
+        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    return x @ weight.T
 
 
 def dequantize(weight: GGUFBlockWeight) -> torch.Tensor:  # [out_features, in_features]

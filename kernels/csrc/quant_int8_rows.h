@@ -38,16 +38,20 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
 }
 
 #if INT8_ISA > 0
-/* Eight int32 sums of four products u * s each (u unsigned, s signed bytes). */
-static inline __m256i dpbusd(__m256i unsigned_bytes, __m256i signed_bytes) {
+/* acc plus eight int32 sums of four products u * s each (u unsigned, s signed bytes). */
+static inline __m256i dpbusd_add(__m256i acc, __m256i unsigned_bytes, __m256i signed_bytes) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
+    return _mm256_dpbusd_epi32(acc, unsigned_bytes, signed_bytes);
 #elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
+    return _mm256_dpbusd_avx_epi32(acc, unsigned_bytes, signed_bytes);
 #else
     const __m256i pairs = _mm256_maddubs_epi16(unsigned_bytes, signed_bytes);
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 #endif
+}
+
+static inline __m256i dpbusd(__m256i unsigned_bytes, __m256i signed_bytes) {
+    return dpbusd_add(_mm256_setzero_si256(), unsigned_bytes, signed_bytes);
 }
 
 static inline __m256i nibbles(const uint8_t *qs) {
@@ -117,6 +121,66 @@ static inline __attribute__((always_inline)) void int8_row(
     }
     for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sum8(acc[r]) + mins[r];
 }
+/* One block of a 32-value type against x's hi and lo rows (quantize_row_split: lo's scale is
+   hi's / 256) as ONE integer sum, hi * 256 + lo (at most 32 * 127 * 127 * 257 < 2^31), so the
+   block costs one conversion and one multiply-add however x was split. */
+static inline __attribute__((always_inline)) __m256 split_block(
+    const uint8_t *block, int type, const int8_t *xq, const float *xd, const float *xdsum,
+    int64_t hi, int64_t lo, __m256 acc, float *min_sum) {
+    const float d = fp16_to_float(block);
+    __m256i xh = _mm256_loadu_si256((const __m256i *)(xq + hi * QK));
+    __m256i xl = _mm256_loadu_si256((const __m256i *)(xq + lo * QK));
+    __m256i u;
+    if (type == TYPE_Q4_1 || type == TYPE_Q5_1) {
+        u = type == TYPE_Q4_1 ? nibbles(block + 4)
+                              : _mm256_or_si256(nibbles(block + 8), fifth_bit_bytes(block + 4));
+        *min_sum += fp16_to_float(block + 2) * (xdsum[hi] + xdsum[lo]);
+    } else {
+        const __m256i w =
+            type == TYPE_Q8_0   ? _mm256_loadu_si256((const __m256i *)(block + 2))
+            : type == TYPE_Q4_0 ? _mm256_sub_epi8(nibbles(block + 2), _mm256_set1_epi8(8))
+                                : _mm256_sub_epi8(_mm256_or_si256(nibbles(block + 6),
+                                                                  fifth_bit_bytes(block + 2)),
+                                                  _mm256_set1_epi8(16));
+        u = _mm256_sign_epi8(w, w);
+        xh = _mm256_sign_epi8(xh, w);
+        xl = _mm256_sign_epi8(xl, w);
+    }
+    const __m256i sum = dpbusd_add(_mm256_slli_epi32(dpbusd(u, xh), 8), u, xl);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(d * xd[lo]), acc);
+}
+
+/* The split method for the 32-value types: y[m0 + p, n] for x's rows m0 .. m0 + pairs - 1, whose
+   hi and lo int8 rows are activation rows 2m and 2m + 1. Two accumulators per row (even and odd
+   blocks), so consecutive blocks' multiply-adds do not wait on each other. */
+static inline __attribute__((always_inline)) void split_row(
+    const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq, const float *xd,
+    const float *xdsum, float *y, int64_t N, int64_t K, int64_t n, int64_t m0, const int pairs) {
+    const int64_t nb = K / QK;
+    __m256 even[ROW_TILE / 2], odd[ROW_TILE / 2];
+    float even_mins[ROW_TILE / 2] = {0}, odd_mins[ROW_TILE / 2] = {0};
+    for (int p = 0; p < pairs; ++p) even[p] = odd[p] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        for (int p = 0; p < pairs; ++p) {
+            const int64_t hi = 2 * (m0 + p) * nb + b, lo = hi + nb;
+            even[p] = split_block(wrow + b * bytes, type, xq, xd, xdsum, hi, lo, even[p],
+                                  &even_mins[p]);
+            odd[p] = split_block(wrow + (b + 1) * bytes, type, xq, xd, xdsum, hi + 1, lo + 1,
+                                 odd[p], &odd_mins[p]);
+        }
+    }
+    for (; b < nb; ++b) {
+        for (int p = 0; p < pairs; ++p) {
+            const int64_t hi = 2 * (m0 + p) * nb + b, lo = hi + nb;
+            even[p] = split_block(wrow + b * bytes, type, xq, xd, xdsum, hi, lo, even[p],
+                                  &even_mins[p]);
+        }
+    }
+    for (int p = 0; p < pairs; ++p)
+        y[(m0 + p) * N + n] = sum8(_mm256_add_ps(even[p], odd[p])) + (even_mins[p] + odd_mins[p]);
+}
+
 /* Q4_K's and Q5_K's eight sub-block scales (d * scale_j) and mins (dmin * min_j) as vectors:
    k_scale_min for all eight at once, on 32-bit words of the 12 packed bytes. */
 static inline void k_scales_mins(const uint8_t *block, __m256 *scales, __m256 *mins) {

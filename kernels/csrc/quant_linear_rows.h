@@ -114,16 +114,26 @@ static void int8_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t
 
 /* ---- a linear shared by an OpenMP team ------------------------------------------------ */
 
-/* x's row as two int8 rows: hi as quantize_row, then lo = the rest, x - hi, quantized the same
-   way (per block, its own scale). |x - (hi + lo)| <= max|x_block| / (254 * 254) per element:
-   the ~16-bit activations of two int8 passes. */
+/* x's row as two int8 rows: hi as quantize_row, then lo = the rest, x - hi, on a grid 256 times
+   finer than hi's (lo's scale is hi's / 256, exact), clamped to +-127. |x - (hi + lo)| <=
+   max|x_block| / (127 * 512) per element, or / (127 * 256) where the clamp bites: the ~16-bit
+   activations of two int8 passes. The fixed ratio lets the 32-value block types sum both
+   passes in one integer (split_row). */
 static void quantize_row_split(const float *x, int64_t K, int8_t *q_hi, float *d_hi,
                                float *dsum_hi, int8_t *q_lo, float *d_lo, float *dsum_lo) {
-    float rest[QK];
     quantize_row(x, K, q_hi, d_hi, dsum_hi);
     for (int64_t b = 0; b < K / QK; ++b) {
-        for (int i = 0; i < QK; ++i) rest[i] = x[b * QK + i] - d_hi[b] * (float)q_hi[b * QK + i];
-        quantize_row(rest, QK, q_lo + b * QK, d_lo + b, dsum_lo + b);
+        const float inverse = d_hi[b] > 0.0f ? 256.0f / d_hi[b] : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < QK; ++i) {
+            const float rest = x[b * QK + i] - d_hi[b] * (float)q_hi[b * QK + i];
+            int v = (int)roundf(rest * inverse);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            q_lo[b * QK + i] = (int8_t)v;
+            sum += v;
+        }
+        d_lo[b] = d_hi[b] / 256.0f;
+        dsum_lo[b] = d_lo[b] * (float)sum;
     }
 }
 
@@ -147,10 +157,26 @@ static inline void quant_activations_slice(const float *x, int64_t M, int64_t K,
 }
 
 /* The split method's outputs for x's rows [m0 / 2, (m0 + rows) / 2): each the sum of its hi and
-   lo rows' dot products (a tile of the activation rows, into a scratch row, then added). */
+   lo rows' dot products. The 32-value types sum both in one integer per block (split_row); the
+   super-block types take them as two activation rows (into a scratch row, then added). */
 static inline void split_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t *xq,
                               const float *xd, const float *xdsum, float *y, int64_t N,
                               int64_t K, int64_t n, int64_t m0, int64_t rows) {
+#if INT8_ISA > 0
+#define SPLIT_ROWS(type_id)                                                                    \
+    case type_id:                                                                             \
+        if (rows == 2) split_row(wrow, type_id, bytes, xq, xd, xdsum, y, N, K, n, m0 / 2, 1);  \
+        else split_row(wrow, type_id, bytes, xq, xd, xdsum, y, N, K, n, m0 / 2, 2);            \
+        return
+    switch (type) {
+        SPLIT_ROWS(TYPE_Q4_0);
+        SPLIT_ROWS(TYPE_Q4_1);
+        SPLIT_ROWS(TYPE_Q5_0);
+        SPLIT_ROWS(TYPE_Q5_1);
+        SPLIT_ROWS(TYPE_Q8_0);
+    }
+#undef SPLIT_ROWS
+#endif
     const int64_t nb = K / QK;
     float pairs[ROW_TILE];
     int8_rows(wrow, type, bytes, xq + m0 * K, xd + m0 * nb, xdsum + m0 * nb, pairs, 1, K, 0, 0,

@@ -7,8 +7,9 @@ the arithmetic: the quantized kernel rounds each block of 32 activations to two 
 order. So:
 
 - greedy agreement, teacher-forced: over 50 chat prompts, the float32 arm's greedy output of
-  128 tokens is read by the quantized model, 16 tokens a step (so every linear runs the int8
-  kernel, as in decode steps: from 64 rows a step widens the blocks for a float32 matmul),
+  128 tokens is read by the quantized model, 15 tokens a step (so every linear runs the int8
+  kernel, as decode steps of up to 15 sequences do: from ``WIDEN_MIN_ROWS`` = 16 rows a step
+  widens the blocks for a float32 matmul),
   and its argmax at every output position must be the float32 arm's token for at least 99%
   of them. (A free-running
   comparison would count every token after a first near-tie as different, which measures the
@@ -32,11 +33,12 @@ from backend_engine import LLM, SamplingParams
 from backend_engine.models import load_model
 from backend_engine.models.llama import CausalLM
 from backend_engine.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from kernels.cpu_quant_linear import WIDEN_MIN_ROWS
 from model_files.checkpoint import Checkpoint
 from tests.support.model_logits import whole_sequence_logits
 
 OUTPUT_TOKENS = 128
-DECODE_ROWS = 16  # rows a step when scoring: the int8 kernel's, as decode steps have
+DECODE_ROWS = WIDEN_MIN_ROWS - 1  # rows a step when scoring: the most the int8 kernel runs
 MIN_AGREEMENT = 0.99
 # Per position, the largest |logit difference| over the 49k-token vocabulary (logits span
 # about 40): measured on this file at 0.003 on average and 0.008 at worst with the default

@@ -93,8 +93,9 @@ def assert_close(
     scale = x.double().abs() @ reference.double().abs().T
     bound = ROUNDING * scale + 1e-6
     if method != QuantLinearMethod.DECODE_TO_FLOAT:
-        # int8: half a step of max|x_block| / 127; split: of that step / 254 again
-        steps = 127 * 2 * (254 if method == QuantLinearMethod.INT8_SPLIT_ACTIVATIONS else 1)
+        # int8: half a step of max|x_block| / 127; split: a step 256 times finer, whole where
+        # the lo part's clamp to +-127 bites (half a step elsewhere)
+        steps = 127 * 2 if method != QuantLinearMethod.INT8_SPLIT_ACTIVATIONS else 127 * 256
         blocks = x.double().reshape(x.shape[0], -1, X_BLOCK)
         half_step = blocks.abs().amax(dim=2, keepdim=True) / steps  # [rows, blocks, 1]
         half_step = half_step.expand_as(blocks).reshape(x.shape)
