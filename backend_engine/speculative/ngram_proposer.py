@@ -30,6 +30,11 @@ tree (``max_n`` steps) and copies up to ``k`` tokens from the deepest match of a
 
 Rolling tokens back (a truncated output) undoes their appends in reverse order from a log of
 what each append overwrote: ``max_n`` steps a token, never a rebuild.
+
+Cost, measured on 30,000 tokens that never repeat (the worst case: every n-gram a new node)
+with max_n = 4: about 4 us and under 1 KiB a token (SmolLM2-135M's float32 KV cache takes
+45 KiB a token), 1 us a token to roll back, well under a microsecond a proposal. A long prompt
+can be fed chunk by chunk, as it is prefilled, so that no one step pays for all of it.
 """
 
 from __future__ import annotations
