@@ -7,8 +7,10 @@ BYTES_PER_ELEMENT: dict[str, float] = {
     "bfloat16": 2,
     "float16": 2,
     "fp8": 1,
-    "int8": 1,
-    "int4": 0.5,
+    "int8": 1,  # per-channel scales: a few bytes per row, negligible
+    # 4-bit codes plus a float16 scale and minimum per group of 32 (the engine's int4 at its
+    # default group size: Q4_1's 20-byte block on the CPU, the same bytes in Triton's format)
+    "int4": 0.625,
 }
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
