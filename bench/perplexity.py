@@ -40,10 +40,10 @@ from bench.workloads import checkpoint, command_line
 ARMS: dict[str, dict[str, object]] = {
     "float32": {"dequantize": True},  # a GGUF file's blocks widened to float32 at load
     "as-stored": {},  # a GGUF file's blocks as stored (a float checkpoint: the same as float32)
-    # ...with steps of 15 tokens, so every linear runs the int8 kernel that decode steps run
-    # (steps of 16 rows or more, `cpu_quant_linear.WIDEN_MIN_ROWS`, widen the blocks for a
+    # ...with steps of 9 tokens, so every linear runs the split int8 kernel that decode steps
+    # run (steps of `cpu_quant_linear.WIDEN_MIN_ROWS` = 10 rows or more widen the blocks for a
     # float32 matmul)
-    "as-stored-15": {"max_num_batched_tokens": 15},
+    "as-stored-9": {"max_num_batched_tokens": 9},
     "int8": {"quantization": "int8"},  # a float checkpoint's linears, int8 per channel
     "int4": {"quantization": "int4"},  # int4 in groups of 32
     "int4-g64": {"quantization": "int4", "quantization_group_size": 64},

@@ -41,12 +41,15 @@ A step of ``WIDEN_MIN_ROWS`` rows or more (batched decode, prefill) does not use
 methods: :func:`quantized_linear` widens the weight a cache-sized slice of rows at a time
 (``tollway_quant_dequantize``, the DECODE_TO_FLOAT decode) and runs one float32 oneDNN matmul
 per slice. The split kernel's time grows with every row (each row is its own dot products),
-while the widening is paid once per step and oneDNN's matmul is ~10x the split kernel's rate
-per row; measured on SmolLM2's layer shapes and its 49,152-row output projection (2 threads,
-one run): 1.0-1.15x the split kernel's time at 12 rows, 0.8-0.9x at 16, 0.6x at 24, 0.4-0.5x
-at 48 and 0.2-0.3x at 256. oneDNN took 0.4x ``torch.mm``'s time on the same slices (on AMD
-processors the latter does not take its fastest path). The weight is still stored quantized;
-the float32 slice is transient.
+while the widening is paid once per step (``decode_block``, 20 G values/s on one thread here)
+and oneDNN's matmul is ~10x the split kernel's rate per row; measured on SmolLM2's layer
+shapes and its 49,152-row output projection (2 threads, one run): 1.0-1.3x the split kernel's
+time at 8 rows, 0.77-0.88x at 10, 0.55-0.85x at 16, 0.36-0.52x at 48 and 0.23-0.37x at 256.
+oneDNN took 0.4x ``torch.mm``'s time on the same slices (on AMD processors the latter does not
+take its fastest path). The weight is still stored quantized; the float32 slice is transient.
+(The native decoder still runs decode steps of up to 16 sequences with the split kernel: at
+10-16 sequences its whole step beat the layer-by-layer widened path, by 1.46x at 10, and tied
+at 16; ``python -m bench.decode_step_batches``.)
 
 When it falls back: with native kernels off (``TOLLWAY_CPU_KERNELS=reference``) or unbuildable,
 :func:`quantized_linear` dequantizes with :func:`dequantize` and runs ``torch.matmul``.
@@ -107,9 +110,9 @@ class QuantLinearMethod(IntEnum):
 DEFAULT_METHOD = QuantLinearMethod.INT8_SPLIT_ACTIVATIONS
 # From this many rows (batched decode, prefill), a float32 oneDNN matmul on the weight
 # widened a slice at a time beats the split int8 kernel, whose time grows with every row:
-# 0.7-0.9x its time at 16 rows on SmolLM2's layer shapes and output projection, 0.2-0.4x at
-# 256; at 8 rows 1.5-1.7x (module docstring).
-WIDEN_MIN_ROWS = 16
+# 0.77-0.88x its time at 10 rows on SmolLM2's layer shapes and output projection, 0.2-0.4x at
+# 256; at 8 rows 0.97-1.29x (module docstring).
+WIDEN_MIN_ROWS = 10
 WIDEN_SLICE_BYTES = 4 << 20  # float32 rows widened at a time: stay in L2/L3 for the matmul
 
 

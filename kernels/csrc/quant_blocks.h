@@ -77,6 +77,45 @@ static inline float fp16_to_float(const uint8_t *p) {
 #endif
 }
 
+/* 16 bytes as 16 floats. GCC compiles __builtin_convertvector from bytes to floats into
+   scalar conversions (widening a Q4_1 weight ran at ~1 cycle a value); AVX-512's vpmovzxbd /
+   vpmovsxbd widen 16 bytes at once (5.7x faster on one thread), AVX2's 8. */
+static inline qv16 u8_to_floats(u8x16 q) {
+#if defined(__AVX512F__)
+    __m128i bytes;
+    memcpy(&bytes, &q, sizeof bytes);
+    return (qv16)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+#elif defined(__AVX2__)
+    __m128i bytes;
+    memcpy(&bytes, &q, sizeof bytes);
+    const __m256 halves[2] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)),
+                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)))};
+    qv16 out;
+    memcpy(&out, halves, sizeof out);
+    return out;
+#else
+    return __builtin_convertvector(q, qv16);
+#endif
+}
+
+static inline qv16 i8_to_floats(i8x16 q) {
+#if defined(__AVX512F__)
+    __m128i bytes;
+    memcpy(&bytes, &q, sizeof bytes);
+    return (qv16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+#elif defined(__AVX2__)
+    __m128i bytes;
+    memcpy(&bytes, &q, sizeof bytes);
+    const __m256 halves[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
+                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
+    qv16 out;
+    memcpy(&out, halves, sizeof out);
+    return out;
+#else
+    return __builtin_convertvector(q, qv16);
+#endif
+}
+
 /* 16 * bit i of the little-endian 32 bits at qh (Q5_0's and Q5_1's fifth bits), for values
    0-15 and 16-31: each byte of qh spread over 8 bytes, bit i % 8 of byte i kept. */
 static inline void fifth_bits(const uint8_t *qh, u8x16 *first, u8x16 *second) {
@@ -107,8 +146,8 @@ static inline __attribute__((always_inline)) void decode_sub_block(const uint8_t
         q1 = ((q1 >> shift) & 15) | (((h1 >> (2 * t)) & 3) << 4);
         const float d = fp16_to_float(block + 208);
         const int8_t *scales = (const int8_t *)(block + 192);
-        *first = (__builtin_convertvector(q0, qv16) - 32.0f) * (d * (float)scales[2 * s]);
-        *second = (__builtin_convertvector(q1, qv16) - 32.0f) * (d * (float)scales[2 * s + 1]);
+        *first = (u8_to_floats(q0) - 32.0f) * (d * (float)scales[2 * s]);
+        *second = (u8_to_floats(q1) - 32.0f) * (d * (float)scales[2 * s + 1]);
         return;
     }
     const uint8_t *qs = block + (type == TYPE_Q5_K ? 48 : 16) + 32 * (s / 2);
@@ -128,8 +167,8 @@ static inline __attribute__((always_inline)) void decode_sub_block(const uint8_t
     k_scale_min(block + 4, s, &scale, &min);
     const float d = fp16_to_float(block) * (float)scale;
     const float m = fp16_to_float(block + 2) * (float)min;
-    *first = __builtin_convertvector(q0, qv16) * d - m;
-    *second = __builtin_convertvector(q1, qv16) * d - m;
+    *first = u8_to_floats(q0) * d - m;
+    *second = u8_to_floats(q1) * d - m;
 }
 
 /* Sub-block s of a block (s = 0 for the 32-value types) as two vectors of 16 (values 0-15 and
@@ -146,8 +185,8 @@ static inline __attribute__((always_inline)) void decode_block(const uint8_t *bl
         i8x16 q0, q1;
         memcpy(&q0, block + 2, sizeof q0);
         memcpy(&q1, block + 2 + 16, sizeof q1);
-        *first = __builtin_convertvector(q0, qv16) * d;
-        *second = __builtin_convertvector(q1, qv16) * d;
+        *first = i8_to_floats(q0) * d;
+        *second = i8_to_floats(q1) * d;
         return;
     }
     const int has_min = type == TYPE_Q4_1 || type == TYPE_Q5_1;
@@ -161,8 +200,8 @@ static inline __attribute__((always_inline)) void decode_block(const uint8_t *bl
         low |= fifth_low;
         high |= fifth_high;
     }
-    const qv16 first_q = __builtin_convertvector(low, qv16);
-    const qv16 second_q = __builtin_convertvector(high, qv16);
+    const qv16 first_q = u8_to_floats(low);
+    const qv16 second_q = u8_to_floats(high);
     if (has_min) {
         const float m = fp16_to_float(block + 2);
         *first = first_q * d + m;

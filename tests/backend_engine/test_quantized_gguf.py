@@ -7,9 +7,9 @@ the arithmetic: the quantized kernel rounds each block of 32 activations to two 
 order. So:
 
 - greedy agreement, teacher-forced: over 50 chat prompts, the float32 arm's greedy output of
-  128 tokens is read by the quantized model, 15 tokens a step (so every linear runs the int8
-  kernel, as decode steps of up to 15 sequences do: from ``WIDEN_MIN_ROWS`` = 16 rows a step
-  widens the blocks for a float32 matmul),
+  128 tokens is read by the quantized model, ``WIDEN_MIN_ROWS`` - 1 tokens a step (so every
+  linear runs the split int8 kernel, as the native decoder's steps do: from ``WIDEN_MIN_ROWS``
+  rows a step widens the blocks for a float32 matmul),
   and its argmax at every output position must be the float32 arm's token for at least 99%
   of them. (A free-running
   comparison would count every token after a first near-tie as different, which measures the
