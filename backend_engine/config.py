@@ -15,6 +15,13 @@ INT4_GROUP_SIZES = (32, 64)
 # The KV cache's element type: "auto" is the weights' dtype; int8 keeps a float32 scale per
 # block and KV head beside int8 values (about 4x the tokens of float32 in the same memory).
 KV_CACHE_DTYPES = ("auto", "int8")
+# Speculative decoding's proposers (backend_engine.speculative): n-gram prompt lookup, and a
+# small draft model sharing the target's tokenizer.
+SPECULATIVE_PROPOSERS = ("ngram", "draft")
+# A step of at least this many sequences proposes nothing: past it a step is bound by compute,
+# not by reading the weights, and scoring drafts costs what they save (measured on this
+# project's 2-core CPU with SmolLM2-135M: docs/benchmarks.md, issue #29).
+DEFAULT_SPECULATIVE_CROSSOVER = 8
 
 
 HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` shows
@@ -60,6 +67,27 @@ class EngineConfig:
     )
     kv_cache_dtype: str = field(
         default="auto", metadata={HELP: "KV cache element type: auto (the dtype) or int8."}
+    )
+    speculative_proposer: str | None = field(
+        default=None,
+        metadata={HELP: "Speculative decoding's proposer: ngram or draft (a model); none: off."},
+    )
+    speculative_draft_model: str | None = field(
+        default=None,
+        metadata={HELP: "The draft proposer's model (same tokenizer): a checkpoint or .gguf."},
+    )
+    num_speculative_tokens: int = field(
+        default=4, metadata={HELP: "Most draft tokens a sequence proposes in a step."}
+    )
+    speculative_ngram_min: int = field(
+        default=2, metadata={HELP: "Shortest n-gram prompt lookup matches."}
+    )
+    speculative_ngram_max: int = field(
+        default=4, metadata={HELP: "Longest n-gram prompt lookup matches (the longest wins)."}
+    )
+    speculative_crossover_batch_size: int = field(
+        default=DEFAULT_SPECULATIVE_CROSSOVER,
+        metadata={HELP: "Steps of at least this many sequences do not speculate."},
     )
     block_size: int = field(default=16, metadata={HELP: "Tokens per KV block (a power of two)."})
     kv_cache_memory_bytes: int = field(
@@ -139,6 +167,33 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
+        if (
+            self.speculative_proposer is not None
+            and self.speculative_proposer not in SPECULATIVE_PROPOSERS
+        ):
+            raise ValueError(
+                f"speculative_proposer must be one of {SPECULATIVE_PROPOSERS}, "
+                f"got {self.speculative_proposer!r}"
+            )
+        if (self.speculative_proposer == "draft") != (self.speculative_draft_model is not None):
+            raise ValueError(
+                "speculative_draft_model is needed by, and only by, speculative_proposer='draft'"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ValueError(
+                f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(
+                "the n-gram sizes must satisfy 1 <= speculative_ngram_min <= "
+                f"speculative_ngram_max, got {self.speculative_ngram_min} and "
+                f"{self.speculative_ngram_max}"
+            )
+        if self.speculative_crossover_batch_size < 1:
+            raise ValueError(
+                "speculative_crossover_batch_size must be at least 1, "
+                f"got {self.speculative_crossover_batch_size}"
             )
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")

@@ -41,6 +41,7 @@ from backend_engine.outputs import (
 )
 from backend_engine.request_priority import Priority
 from backend_engine.sampling_params import SamplingParams, choice_seed
+from backend_engine.speculative.speculator import make_speculator
 from backend_engine.text.output_processor import OutputProcessor
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -93,6 +94,7 @@ class LLMEngine:
         )
         self.runner = plan.build(num_blocks, checkpoint)
         self.outputs = OutputProcessor(self.tokenizer)
+        self.speculator = make_speculator(config)  # None: no speculative decoding
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -236,7 +238,7 @@ class LLMEngine:
         they never wrote leave the prefix cache)."""
         deltas = []
         for request in self.scheduler.finish_many(request_ids, reason):
-            self.runner.release(request.request_id)
+            self._release(request.request_id)
             try:
                 deltas.append(self.outputs.finish_without_token(request))
             except Exception as exc:  # flushing its text failed: it ends all the same
@@ -247,39 +249,69 @@ class LLMEngine:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> list[RequestOutputDelta]:
+        deltas = self._propose_drafts()
         output = self.scheduler.schedule()
         self._record_queue_times()
         if output.is_empty:
-            return []
+            return deltas
         result = self.runner.execute(output)
         self._record_prompt_logprobs(result.prompt_logprobs)
-        deltas = []
         for request_id, exc in result.failed.items():  # before update: no token, no progress
             request = self.scheduler.requests.get(request_id)
             if request is not None:
                 self.scheduler.finish(request_id, "error")
                 deltas.append(self._failed(request, exc))
         sampled = result.sampled
+        accepted = {
+            rid: [draft.token_id for draft in s.accepted_drafts]
+            for rid, s in sampled.items()
+            if s.accepted_drafts
+        }
         updated = self.scheduler.update_from_output(
-            output, {rid: s.token_id for rid, s in sampled.items()}
+            output, {rid: s.token_id for rid, s in sampled.items()}, accepted
         )
-        self.num_generation_tokens += len(updated)
+        if self.speculator is not None:
+            self.speculator.record(
+                output.scheduled, {rid: len(s.accepted_drafts) for rid, s in sampled.items()}
+            )
         computed_ids = {item.request_id for item in output.scheduled}
         for request in updated:
             if request.num_output_tokens == 1 and request.request_id in computed_ids:
                 self.num_prompt_tokens += request.num_prompt_tokens  # just prefilled, not forked
+            token = sampled[request.request_id]
+            logprobs = [draft.logprob for draft in token.accepted_drafts] + [token.logprob]
             try:
-                delta, hit_stop = self.outputs.process(request, sampled[request.request_id].logprob)
+                delta, hit_stop = self.outputs.process(request, logprobs)
             except Exception as exc:
                 self.scheduler.finish(request.request_id, "error")
                 deltas.append(self._failed(request, exc))
                 continue
+            self.num_generation_tokens += len(delta.new_token_ids)
             if hit_stop:
                 self.scheduler.finish(request.request_id, "stop")
             if delta.finished:
-                self.runner.release(request.request_id)
+                self._release(request.request_id)
             deltas.append(delta)
         return deltas
+
+    def _propose_drafts(self) -> list[RequestOutputDelta]:
+        """Speculative decoding: this step's drafts for the decoding sequences; a request
+        whose proposer raised fails alone (its closing deltas are returned)."""
+        if self.speculator is None:
+            return []
+        failures = self.speculator.propose(self.scheduler.running)
+        deltas = []
+        for request_id, exc in failures.items():
+            request = self.scheduler.finish(request_id, "error")
+            if request is not None:
+                deltas.append(self._failed(request, exc))
+        return deltas
+
+    def _release(self, request_id: str) -> None:
+        """Forget what the runner and the speculator keep for an ended request."""
+        self.runner.release(request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
 
     def _record_prompt_logprobs(self, computed: dict[str, list[TokenLogprob | None]]) -> None:
         """Append each chunk's prompt logprobs to its request's (the first delta carries them)."""
@@ -294,7 +326,7 @@ class LLMEngine:
             "request %s failed in the engine; the others go on", request.request_id, exc_info=exc
         )
         request.finish_reason = "error"
-        self.runner.release(request.request_id)
+        self._release(request.request_id)
         return self.outputs.fail(request, f"{type(exc).__name__}: {exc}")
 
     def _record_queue_times(self) -> None:
@@ -327,6 +359,11 @@ class LLMEngine:
                 name: QueueTimes(tuple(counts), total)
                 for name, (counts, total) in self._queue_times.items()
             },
+            speculative=(
+                {self.speculator.proposer.name: self.speculator.counts}
+                if self.speculator is not None
+                else {}
+            ),
         )
 
 

@@ -74,6 +74,26 @@ class QueueTimes:
 
 
 @dataclass(frozen=True)
+class SpeculativeCounts:
+    """One proposer's work since the engine started (cumulative)."""
+
+    num_verified_chunks: int = 0  # sequence-steps that verified at least one draft
+    num_draft_tokens: int = 0  # drafts scored by the target
+    num_accepted_tokens: int = 0  # drafts the target kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def accepted_tokens_per_chunk(self) -> float:
+        """Drafts kept per verifying step of a sequence (it emits one more of its own)."""
+        if not self.num_verified_chunks:
+            return 0.0
+        return self.num_accepted_tokens / self.num_verified_chunks
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics."""
 
@@ -92,3 +112,5 @@ class EngineStats:
     num_computed_prompt_tokens: int = 0
     # Per priority class ("interactive", "batch"): how long requests waited to be scheduled.
     queue_times: Mapping[str, QueueTimes] = field(default_factory=dict)
+    # Speculative decoding, by proposer ("ngram"): drafts scored and kept (cumulative).
+    speculative: Mapping[str, SpeculativeCounts] = field(default_factory=dict)

@@ -120,14 +120,18 @@ class KVCacheManager:
         num_new_tokens: int,
         cached_prefix: CachedPrefix | None = None,
         num_reserved_blocks: int = 0,
+        num_lookahead_tokens: int = 0,
     ) -> Allocation | None:
         """Make room for ``num_new_tokens`` more tokens after those already computed
         (plus a cached prefix, for a request being admitted: the prefix-cache metrics
-        count it on success).
+        count it on success), and for ``num_lookahead_tokens`` after them: draft tokens
+        (speculative decoding), scored in the same step but not yet the request's.
 
         ``num_reserved_blocks`` must stay free afterwards (the admission watermark).
-        On success, full blocks covered by this step are registered in the prefix
-        cache: their KV is written in the same forward pass that reads them.
+        On success, full blocks covered by the new tokens are registered in the prefix
+        cache: their KV is written in the same forward pass that reads them. Lookahead
+        tokens never register a block: a block holding an unverified token is never
+        offered to the cache (:meth:`trim` frees what the rejected ones took).
         """
         blocks = self._blocks.setdefault(request.request_id, [])
         hits = cached_prefix.blocks if cached_prefix is not None else ()
@@ -135,7 +139,7 @@ class KVCacheManager:
             cached_prefix.num_tokens if cached_prefix is not None else 0
         )
         num_total = num_computed + num_new_tokens
-        num_needed = self.blocks_needed(num_total) - len(blocks) - len(hits)
+        num_needed = self.blocks_needed(num_total + num_lookahead_tokens) - len(blocks) - len(hits)
         # Cached blocks with no references sit in the free list: reviving them
         # uses up free capacity just like a fresh allocation does.
         num_revived = sum(1 for block in hits if block.ref_cnt == 0)
@@ -188,6 +192,18 @@ class KVCacheManager:
             num_full, self._num_hashed_blocks.get(parent.request_id, 0)
         )
         return copies
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Free the blocks past the first ``num_tokens`` tokens (tail first): those taken for
+        draft tokens the target rejected. None of them is in the prefix cache (lookahead
+        registers nothing), so they go back to the free list as they are."""
+        blocks = self._blocks.get(request.request_id)
+        num_kept = self.blocks_needed(num_tokens)
+        if not blocks or len(blocks) <= num_kept:
+            return
+        trimmed = blocks[num_kept:]
+        del blocks[num_kept:]
+        self.pool.free(reversed(trimmed))
 
     def free(self, request: Request, *, num_written_tokens: int | None = None) -> None:
         """Release a request's blocks, tail first, so its prefix outlives its suffix in the LRU.

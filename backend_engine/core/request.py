@@ -20,6 +20,14 @@ class OutputMatcher(Protocol):
 
     def accept(self, token_id: int) -> None: ...
 
+    def num_valid_prefix(self, token_ids: list[int]) -> int:
+        """How many leading ``token_ids`` the grammar would accept in turn (state unchanged)."""
+        ...
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepts (drafts scored, then dropped)."""
+        ...
+
     @property
     def is_finished(self) -> bool: ...
 
@@ -54,6 +62,7 @@ class Request:
         "arrival_time",
         "block_hashes",
         "choice_index",
+        "draft_token_ids",
         "finish_reason",
         "fork_parent",
         "group_id",
@@ -119,6 +128,10 @@ class Request:
         # The leader's other choices, until its prefill ends (see the class docstring).
         self.pending_forks: list[Request] = []
         self.fork_parent: Request | None = None  # the leader, while AWAITING_FORK
+        # Speculative decoding: tokens proposed to follow its last one, set by the engine before
+        # a step (``backend_engine.speculative``). The scheduler may schedule them with the last
+        # token, to be verified; they never join ``all_token_ids`` unless the target keeps them.
+        self.draft_token_ids: tuple[int, ...] = ()
 
     @property
     def prompt_token_ids(self) -> list[int]:

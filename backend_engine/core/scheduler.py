@@ -34,6 +34,15 @@ under ``max_num_seqs``) waits instead, like a preempted request, its first token
 recomputed (the prefix cache then has the full blocks). A leader that ends before its prefill
 does (an abort, a failure) lets its pending choices go as ordinary waiting requests.
 
+Speculative decoding: a decoding request may carry draft tokens (``Request.draft_token_ids``,
+proposed by the engine before the step). Once every decode has its one token, each one's
+drafts are scheduled after it, as far as the budget and blocks allow (never the watermark's:
+drafts are optional) and never past its ``max_tokens`` or the model length, so it computes
+its last token and the drafts as one chunk. The drafts' blocks are lookahead: none is offered
+to the prefix cache. ``update_from_output`` appends the drafts the runner kept, then its own
+token, stopping at the first that stops the request, counts only the kept tokens' KV as
+computed, and frees the blocks only the rejected drafts took.
+
 In ``static`` mode a new batch is admitted only once the previous one has
 drained entirely: the classic padded-batch behaviour, kept for comparison.
 The scheduler is plain Python over token ids and block ids; it never sees a tensor.
@@ -42,7 +51,7 @@ The scheduler is plain Python over token ids and block ids; it never sees a tens
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from backend_engine.config import DEFAULT_MAX_RUNNING_SHARE, SchedulingMode
 from backend_engine.core.kv_cache_manager import BlockCopy, CachedPrefix, KVCacheManager
@@ -124,6 +133,7 @@ class Scheduler:
         if self.mode == "continuous":
             decodes = [r for r in running if not is_prefill(r)]
             self._schedule_chunks(step, ((r, step.num_left(r)) for r in decodes))
+            self._schedule_drafts(step, decodes)
             self._share_prefill_budget(step, prefills)
         else:
             self._schedule_chunks(step, ((r, step.num_left(r)) for r in running))
@@ -134,6 +144,8 @@ class Scheduler:
             describe(r, n, self.kv_cache.block_table(r.request_id))
             for r, n in sorted(step.scheduled.items(), key=lambda item: place[item[0]])
         ]
+        for request in step.scheduled:
+            request.draft_token_ids = ()  # proposed for this step only
         copies, self._block_copies = tuple(self._block_copies), []
         return SchedulerOutput(
             [item for item in described if item.is_decode],
@@ -175,6 +187,32 @@ class Scheduler:
             if request.status is RequestStatus.RUNNING:
                 step.unscheduled.remove(request)
                 step.add(request, num_new)
+
+    def _schedule_drafts(self, step: StepPlan, decodes: list[Request]) -> None:
+        """Extend each scheduled decode by its draft tokens, within the budget, the blocks
+        above the watermark, its ``max_tokens`` (the last token verified is the target's own,
+        so at most ``max_tokens - 1`` more drafts can pay) and the model length."""
+        for request in decodes:
+            drafts = request.draft_token_ids
+            if not drafts or step.scheduled.get(request) != 1:
+                continue  # nothing proposed, or not scheduled (preempted, no budget)
+            num_output_left = request.max_tokens - request.num_output_tokens
+            num_drafts = min(
+                len(drafts),
+                step.budget,
+                num_output_left - 1,
+                self.max_model_len - request.num_tokens,
+            )
+            if num_drafts <= 0:
+                continue
+            allocation = self.kv_cache.allocate_slots(
+                request,
+                1,
+                num_reserved_blocks=self.num_watermark_blocks,
+                num_lookahead_tokens=num_drafts,
+            )
+            if allocation is not None:
+                step.add(request, num_drafts)
 
     def _share_prefill_budget(self, step: StepPlan, prefills: list[Request]) -> None:
         """Continuous mode's prefill phase (steps 2 and 3 of the module docstring).
@@ -293,13 +331,19 @@ class Scheduler:
         self.num_preemptions += 1
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int],
+        accepted_draft_ids: Mapping[str, Sequence[int]] | None = None,
     ) -> list[Request]:
         """Advance computed counts, append sampled tokens and finish the requests that stop
         on their token (eos, a stop token, max_tokens, the model length: the rule is
         :func:`~backend_engine.core.stop_rules.token_stop`). Returns the requests that received
         a token this step (finished ones included), each leader followed by the choices it
         forked.
+
+        ``accepted_draft_ids``: for a chunk with drafts, the leading drafts the runner kept;
+        they come before its sampled token, each under the stop rule in turn.
 
         A leader's pending choices are forked before its own stop rule runs, so one that stops
         on its first token (``max_tokens=1``, eos) still leaves them its prompt's KV: its
@@ -313,8 +357,11 @@ class Scheduler:
                 continue
             prompt_end = min(item.start_position + item.num_tokens, request.num_prompt_tokens)
             self.num_computed_prompt_tokens += max(prompt_end - item.start_position, 0)
-            request.num_computed_tokens += item.num_tokens
             token_id = sampled_token_ids.get(item.request_id)
+            if item.draft_token_ids:
+                self._take_verified(item, request, token_id, accepted_draft_ids, updated)
+                continue
+            request.num_computed_tokens += item.num_tokens
             if not item.do_sample or token_id is None:
                 continue
             request.all_token_ids.append(token_id)
@@ -323,6 +370,29 @@ class Scheduler:
                 self._fork_pending(request, sampled_token_ids, updated)
             self._stop_on_token(request, token_id)
         return updated
+
+    def _take_verified(
+        self,
+        item: ScheduledRequest,
+        request: Request,
+        token_id: int | None,
+        accepted_draft_ids: Mapping[str, Sequence[int]] | None,
+        updated: list[Request],
+    ) -> None:
+        """A chunk with drafts: its last token and the kept drafts are computed; the kept
+        drafts, then the sampled token, are appended until one stops the request; the blocks
+        only rejected drafts took are freed."""
+        accepted = tuple((accepted_draft_ids or {}).get(item.request_id, ()))
+        if token_id is None:
+            accepted = ()  # nothing verified (not sampled): no draft is known to be right
+        request.num_computed_tokens += item.num_tokens - len(item.draft_token_ids) + len(accepted)
+        if token_id is not None:
+            updated.append(request)
+            for new_token_id in (*accepted, token_id):
+                request.all_token_ids.append(new_token_id)
+                if self._stop_on_token(request, new_token_id):
+                    return  # finished: its blocks are freed
+        self.kv_cache.trim(request, request.num_computed_tokens)
 
     def _stop_on_token(self, request: Request, token_id: int) -> bool:
         """Finish ``request`` if it stops on its new token; whether it did."""

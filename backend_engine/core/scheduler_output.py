@@ -43,6 +43,10 @@ class ScheduledRequest:
     # With ``prompt_logprobs``: how many of the prompt's entries were already reported
     # (a recompute after preemption owes none of those again).
     num_reported_prompt_logprobs: int = 0
+    # Speculative decoding: the last ``len(draft_token_ids)`` of ``token_ids`` are proposed
+    # tokens after the request's last one. The runner scores all of them in this chunk (a row
+    # of logits per token) and verifies the drafts (``backend_engine.speculative.verification``).
+    draft_token_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -68,9 +72,12 @@ class SchedulerOutput:
 
 
 def describe(request: Request, num_new: int, block_table: list[int]) -> ScheduledRequest:
-    """The next ``num_new`` tokens of ``request`` as the runner reads them."""
+    """The next ``num_new`` tokens of ``request`` as the runner reads them: its own, then, past
+    its last token, its drafts (speculative decoding)."""
     start = request.num_computed_tokens
-    do_sample = start + num_new == request.num_tokens
+    num_drafts = max(start + num_new - request.num_tokens, 0)
+    drafts = request.draft_token_ids[:num_drafts]
+    do_sample = start + num_new - num_drafts == request.num_tokens
     forks: tuple[ForkedChoice, ...] = ()
     if do_sample and request.pending_forks:
         forks = tuple(
@@ -78,7 +85,7 @@ def describe(request: Request, num_new: int, block_table: list[int]) -> Schedule
         )
     return ScheduledRequest(
         request_id=request.request_id,
-        token_ids=request.all_token_ids[start : start + num_new],
+        token_ids=request.all_token_ids[start : start + num_new - num_drafts] + list(drafts),
         start_position=start,
         block_table=block_table,
         sampling_params=request.sampling_params,
@@ -89,4 +96,5 @@ def describe(request: Request, num_new: int, block_table: list[int]) -> Schedule
         all_token_ids=request.all_token_ids,
         num_prompt_tokens=request.num_prompt_tokens,
         num_reported_prompt_logprobs=len(request.prompt_logprobs or ()),
+        draft_token_ids=drafts,
     )

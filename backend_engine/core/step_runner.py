@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 class SampledToken:
     token_id: int
     logprob: TokenLogprob | None
+    # Speculative decoding: the drafts the target kept, each with its logprob, which come
+    # before ``token_id`` (the target's own token after them).
+    accepted_drafts: tuple[SampledToken, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class StepRunner(Protocol):
         """Copy the KV blocks ``output.block_copies`` names, then compute every scheduled
         item; a token for each item with ``do_sample`` and for each of its ``forks`` (from
         the item's logits, under the fork's id and settings), and the prompt logprobs each
-        chunk of a request with ``prompt_logprobs`` owes."""
+        chunk of a request with ``prompt_logprobs`` owes. An item with ``draft_token_ids``
+        has them verified: its token carries the drafts kept before it."""
         ...
 
     def release(self, request_id: str) -> None:

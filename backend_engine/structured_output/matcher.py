@@ -39,6 +39,18 @@ class GrammarMatcher:
                 f"token {token_id} does not continue the grammar: {self._matcher.get_error()}"
             )
 
+    def num_valid_prefix(self, token_ids: list[int]) -> int:
+        """How many leading ``token_ids`` the grammar would accept in turn; the state is
+        unchanged (speculative decoding's drafts past this are rejected unscored)."""
+        self._check()
+        return int(self._matcher.validate_tokens(token_ids))
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepts: drafts masked for, then not kept."""
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            error = self._matcher.get_error()
+            raise GrammarViolation(f"cannot roll back {num_tokens} tokens: {error}")
+
     @property
     def is_finished(self) -> bool:
         """The grammar is complete and took its end-of-sequence token: nothing may follow."""

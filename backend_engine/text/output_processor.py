@@ -9,6 +9,7 @@ this module only acts on it, leaving the stop token out of the text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backend_engine.core.request import Request
@@ -42,20 +43,33 @@ class OutputProcessor:
         )
 
     def process(
-        self, request: Request, logprob: TokenLogprob | None
+        self, request: Request, logprobs: Sequence[TokenLogprob | None] = ()
     ) -> tuple[RequestOutputDelta, bool]:
-        """The delta for a request that just received a token; the flag says a stop
-        string was hit (the caller then finishes the request)."""
+        """The delta for a request that just received one token or more (speculative
+        decoding keeps several in a step), ``logprobs`` one per new token where asked for;
+        the flag says a stop string was hit (the caller then finishes the request).
+
+        New tokens are read one at a time, as if each had come in its own step: a stop
+        string found at one of them drops those after it from the request (they would never
+        have been sampled), so the output is the same with or without speculation."""
         state = self._states[request.request_id]
-        if logprob is not None:
-            state.pending_logprobs.append(logprob)
-        token_id = request.all_token_ids[-1]
-        text = ""
+        start = request.num_prompt_tokens + state.num_emitted_tokens
+        new_token_ids = request.all_token_ids[start:]
+        pieces = []
         hit_stop = False
-        if request.stop_token_id is None:  # the scheduler did not stop it on this token
-            text = state.detokenizer.add(token_id)
+        for index, token_id in enumerate(new_token_ids):
+            if index == len(new_token_ids) - 1 and request.stop_token_id is not None:
+                break  # the scheduler stopped it on this token: no text
+            piece = state.detokenizer.add(token_id)
             if state.stop_matcher is not None:
-                text, hit_stop = state.stop_matcher.feed(text)
+                piece, hit_stop = state.stop_matcher.feed(piece)
+            pieces.append(piece)
+            if hit_stop:
+                del request.all_token_ids[start + index + 1 :]
+                break
+        num_kept = request.num_tokens - start
+        state.pending_logprobs.extend(lp for lp in logprobs[:num_kept] if lp is not None)
+        text = "".join(pieces)
         finished = request.is_finished or hit_stop
         reason: FinishReason | None = "stop" if hit_stop else request.finish_reason
         if finished and not hit_stop:

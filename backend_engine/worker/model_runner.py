@@ -33,6 +33,7 @@ from backend_engine.models.attention_metadata import AttentionMetadata
 from backend_engine.models.packed_linear import pack_linears
 from backend_engine.outputs import TokenLogprob
 from backend_engine.worker.cpu_runtime import tune_cpu_runtime
+from backend_engine.worker.draft_verification import verify_drafts
 from backend_engine.worker.failure_isolation import isolate_failures
 from backend_engine.worker.logits_mask import accept_tokens, mask_logits
 from backend_engine.worker.logits_processing import apply_logits_stage
@@ -247,10 +248,24 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
         # hidden: [num_tokens, hidden_size]
         self._compute_prompt_logprobs(hidden, [scheduled[i] for i in order], prompt_logprobs)
-        rows = [i for i in order if scheduled[i].do_sample]  # batch order: sample_token_indices'
+        sampled_rows = [i for i in order if scheduled[i].do_sample]  # sample_token_indices'
+        rows = [i for i in sampled_rows if not scheduled[i].draft_token_ids]
+        verified_rows = [i for i in sampled_rows if scheduled[i].draft_token_ids]
+        if verified_rows:
+            last_rows = dict(zip(sampled_rows, batch.sample_token_indices.tolist(), strict=True))
+            verified = self._verify_drafts(
+                hidden, [(scheduled[i], last_rows[i]) for i in verified_rows]
+            )
+            for i, outcome in zip(verified_rows, verified, strict=True):
+                outcomes[i] = outcome
+            if rows:
+                plain = torch.tensor([last_rows[i] for i in rows], device=hidden.device)
+                hidden = hidden.index_select(0, plain)
+        elif rows:
+            hidden = hidden[batch.sample_token_indices]
         if not rows:
             return outcomes
-        logits = self.model.compute_logits(hidden[batch.sample_token_indices])
+        logits = self.model.compute_logits(hidden)
         # logits: [num_sampled, vocab]
         to_sample, logits_rows = _sample_rows([scheduled[i] for i in rows])
         if len(to_sample) > len(rows):  # each fork's row: a copy of its leader's
@@ -262,6 +277,27 @@ class ModelRunner:
                 outcomes[rows[logits_row]] = outcome
             elif forked is not None:
                 forked[item.request_id] = outcome
+        return outcomes
+
+    def _verify_drafts(
+        self, hidden: torch.Tensor, items: Sequence[tuple[ScheduledRequest, int]]
+    ) -> list[SampledToken | Exception]:
+        """Verify each chunk's drafts (``items``: each with its last token's row in ``hidden``):
+        its tokens (:mod:`.draft_verification`), or what its verification raised, pinned on it."""
+        gather = [
+            row for item, last in items for row in range(last - len(item.draft_token_ids), last + 1)
+        ]
+        logits = self.model.compute_logits(hidden[gather])  # [sum(k + 1), vocab]
+        outcomes: list[SampledToken | Exception] = []
+        offset = 0
+        for item, _ in items:
+            num_rows = len(item.draft_token_ids) + 1
+            generator = self._generator(item) or self.default_generator
+            try:
+                outcomes.append(verify_drafts(logits[offset : offset + num_rows], item, generator))
+            except Exception as exc:
+                outcomes.append(exc)
+            offset += num_rows
         return outcomes
 
     def _compute_prompt_logprobs(

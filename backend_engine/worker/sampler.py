@@ -73,6 +73,24 @@ def token_logprobs(
     return out
 
 
+def sampling_probs(
+    logits: torch.Tensor,  # [num_rows, vocab] float32
+    params: Sequence[SamplingParams],
+) -> torch.Tensor:
+    """The distribution each row samples from: temperature, then top-k and top-p
+    ([num_rows, vocab], rows summing to one; a greedy row's is its softmax at temperature 1).
+    Sampling draws from it, and speculative decoding verifies drafts against it."""
+    temperatures = torch.tensor(
+        [p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device
+    )
+    scaled = logits / temperatures.unsqueeze(1)
+    top_ks = [p.top_k for p in params]
+    top_ps = [p.top_p for p in params]
+    if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
+        scaled = _apply_top_k_top_p(scaled, top_ks, top_ps)
+    return torch.softmax(scaled, dim=-1)
+
+
 def _sample_random(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
@@ -81,15 +99,7 @@ def _sample_random(
     is_greedy: list[bool],
 ) -> torch.Tensor:
     device = logits.device
-    temperatures = torch.tensor(
-        [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
-    )
-    scaled = logits / temperatures.unsqueeze(1)
-    top_ks = [p.top_k for p in params]
-    top_ps = [p.top_p for p in params]
-    if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
-        scaled = _apply_top_k_top_p(scaled, top_ks, top_ps)
-    probs = torch.softmax(scaled, dim=-1)
+    probs = sampling_probs(logits, params)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, and lets each
     # row take its noise from its own generator.
     noise = torch.empty_like(probs)

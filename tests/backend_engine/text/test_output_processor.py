@@ -28,7 +28,7 @@ def test_the_token_a_request_stopped_on_is_left_out_of_the_text(
         request.finish_reason = "stop"
         if stopped_on_it:  # what the scheduler records when token_stop says so
             request.stop_token_id = token
-        deltas[rid], _ = outputs.process(request, None)
+        deltas[rid], _ = outputs.process(request)
     # The processor does not re-check stop_token_ids: only the scheduler's word hides a token.
     assert deltas["shown"].new_text == tokenizer.decode([token])
     assert deltas["stopped"].new_text == ""
@@ -50,9 +50,9 @@ def test_prompt_logprobs_ride_on_the_first_delta_only(
     for request in (asking, plain):
         outputs.add(request)
         request.all_token_ids.append(9)
-        firsts.append(outputs.process(request, None)[0])
+        firsts.append(outputs.process(request)[0])
         request.all_token_ids.append(10)
-        seconds.append(outputs.process(request, None)[0])
+        seconds.append(outputs.process(request)[0])
     assert firsts[0].prompt_logprobs == computed
     assert firsts[1].prompt_logprobs is None
     assert [d.prompt_logprobs for d in seconds] == [None, None]

@@ -1,0 +1,149 @@
+"""Speculative decoding in the engine's loop: each step's drafts, and what their verification
+taught.
+
+Before a step is planned, every running sequence that is decoding (one token left to compute)
+gets a k from its adaptive policy (:mod:`.adaptive_k`, given how many sequences run) and, if
+k > 0, up to k drafts from the proposer, set on the request (``Request.draft_token_ids``). The
+scheduler schedules them after the sequence's last token where the step has room, the runner
+verifies them, and the scheduler keeps what the target accepted. After the step, each
+sequence that decoded records how many of its scheduled drafts were kept, which moves its k,
+and the proposer's counters grow (the engine's ``/metrics``).
+
+A proposer that raises for a sequence fails that sequence alone (``propose`` returns the
+failures for the engine to finish), the way the runner pins a failure on its request.
+
+Proposers:
+
+- ``ngram`` (prompt lookup, :class:`NgramProposer`): each sequence's :class:`.NgramIndex` is
+  fed its final tokens as they come (drafts never), and rebuilt only if the sequence lost
+  tokens.
+
+Plain Python: no tensors, so it runs beside the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from backend_engine.config import EngineConfig
+from backend_engine.core.request import Request
+from backend_engine.core.scheduler_output import ScheduledRequest
+from backend_engine.outputs import SpeculativeCounts
+from backend_engine.speculative.adaptive_k import (
+    AdaptiveKSettings,
+    AdaptiveKState,
+    choose_k,
+    initial_state,
+    record_step,
+)
+from backend_engine.speculative.ngram_proposer import NgramIndex
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, request: Request, k: int) -> tuple[int, ...]:
+        """Up to ``k`` tokens to follow the request's last one (fewer, or none, if unsure)."""
+        ...
+
+    def forget(self, request_id: str) -> None:
+        """Drop what is kept for a request that has ended."""
+        ...
+
+
+class NgramProposer:
+    """Prompt lookup over each sequence's own prompt and output."""
+
+    name = "ngram"
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n = min_n
+        self.max_n = max_n
+        self._indexes: dict[str, NgramIndex] = {}
+
+    def propose(self, request: Request, k: int) -> tuple[int, ...]:
+        token_ids = request.all_token_ids
+        index = self._indexes.get(request.request_id)
+        if index is None or index.num_tokens > len(token_ids):
+            index = NgramIndex(self.min_n, self.max_n)
+            self._indexes[request.request_id] = index
+        index.extend(token_ids[index.num_tokens :])
+        return index.propose(k)
+
+    def forget(self, request_id: str) -> None:
+        self._indexes.pop(request_id, None)
+
+
+class Speculator:
+    """Drafts for each step and the per-sequence adaptive k, over one proposer."""
+
+    def __init__(self, proposer: Proposer, settings: AdaptiveKSettings) -> None:
+        self.proposer = proposer
+        self.settings = settings
+        self.counts = SpeculativeCounts()
+        self._states: dict[str, AdaptiveKState] = {}
+
+    def propose(self, running: Sequence[Request]) -> dict[str, Exception]:
+        """Set this step's drafts on the decoding sequences of ``running``; returns the
+        requests whose proposer raised (they get no drafts; the caller fails them)."""
+        failures: dict[str, Exception] = {}
+        batch_size = len(running)
+        for request in running:
+            request.draft_token_ids = ()
+            if request.num_tokens - request.num_computed_tokens != 1:
+                continue  # prefilling: nothing to draft after
+            state = self._states.get(request.request_id)
+            if state is None:
+                state = self._states[request.request_id] = initial_state(self.settings)
+            k = choose_k(self.settings, state, batch_size)
+            if k == 0:
+                continue
+            try:
+                request.draft_token_ids = tuple(self.proposer.propose(request, k))[:k]
+            except Exception as exc:
+                failures[request.request_id] = exc
+        return failures
+
+    def record(
+        self, scheduled: Iterable[ScheduledRequest], num_accepted: Mapping[str, int]
+    ) -> None:
+        """After a step: each decoding sequence's drafts scored and kept (``num_accepted``, by
+        request id, for those that got tokens) move its k and the counts."""
+        counts = self.counts
+        num_chunks, num_drafts, num_kept = 0, 0, 0
+        for item in scheduled:
+            state = self._states.get(item.request_id)
+            if state is None or not (item.is_decode or item.draft_token_ids):
+                continue
+            if item.request_id not in num_accepted:
+                continue  # it failed this step: nothing was verified
+            proposed = len(item.draft_token_ids)
+            kept = num_accepted[item.request_id]
+            self._states[item.request_id] = record_step(self.settings, state, proposed, kept)
+            if proposed:
+                num_chunks += 1
+                num_drafts += proposed
+                num_kept += kept
+        if num_chunks:
+            self.counts = SpeculativeCounts(
+                counts.num_verified_chunks + num_chunks,
+                counts.num_draft_tokens + num_drafts,
+                counts.num_accepted_tokens + num_kept,
+            )
+
+    def forget(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+        self.proposer.forget(request_id)
+
+
+def make_speculator(config: EngineConfig) -> Speculator | None:
+    """The engine's speculator as configured; None when speculative decoding is off."""
+    if config.speculative_proposer is None:
+        return None
+    settings = AdaptiveKSettings(
+        max_k=config.num_speculative_tokens,
+        crossover_batch_size=config.speculative_crossover_batch_size,
+    )
+    proposer = NgramProposer(config.speculative_ngram_min, config.speculative_ngram_max)
+    return Speculator(proposer, settings)
