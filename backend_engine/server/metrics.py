@@ -1,12 +1,15 @@
 """Prometheus metrics of one server: engine state read at scrape time, plus request timings.
 
+Speculative decoding's metrics (``tollway_engine_spec_decode_*``, labelled by proposer) appear
+only while the engine speculates: a dashboard can tell "off" from "on, nothing accepted".
+
 Each app owns its own ``CollectorRegistry``; nothing is registered globally, so
 several apps (and tests) can live in one process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -17,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from backend_engine.outputs import QUEUE_TIME_BUCKETS, EngineStats
+from backend_engine.outputs import QUEUE_TIME_BUCKETS, EngineStats, SpeculativeCounts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -72,6 +75,48 @@ class EngineStatsCollector(Collector):
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
             queue_time.add_metric([priority], buckets, sum_value=times.sum_s)
         yield queue_time
+        yield from _speculative_metrics(stats.speculative)
+
+
+def _speculative_metrics(by_proposer: Mapping[str, SpeculativeCounts]) -> Iterator[Metric]:
+    """Drafts scored and kept, by proposer; nothing when the engine does not speculate. The
+    two gauges are since the engine started: over a window, divide the counters' rates."""
+    if not by_proposer:
+        return
+    labels = ("proposer",)
+    draft_tokens = CounterMetricFamily(
+        "tollway_engine_spec_decode_draft_tokens",
+        "Draft tokens the target model scored.",
+        labels=labels,
+    )
+    accepted_tokens = CounterMetricFamily(
+        "tollway_engine_spec_decode_accepted_tokens",
+        "Draft tokens the target model kept.",
+        labels=labels,
+    )
+    verified_steps = CounterMetricFamily(
+        "tollway_engine_spec_decode_verified_steps",
+        "Sequence-steps that verified at least one draft token.",
+        labels=labels,
+    )
+    acceptance_rate = GaugeMetricFamily(
+        "tollway_engine_spec_decode_acceptance_rate",
+        "Draft tokens kept per draft token scored, since the engine started.",
+        labels=labels,
+    )
+    accepted_per_step = GaugeMetricFamily(
+        "tollway_engine_spec_decode_accepted_tokens_per_step",
+        "Draft tokens kept per verifying sequence-step (each also emits one of its own), "
+        "since the engine started.",
+        labels=labels,
+    )
+    for proposer, counts in sorted(by_proposer.items()):
+        draft_tokens.add_metric([proposer], counts.num_draft_tokens)
+        accepted_tokens.add_metric([proposer], counts.num_accepted_tokens)
+        verified_steps.add_metric([proposer], counts.num_verified_chunks)
+        acceptance_rate.add_metric([proposer], counts.acceptance_rate)
+        accepted_per_step.add_metric([proposer], counts.accepted_tokens_per_chunk)
+    yield from (draft_tokens, accepted_tokens, verified_steps, acceptance_rate, accepted_per_step)
 
 
 class ServerMetrics:
