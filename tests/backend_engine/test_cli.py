@@ -26,6 +26,12 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "quantization_group_size": (["--quantization-group-size", "64"], 64),
     "dequantize": (["--no-dequantize"], False),
     "kv_cache_dtype": (["--kv-cache-dtype", "int8"], "int8"),
+    "speculative_proposer": (["--speculative-proposer", "draft"], "draft"),
+    "speculative_draft_model": (["--speculative-draft-model", "/models/d.gguf"], "/models/d.gguf"),
+    "num_speculative_tokens": (["--num-speculative-tokens", "6"], 6),
+    "speculative_ngram_min": (["--speculative-ngram-min", "3"], 3),
+    "speculative_ngram_max": (["--speculative-ngram-max", "5"], 5),
+    "speculative_crossover_batch_size": (["--speculative-crossover-batch-size", "2"], 2),
     "block_size": (["--block-size", "32"], 32),
     "kv_cache_memory_bytes": (["--kv-cache-memory-bytes", "1048576"], 1 << 20),
     "num_kv_blocks": (["--num-kv-blocks", "100"], 100),
@@ -111,6 +117,52 @@ def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> No
     )
     assert result.exit_code == 2
     assert "quantization and dequantize exclude each other" in result.output
+    assert started == []
+
+
+def test_speculative_decoding_by_ngram_is_three_flags(started: list[Any]) -> None:
+    flags = ["--speculative-proposer", "ngram", "--num-speculative-tokens", "3"]
+    result = runner.invoke(cli.engine_app, ["--model", "m", *flags, "--speculative-ngram-max", "6"])
+    assert result.exit_code == 0, result.output
+    ((config, _),) = started
+    assert config == EngineConfig(
+        model="m", speculative_proposer="ngram", num_speculative_tokens=3, speculative_ngram_max=6
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--speculative-proposer", "medusa"],
+            "speculative_proposer must be one of ('ngram', 'draft'), got 'medusa'",
+        ),
+        (
+            ["--speculative-proposer", "draft"],
+            "speculative_draft_model is needed by, and only by, speculative_proposer='draft'",
+        ),
+        (["--speculative-draft-model", "d.gguf"], "speculative_draft_model is needed by"),
+        (["--num-speculative-tokens", "0"], "num_speculative_tokens must be at least 1, got 0"),
+        (
+            ["--speculative-ngram-min", "5"],
+            "1 <= speculative_ngram_min <= speculative_ngram_max, got 5 and 4",
+        ),
+        (
+            ["--speculative-crossover-batch-size", "0"],
+            "speculative_crossover_batch_size must be at least 1, got 0",
+        ),
+    ],
+)
+def test_a_speculative_setting_the_config_refuses_is_a_usage_error(
+    started: list[Any], flags: list[str], message: str
+) -> None:
+    """Said in one line by the command (exit code 2), not as a traceback."""
+    result = runner.invoke(cli.engine_app, ["--model", "m", *flags])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    said = " ".join(result.output.replace("│", " ").split())  # rich wraps it in a box
+    assert message in said
+    assert "Traceback" not in result.output
     assert started == []
 
 
