@@ -1,6 +1,10 @@
-"""EngineConfig's derived defaults: the step's token budget follows the device."""
+"""EngineConfig's derived defaults (the step's token budget follows the device) and its checks
+of the speculative decoding settings."""
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import pytest
 
@@ -21,3 +25,46 @@ def test_a_step_budget_set_is_kept_on_every_device() -> None:
     assert EngineConfig(model="m", device="cuda", max_num_batched_tokens=64).step_token_budget == 64
     with pytest.raises(ValueError, match="max_num_batched_tokens must be positive"):
         EngineConfig(model="m", max_num_batched_tokens=0)
+
+
+def test_speculative_decoding_is_off_unless_a_proposer_is_set() -> None:
+    config = EngineConfig(model="m")
+    assert config.speculative_proposer is None
+    assert config.speculative_draft_model is None
+    ngram = EngineConfig(model="m", speculative_proposer="ngram", num_speculative_tokens=1)
+    assert (ngram.speculative_ngram_min, ngram.speculative_ngram_max) == (2, 4)
+    draft = EngineConfig(model="m", speculative_proposer="draft", speculative_draft_model="d")
+    assert draft.speculative_draft_model == "d"
+    same = EngineConfig(model="m", speculative_ngram_min=3, speculative_ngram_max=3)
+    assert same.speculative_ngram_min == same.speculative_ngram_max == 3
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"speculative_proposer": "eagle"},
+            "speculative_proposer must be one of ('ngram', 'draft'), got 'eagle'",
+        ),
+        ({"speculative_proposer": "draft"}, "speculative_draft_model is needed by, and only by"),
+        (
+            {"speculative_proposer": "ngram", "speculative_draft_model": "d"},
+            "speculative_draft_model is needed by, and only by, speculative_proposer='draft'",
+        ),
+        ({"speculative_draft_model": "d"}, "speculative_draft_model is needed by"),
+        (
+            {"speculative_ngram_min": 5, "speculative_ngram_max": 3},
+            "1 <= speculative_ngram_min <= speculative_ngram_max, got 5 and 3",
+        ),
+        ({"speculative_ngram_min": 0}, "1 <= speculative_ngram_min"),
+        ({"speculative_ngram_max": 1}, "got 2 and 1"),  # below the default minimum
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens must be at least 1, got 0"),
+        (
+            {"speculative_crossover_batch_size": 0},
+            "speculative_crossover_batch_size must be at least 1, got 0",
+        ),
+    ],
+)
+def test_speculative_settings_are_checked(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineConfig(model="m", **settings)
