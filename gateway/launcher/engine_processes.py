@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO
 
@@ -54,10 +54,35 @@ STABLE_UPTIME_S = 60.0  # an engine up this long has recovered: the back-off sta
 QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64)
 KV_CACHE_DTYPES = ("auto", "int8")
+SPECULATIVE_PROPOSERS = ("ngram", "draft")
+# The engine's n-gram sizes when ``spawn:`` sets one of the two (min <= max is checked here).
+DEFAULT_SPECULATIVE_NGRAM_MIN = 2
+DEFAULT_SPECULATIVE_NGRAM_MAX = 4
 
 
 class EngineStartError(RuntimeError):
     """An engine exited or did not become healthy; the message carries its log's tail."""
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """Speculative decoding in a spawned engine. Each field is the `EngineConfig` field of the
+    same name and becomes its flag; None leaves the engine's default."""
+
+    speculative_proposer: str  # ngram or draft
+    speculative_draft_model: Path | None = None  # the draft proposer's checkpoint
+    num_speculative_tokens: int | None = None
+    speculative_ngram_min: int | None = None
+    speculative_ngram_max: int | None = None
+    speculative_crossover_batch_size: int | None = None
+
+    def flags(self) -> list[str]:
+        flags: list[str] = []
+        for setting in fields(self):
+            value = getattr(self, setting.name)
+            if value is not None:
+                flags += ["--" + setting.name.replace("_", "-"), str(value)]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -71,6 +96,7 @@ class EngineSpec:
     quantization: str | None = None  # int8 or int4: a float checkpoint quantized at load
     quantization_group_size: int | None = None  # int4's values per scale (engine default 32)
     kv_cache_dtype: str | None = None  # auto or int8 (None: the engine's default)
+    speculative: SpeculativeSpec | None = None  # None: the engine does not speculate
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -102,6 +128,8 @@ class EngineSpec:
         ):
             if value is not None:
                 command += [flag, str(value)]
+        if self.speculative is not None:
+            command += self.speculative.flags()
         return [*command, *self.extra_args]
 
 

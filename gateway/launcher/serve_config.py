@@ -15,6 +15,8 @@ Two sources, one result (`ServePlan`):
           # or a GGUF file: spawn: {checkpoint: /models/qwen2.5-0.5b-instruct-q8_0.gguf}
           # quantized at load: spawn: {checkpoint: ..., quantization: int4,
           #                             quantization_group_size: 64, kv_cache_dtype: int8}
+          # speculative decoding: spawn: {checkpoint: ..., speculative_proposer: ngram,
+          #                               num_speculative_tokens: 4}
           upstreams: [http://10.0.0.2:8100]   # optional: more replicas besides the local one
           prices: {input: 100, cached_input: 10, output: 400}
 
@@ -25,7 +27,12 @@ Two sources, one result (`ServePlan`):
   engines that must already be running. ``quantization`` (int8 | int4),
   ``quantization_group_size`` (32 | 64, int4 only) and ``kv_cache_dtype`` (auto | int8) are
   checked here and become the engine's ``--quantization``, ``--quantization-group-size`` and
-  ``--kv-cache-dtype``; other engine flags go in ``args``.
+  ``--kv-cache-dtype``. So are speculative decoding's ``speculative_proposer`` (ngram | draft),
+  ``speculative_draft_model`` (draft only: a checkpoint, relative to the file like
+  ``checkpoint``, checked the same way), ``num_speculative_tokens``,
+  ``speculative_ngram_min`` and ``speculative_ngram_max`` (ngram only, min <= max) and
+  ``speculative_crossover_batch_size`` (each at least 1; all need ``speculative_proposer``);
+  other engine flags go in ``args``.
 
 In both cases ``TOLLWAY_*`` environment variables override the scalar settings, and the
 ``--host``/``--port``/``--data-dir`` flags override both.
@@ -46,11 +53,15 @@ import yaml
 
 from gateway.defaults import DEFAULT_DATA_DIR
 from gateway.launcher.engine_processes import (
+    DEFAULT_SPECULATIVE_NGRAM_MAX,
+    DEFAULT_SPECULATIVE_NGRAM_MIN,
     INT4_GROUP_SIZES,
     KV_CACHE_DTYPES,
     MAX_SOCKET_PATH_BYTES,
     QUANTIZATIONS,
+    SPECULATIVE_PROPOSERS,
     EngineSpec,
+    SpeculativeSpec,
 )
 from gateway.settings import GatewaySettings
 from model_files.checkpoint import Checkpoint
@@ -67,7 +78,19 @@ SPAWN_KEYS = (
     "quantization",
     "quantization_group_size",
     "kv_cache_dtype",
+    "speculative_proposer",
+    "speculative_draft_model",
+    "num_speculative_tokens",
+    "speculative_ngram_min",
+    "speculative_ngram_max",
+    "speculative_crossover_batch_size",
     "args",
+)
+_SPECULATIVE_COUNTS = (
+    "num_speculative_tokens",
+    "speculative_ngram_min",
+    "speculative_ngram_max",
+    "speculative_crossover_batch_size",
 )
 _Choice = TypeVar("_Choice", str, int)
 
@@ -201,6 +224,11 @@ def _spawned_models(
         except (FileNotFoundError, ValueError) as exc:
             raise ValueError(f"model {name!r}: spawn checkpoint: {exc}") from None
         spec.setdefault("context_window", window)
+        if engine.speculative and engine.speculative.speculative_draft_model:
+            try:
+                Checkpoint(engine.speculative.speculative_draft_model).check()
+            except (FileNotFoundError, ValueError) as exc:
+                raise ValueError(f"model {name!r}: spawn.speculative_draft_model: {exc}") from None
         models[name] = spec
         engines.append(engine)
     return models, engines
@@ -231,8 +259,49 @@ def _engine_spec(name: str, spawn: Any, base_dir: Path, sockets: Path) -> Engine
         quantization=quantization,
         quantization_group_size=group_size,
         kv_cache_dtype=_choice(name, spawn, "kv_cache_dtype", KV_CACHE_DTYPES, extra_args),
+        speculative=_speculative_spec(name, spawn, base_dir, extra_args),
         extra_args=extra_args,
     )
+
+
+def _speculative_spec(
+    name: str, spawn: Mapping[str, Any], base_dir: Path, extra_args: tuple[str, ...]
+) -> SpeculativeSpec | None:
+    """``spawn``'s speculative decoding keys, checked as `EngineConfig` checks them; None
+    when it sets none (the engine does not speculate, unless ``args`` says so)."""
+    proposer = _choice(name, spawn, "speculative_proposer", SPECULATIVE_PROPOSERS, extra_args)
+    counts = {key: _count(name, spawn, key, extra_args) for key in _SPECULATIVE_COUNTS}
+    draft_model = spawn.get("speculative_draft_model")
+    if proposer is None:
+        for key in (*_SPECULATIVE_COUNTS, "speculative_draft_model"):
+            if spawn.get(key) is not None:
+                raise ValueError(f"model {name!r}: spawn.{key} needs spawn.speculative_proposer")
+        return None
+    if (proposer == "draft") != (draft_model is not None):
+        raise ValueError(
+            f"model {name!r}: spawn.speculative_draft_model (a checkpoint) is needed by, and "
+            "only by, speculative_proposer: draft"
+        )
+    for key in ("speculative_ngram_min", "speculative_ngram_max"):
+        if proposer != "ngram" and counts[key] is not None:
+            raise ValueError(f"model {name!r}: spawn.{key} applies to speculative_proposer: ngram")
+    ngram_min = counts["speculative_ngram_min"] or DEFAULT_SPECULATIVE_NGRAM_MIN
+    ngram_max = counts["speculative_ngram_max"] or DEFAULT_SPECULATIVE_NGRAM_MAX
+    if ngram_min > ngram_max:
+        raise ValueError(
+            f"model {name!r}: spawn.speculative_ngram_min ({ngram_min}) must be at most "
+            f"speculative_ngram_max ({ngram_max})"
+        )
+    draft_path = None
+    if draft_model is not None:
+        if not isinstance(draft_model, str) or not draft_model:
+            raise ValueError(
+                f"model {name!r}: spawn.speculative_draft_model must be a checkpoint's path, "
+                f"got {draft_model!r}"
+            )
+        _refuse_twice(name, "speculative_draft_model", extra_args)
+        draft_path = (base_dir / Path(draft_model)).resolve()
+    return SpeculativeSpec(proposer, draft_path, **counts)
 
 
 def _choice(
@@ -242,18 +311,38 @@ def _choice(
     choices: tuple[_Choice, ...],
     extra_args: tuple[str, ...],
 ) -> _Choice | None:
-    """``spawn[key]``, one of ``choices``, or ``None`` when absent; also given as its flag in
-    ``spawn.args`` is refused (which of the two would the engine take?)."""
+    """``spawn[key]``, one of ``choices``, or ``None`` when absent."""
     value = spawn.get(key)
     if value is None:
         return None
     if value not in choices or isinstance(value, bool):
         allowed = ", ".join(str(c) for c in choices)
         raise ValueError(f"model {name!r}: spawn.{key} must be one of {allowed}, got {value!r}")
+    _refuse_twice(name, key, extra_args)
+    return value  # type: ignore[no-any-return]
+
+
+def _count(
+    name: str, spawn: Mapping[str, Any], key: str, extra_args: tuple[str, ...]
+) -> int | None:
+    """``spawn[key]``, a whole number at least 1, or ``None`` when absent."""
+    value = spawn.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"model {name!r}: spawn.{key} must be a whole number of at least 1, got {value!r}"
+        )
+    _refuse_twice(name, key, extra_args)
+    return value
+
+
+def _refuse_twice(name: str, key: str, extra_args: tuple[str, ...]) -> None:
+    """A setting given both as ``spawn.KEY`` and as its flag in ``spawn.args`` is refused
+    (which of the two would the engine take?)."""
     flag = "--" + key.replace("_", "-")
     if any(arg == flag or arg.startswith(flag + "=") for arg in extra_args):
         raise ValueError(f"model {name!r}: give {key} once, as spawn.{key} or {flag} in args")
-    return value  # type: ignore[no-any-return]
 
 
 def _without_data_dir(env: Mapping[str, str]) -> dict[str, str]:

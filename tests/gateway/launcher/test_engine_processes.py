@@ -136,6 +136,61 @@ def test_the_launchers_tables_are_the_engines() -> None:
     assert engine_processes.QUANTIZATIONS == engine_config.QUANTIZATIONS
     assert engine_processes.INT4_GROUP_SIZES == engine_config.INT4_GROUP_SIZES
     assert engine_processes.KV_CACHE_DTYPES == engine_config.KV_CACHE_DTYPES
+    assert engine_processes.SPECULATIVE_PROPOSERS == engine_config.SPECULATIVE_PROPOSERS
+    defaults = EngineConfig(model="m")
+    assert defaults.speculative_ngram_min == engine_processes.DEFAULT_SPECULATIVE_NGRAM_MIN
+    assert defaults.speculative_ngram_max == engine_processes.DEFAULT_SPECULATIVE_NGRAM_MAX
+
+
+@pytest.mark.parametrize(
+    ("spawn", "expected"),
+    [
+        (
+            "speculative_proposer: ngram, num_speculative_tokens: 6, speculative_ngram_min: 1,\n"
+            "            speculative_ngram_max: 3, speculative_crossover_batch_size: 2",
+            {
+                "speculative_proposer": "ngram",
+                "num_speculative_tokens": 6,
+                "speculative_ngram_min": 1,
+                "speculative_ngram_max": 3,
+                "speculative_crossover_batch_size": 2,
+            },
+        ),
+        (
+            "speculative_proposer: draft, speculative_draft_model: d.gguf",
+            {"speculative_proposer": "draft", "speculative_draft_model": "d.gguf"},
+        ),
+    ],
+)
+def test_spawn_speculative_settings_reach_the_engines_config(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, spawn: str, expected: dict[str, Any]
+) -> None:
+    """The draft model's path is relative to the config file, like the checkpoint's."""
+    checkpoint = write_gguf(short_tmp / "m.gguf", hf_tensors(), tokenizer_pre="smollm")
+    shutil.copyfile(checkpoint, short_tmp / "d.gguf")
+    config = short_tmp / "tollway.yaml"
+    config.write_text(
+        f"models:\n  small:\n    spawn: {{checkpoint: m.gguf, {spawn},\n"
+        "            args: [--seed, '3']}\n"
+    )
+    (spec,) = config_plan(config, short_tmp / "data", env={}).engines
+    assert spec.command()[-2:] == ["--seed", "3"]
+    started: list[EngineConfig] = []
+    monkeypatch.setattr(engine_cli, "run_server", lambda config, **where: started.append(config))
+    result = CliRunner().invoke(engine_cli.engine_app, spec.command()[3:])
+    assert result.exit_code == 0, result.output
+    if "speculative_draft_model" in expected:
+        expected["speculative_draft_model"] = str((short_tmp / "d.gguf").resolve())
+    assert started == [EngineConfig(model=str(checkpoint.resolve()), seed=3, **expected)]
+
+
+def test_spawn_without_speculative_settings_adds_no_flags(short_tmp: Path) -> None:
+    write_gguf(short_tmp / "m.gguf", hf_tensors(), tokenizer_pre="smollm")
+    config = short_tmp / "tollway.yaml"
+    config.write_text("models:\n  small:\n    spawn: {checkpoint: m.gguf}\n")
+    (spec,) = config_plan(config, short_tmp / "data", env={}).engines
+    assert spec.speculative is None
+    assert not [arg for arg in spec.command() if "speculative" in arg]
 
 
 def test_an_engine_is_ready_only_once_its_model_is_loaded(

@@ -82,6 +82,84 @@ def test_spawn_quantization_settings_are_checked_at_config_load(
         config_plan(config, tmp_path / "data", env={})
 
 
+@pytest.mark.parametrize(
+    ("spawn", "message"),
+    [
+        (
+            "speculative_proposer: eagle",
+            "spawn.speculative_proposer must be one of ngram, draft, got 'eagle'",
+        ),
+        ("num_speculative_tokens: 4", "spawn.num_speculative_tokens needs spawn.speculative_pro"),
+        ("speculative_draft_model: d.gguf", "spawn.speculative_draft_model needs spawn.specula"),
+        (
+            "speculative_proposer: draft",
+            "spawn.speculative_draft_model (a checkpoint) is needed by, and only by, "
+            "speculative_proposer: draft",
+        ),
+        (
+            "speculative_proposer: ngram, speculative_draft_model: d.gguf",
+            "spawn.speculative_draft_model (a checkpoint) is needed by",
+        ),
+        (
+            "speculative_proposer: draft, speculative_draft_model: d.gguf, "
+            "speculative_ngram_max: 3",
+            "spawn.speculative_ngram_max applies to speculative_proposer: ngram",
+        ),
+        (
+            "speculative_proposer: ngram, num_speculative_tokens: 0",
+            "spawn.num_speculative_tokens must be a whole number of at least 1, got 0",
+        ),
+        (
+            "speculative_proposer: ngram, num_speculative_tokens: true",
+            "spawn.num_speculative_tokens must be a whole number of at least 1, got True",
+        ),
+        (
+            "speculative_proposer: ngram, speculative_crossover_batch_size: '8'",
+            "spawn.speculative_crossover_batch_size must be a whole number of at least 1, got '8'",
+        ),
+        (
+            "speculative_proposer: ngram, speculative_ngram_min: 3, speculative_ngram_max: 2",
+            "spawn.speculative_ngram_min (3) must be at most speculative_ngram_max (2)",
+        ),
+        (  # against the engine's default maximum, 4
+            "speculative_proposer: ngram, speculative_ngram_min: 5",
+            "spawn.speculative_ngram_min (5) must be at most speculative_ngram_max (4)",
+        ),
+        (
+            "speculative_proposer: draft, speculative_draft_model: [d.gguf]",
+            "spawn.speculative_draft_model must be a checkpoint's path, got ['d.gguf']",
+        ),
+        (
+            "speculative_proposer: ngram, num_speculative_tokens: 2, "
+            "args: [--num-speculative-tokens=3]",
+            "give num_speculative_tokens once, as spawn.num_speculative_tokens or "
+            "--num-speculative-tokens in args",
+        ),
+    ],
+)
+def test_spawn_speculative_settings_are_checked_at_config_load(
+    tmp_path: Path, spawn: str, message: str
+) -> None:
+    """Refused before anything starts, naming the model and the key."""
+    config = tmp_path / "tollway.yaml"
+    config.write_text(f"models:\n  m:\n    spawn: {{checkpoint: absent.gguf, {spawn}}}\n")
+    with pytest.raises(ValueError, match=f"^model 'm': {re.escape(message)}"):
+        config_plan(config, tmp_path / "data", env={})
+
+
+def test_a_draft_model_the_engine_cannot_load_is_refused_at_config_load(tmp_path: Path) -> None:
+    """Checked like the spawned checkpoint, relative to the config file."""
+    write_tokenizer_gguf(tmp_path / "m.gguf", "gpt-2")
+    config = tmp_path / "tollway.yaml"
+    config.write_text(
+        "models:\n  m:\n    spawn: {checkpoint: m.gguf, speculative_proposer: draft,\n"
+        "            speculative_draft_model: drafts/absent.gguf}\n"
+    )
+    with pytest.raises(ValueError, match=r"^model 'm': spawn\.speculative_draft_model: ") as info:
+        config_plan(config, tmp_path / "data", env={})
+    assert str(tmp_path / "drafts" / "absent.gguf") in str(info.value)
+
+
 def test_spawn_without_quantization_settings_leaves_the_engines_defaults(tmp_path: Path) -> None:
     write_tokenizer_gguf(tmp_path / "m.gguf", "gpt-2")
     config = tmp_path / "tollway.yaml"
