@@ -27,6 +27,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -104,7 +105,9 @@ class LlamaServer:
         flash_attention: bool = False,
         num_threads: int = 2,
         repack: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """``extra_args``: more flags, as given (speculative decoding's, say)."""
         self.port = _free_port()
         self.command = [
             str(binary),
@@ -126,9 +129,11 @@ class LlamaServer:
             "on" if flash_attention else "off",
             "--no-webui",
             *(() if repack else ("--no-repack",)),
+            *extra_args,
         ]
         self.settings = f"-np {slots} -fa {'on' if flash_attention else 'off'} -t {num_threads}"
         self.settings += "" if repack else " --no-repack"
+        self.settings += "".join(f" {arg}" for arg in extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         # Its log goes to a file: a pipe nobody reads fills (64 KiB, a few hundred requests'
         # timing lines) and then blocks the server on its next log write.

@@ -238,9 +238,10 @@ class ModelRunner:
         outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
         if not scheduled:
             return outcomes
-        # The flat batch: decodes first, then prefill chunks, each kind as the scheduler says.
-        decode_rows = [i for i, s in enumerate(scheduled) if s.is_decode]
-        prefill_rows = [i for i, s in enumerate(scheduled) if not s.is_decode]
+        # The flat batch: decodes (with their drafts) first, then prefill chunks.
+        is_decode = [s.is_decode or bool(s.draft_token_ids) for s in scheduled]
+        decode_rows = [i for i, decode in enumerate(is_decode) if decode]
+        prefill_rows = [i for i, decode in enumerate(is_decode) if not decode]
         order = decode_rows + prefill_rows
         batch = self._prepare(
             [scheduled[i] for i in decode_rows], [scheduled[i] for i in prefill_rows]
@@ -374,7 +375,12 @@ class ModelRunner:
     def _prepare(
         self, decodes: Sequence[ScheduledRequest], prefills: Sequence[ScheduledRequest]
     ) -> PreparedBatch:
-        """The packed batch: the decodes' tokens, then the prefill chunks' tokens."""
+        """The packed batch: the decodes' tokens, then the prefill chunks' tokens.
+
+        A decode with drafts (speculative decoding) is several decode rows of one sequence,
+        row j attending to the context up to its own token: every layer stores all rows' K and
+        V before any row attends, so that is causal attention within the chunk, and the step
+        stays a decode step (the native decoder's, on the CPU) rather than a prefill."""
         block_size = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -392,15 +398,16 @@ class ModelRunner:
 
         device = self.device
         int32 = torch.int32
-        decode_lens = [s.start_position + 1 for s in decodes]
+        decode_lens = [s.start_position + j + 1 for s in decodes for j in range(s.num_tokens)]
+        decode_tables = [s.block_table for s in decodes for _ in range(s.num_tokens)]
         prefill_lens = [s.start_position + s.num_tokens for s in prefills]
         cu_q = [0]
         for s in prefills:
             cu_q.append(cu_q[-1] + s.num_tokens)
         metadata = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=_pad_tables([s.block_table for s in decodes], device),
+            num_decode_tokens=len(decode_lens),
+            decode_block_tables=_pad_tables(decode_tables, device),
             decode_seq_lens=torch.tensor(decode_lens, dtype=int32, device=device),
             prefill_block_tables=_pad_tables([s.block_table for s in prefills], device),
             prefill_cu_seqlens_q=torch.tensor(cu_q, dtype=int32, device=device),
