@@ -43,6 +43,12 @@ class EngineOptions(TypedDict, total=False):
     show_progress: bool
     grammar_cache_size: int
     grammar_compile_timeout_s: float
+    speculative_proposer: str | None
+    speculative_draft_model: str | None
+    num_speculative_tokens: int
+    speculative_ngram_min: int
+    speculative_ngram_max: int
+    speculative_crossover_batch_size: int
     drain_grace_s: float  # a server's setting: an LLM has no drain
 
 

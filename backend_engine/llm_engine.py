@@ -94,7 +94,9 @@ class LLMEngine:
         )
         self.runner = plan.build(num_blocks, checkpoint)
         self.outputs = OutputProcessor(self.tokenizer)
-        self.speculator = make_speculator(config)  # None: no speculative decoding
+        self.speculator = make_speculator(  # None: no speculative decoding
+            config, self.model_config.vocab_size, num_blocks
+        )
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0

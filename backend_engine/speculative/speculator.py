@@ -17,6 +17,9 @@ Proposers:
 - ``ngram`` (prompt lookup, :class:`NgramProposer`): each sequence's :class:`.NgramIndex` is
   fed its final tokens as they come (drafts never), and rebuilt only if the sequence lost
   tokens.
+- ``draft`` (a small model's greedy tokens, :mod:`.draft_model`, torch, imported only when
+  chosen): a :class:`BatchProposer`, so all the step's speculating sequences draft together;
+  if that raises, they draft one by one, and the failure is pinned on its own request.
 
 Plain Python: no tensors, so it runs beside the scheduler.
 """
@@ -24,7 +27,7 @@ Plain Python: no tensors, so it runs beside the scheduler.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from backend_engine.config import EngineConfig
 from backend_engine.core.request import Request
@@ -49,6 +52,16 @@ class Proposer(Protocol):
 
     def forget(self, request_id: str) -> None:
         """Drop what is kept for a request that has ended."""
+        ...
+
+
+@runtime_checkable
+class BatchProposer(Proposer, Protocol):
+    """A proposer that drafts for several sequences at once, cheaper than one by one (a draft
+    model: one forward pass per draft position for all of them)."""
+
+    def propose_batch(self, wanted: Sequence[tuple[Request, int]]) -> list[tuple[int, ...]]:
+        """Each ``(request, k)``'s drafts, in order, as ``propose`` would give them."""
         ...
 
 
@@ -89,6 +102,7 @@ class Speculator:
         requests whose proposer raised (they get no drafts; the caller fails them)."""
         failures: dict[str, Exception] = {}
         batch_size = len(running)
+        wanted: list[tuple[Request, int]] = []
         for request in running:
             request.draft_token_ids = ()
             if request.num_tokens - request.num_computed_tokens != 1:
@@ -97,10 +111,21 @@ class Speculator:
             if state is None:
                 state = self._states[request.request_id] = initial_state(self.settings)
             k = choose_k(self.settings, state, batch_size)
-            if k == 0:
-                continue
+            if k > 0:
+                wanted.append((request, k))
+        proposer = self.proposer
+        if isinstance(proposer, BatchProposer) and len(wanted) > 1:
             try:
-                request.draft_token_ids = tuple(self.proposer.propose(request, k))[:k]
+                proposed = proposer.propose_batch(wanted)
+            except Exception:
+                pass  # one by one below, so that a failure is pinned on its own request
+            else:
+                for (request, k), drafts in zip(wanted, proposed, strict=True):
+                    request.draft_token_ids = tuple(drafts)[:k]
+                return failures
+        for request, k in wanted:
+            try:
+                request.draft_token_ids = tuple(proposer.propose(request, k))[:k]
             except Exception as exc:
                 failures[request.request_id] = exc
         return failures
@@ -137,13 +162,25 @@ class Speculator:
         self.proposer.forget(request_id)
 
 
-def make_speculator(config: EngineConfig) -> Speculator | None:
-    """The engine's speculator as configured; None when speculative decoding is off."""
+def make_speculator(
+    config: EngineConfig, target_vocab_size: int, num_kv_blocks: int
+) -> Speculator | None:
+    """The engine's speculator as configured; None when speculative decoding is off.
+
+    ``target_vocab_size``: the target model's, which a draft model must share;
+    ``num_kv_blocks``: the target's KV blocks, as many as a draft model's cache gets."""
     if config.speculative_proposer is None:
         return None
     settings = AdaptiveKSettings(
         max_k=config.num_speculative_tokens,
         crossover_batch_size=config.speculative_crossover_batch_size,
     )
-    proposer = NgramProposer(config.speculative_ngram_min, config.speculative_ngram_max)
+    proposer: Proposer
+    if config.speculative_proposer == "draft":
+        # Imported here: the draft model brings torch, which the engine's loop never imports.
+        from backend_engine.speculative.draft_model import DraftModelProposer
+
+        proposer = DraftModelProposer(config, target_vocab_size, num_kv_blocks)
+    else:
+        proposer = NgramProposer(config.speculative_ngram_min, config.speculative_ngram_max)
     return Speculator(proposer, settings)
