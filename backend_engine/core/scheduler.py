@@ -34,14 +34,9 @@ under ``max_num_seqs``) waits instead, like a preempted request, its first token
 recomputed (the prefix cache then has the full blocks). A leader that ends before its prefill
 does (an abort, a failure) lets its pending choices go as ordinary waiting requests.
 
-Speculative decoding: a decoding request may carry draft tokens (``Request.draft_token_ids``,
-proposed by the engine before the step). Once every decode has its one token, each one's
-drafts are scheduled after it, as far as the budget and blocks allow (never the watermark's:
-drafts are optional) and never past its ``max_tokens`` or the model length, so it computes
-its last token and the drafts as one chunk. The drafts' blocks are lookahead: none is offered
-to the prefix cache. ``update_from_output`` appends the drafts the runner kept, then its own
-token, stopping at the first that stops the request, counts only the kept tokens' KV as
-computed, and frees the blocks only the rejected drafts took.
+Speculative decoding: a decode's draft tokens (``Request.draft_token_ids``) are scheduled
+after its last token where the step has room, and the tokens kept are taken back under the
+stop rule (:mod:`.draft_steps`); continuous mode only.
 
 In ``static`` mode a new batch is admitted only once the previous one has
 drained entirely: the classic padded-batch behaviour, kept for comparison.
@@ -54,6 +49,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from backend_engine.config import DEFAULT_MAX_RUNNING_SHARE, SchedulingMode
+from backend_engine.core.draft_steps import schedule_drafts, take_verified
 from backend_engine.core.kv_cache_manager import BlockCopy, CachedPrefix, KVCacheManager
 from backend_engine.core.prefill_budget import (
     first_token_tenants,
@@ -133,7 +129,9 @@ class Scheduler:
         if self.mode == "continuous":
             decodes = [r for r in running if not is_prefill(r)]
             self._schedule_chunks(step, ((r, step.num_left(r)) for r in decodes))
-            self._schedule_drafts(step, decodes)
+            schedule_drafts(
+                step, decodes, self.kv_cache, self.num_watermark_blocks, self.max_model_len
+            )
             self._share_prefill_budget(step, prefills)
         else:
             self._schedule_chunks(step, ((r, step.num_left(r)) for r in running))
@@ -187,32 +185,6 @@ class Scheduler:
             if request.status is RequestStatus.RUNNING:
                 step.unscheduled.remove(request)
                 step.add(request, num_new)
-
-    def _schedule_drafts(self, step: StepPlan, decodes: list[Request]) -> None:
-        """Extend each scheduled decode by its draft tokens, within the budget, the blocks
-        above the watermark, its ``max_tokens`` (the last token verified is the target's own,
-        so at most ``max_tokens - 1`` more drafts can pay) and the model length."""
-        for request in decodes:
-            drafts = request.draft_token_ids
-            if not drafts or step.scheduled.get(request) != 1:
-                continue  # nothing proposed, or not scheduled (preempted, no budget)
-            num_output_left = request.max_tokens - request.num_output_tokens
-            num_drafts = min(
-                len(drafts),
-                step.budget,
-                num_output_left - 1,
-                self.max_model_len - request.num_tokens,
-            )
-            if num_drafts <= 0:
-                continue
-            allocation = self.kv_cache.allocate_slots(
-                request,
-                1,
-                num_reserved_blocks=self.num_watermark_blocks,
-                num_lookahead_tokens=num_drafts,
-            )
-            if allocation is not None:
-                step.add(request, num_drafts)
 
     def _share_prefill_budget(self, step: StepPlan, prefills: list[Request]) -> None:
         """Continuous mode's prefill phase (steps 2 and 3 of the module docstring).
@@ -359,7 +331,11 @@ class Scheduler:
             self.num_computed_prompt_tokens += max(prompt_end - item.start_position, 0)
             token_id = sampled_token_ids.get(item.request_id)
             if item.draft_token_ids:
-                self._take_verified(item, request, token_id, accepted_draft_ids, updated)
+                accepted = (accepted_draft_ids or {}).get(item.request_id, ())
+                if take_verified(item, request, token_id, accepted, self._stop_on_token):
+                    updated.append(request)
+                if request.status is RequestStatus.RUNNING:
+                    self.kv_cache.trim(request, request.num_computed_tokens)
                 continue
             request.num_computed_tokens += item.num_tokens
             if not item.do_sample or token_id is None:
@@ -370,29 +346,6 @@ class Scheduler:
                 self._fork_pending(request, sampled_token_ids, updated)
             self._stop_on_token(request, token_id)
         return updated
-
-    def _take_verified(
-        self,
-        item: ScheduledRequest,
-        request: Request,
-        token_id: int | None,
-        accepted_draft_ids: Mapping[str, Sequence[int]] | None,
-        updated: list[Request],
-    ) -> None:
-        """A chunk with drafts: its last token and the kept drafts are computed; the kept
-        drafts, then the sampled token, are appended until one stops the request; the blocks
-        only rejected drafts took are freed."""
-        accepted = tuple((accepted_draft_ids or {}).get(item.request_id, ()))
-        if token_id is None:
-            accepted = ()  # nothing verified (not sampled): no draft is known to be right
-        request.num_computed_tokens += item.num_tokens - len(item.draft_token_ids) + len(accepted)
-        if token_id is not None:
-            updated.append(request)
-            for new_token_id in (*accepted, token_id):
-                request.all_token_ids.append(new_token_id)
-                if self._stop_on_token(request, new_token_id):
-                    return  # finished: its blocks are freed
-        self.kv_cache.trim(request, request.num_computed_tokens)
 
     def _stop_on_token(self, request: Request, token_id: int) -> bool:
         """Finish ``request`` if it stops on its new token; whether it did."""
