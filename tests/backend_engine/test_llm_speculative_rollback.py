@@ -220,10 +220,10 @@ def test_a_proposer_that_raises_fails_its_request_alone(checkpoint: Path, after:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="Scheduler._take_verified counts a finishing request's kept drafts as computed but "
-    "never offers their full blocks to the prefix cache (only the next step's allocate_slots "
-    "would, and a finished request has none), so a run that ends on a step with kept drafts "
-    "caches fewer blocks than the same run without speculation",
+    reason="core/draft_steps.take_verified counts a finishing request's kept drafts as "
+    "computed but their full blocks are never offered to the prefix cache (only the next "
+    "step's allocate_slots would, and a finished request has none), so a run that ends on a "
+    "step with kept drafts caches fewer blocks than the same run without speculation",
 )
 def test_the_last_steps_kept_drafts_reach_the_prefix_cache(checkpoint: Path) -> None:
     """A 16-token prompt and 17 to 20 new tokens: the output's first block is full once the

@@ -1,5 +1,6 @@
-"""The scheduler's speculative side, driven by hand: drafts scheduled after a decode's last
-token (``_schedule_drafts``) and the kept ones taken under the stop rule (``_take_verified``)."""
+"""The scheduler's speculative side (``backend_engine.core.draft_steps``), driven by hand
+through the scheduler: drafts scheduled after a decode's last token (``schedule_drafts``) and
+the kept ones taken under the stop rule (``take_verified``), the rest trimmed."""
 
 from __future__ import annotations
 
