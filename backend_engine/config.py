@@ -89,6 +89,10 @@ class EngineConfig:
         default=DEFAULT_SPECULATIVE_CROSSOVER,
         metadata={HELP: "Steps of at least this many sequences do not speculate."},
     )
+    speculative_draft_row_cost: float | None = field(
+        default=None,
+        metadata={HELP: "A draft row's cost over a one-token step's; default: measured at start."},
+    )
     block_size: int = field(default=16, metadata={HELP: "Tokens per KV block (a power of two)."})
     kv_cache_memory_bytes: int = field(
         # 512 MiB holds one whole 8,192-token context of the default model (SmolLM2-135M,
@@ -189,6 +193,11 @@ class EngineConfig:
                 "the n-gram sizes must satisfy 1 <= speculative_ngram_min <= "
                 f"speculative_ngram_max, got {self.speculative_ngram_min} and "
                 f"{self.speculative_ngram_max}"
+            )
+        if self.speculative_draft_row_cost is not None and not self.speculative_draft_row_cost >= 0:
+            raise ValueError(
+                "speculative_draft_row_cost must be 0 or more, "
+                f"got {self.speculative_draft_row_cost}"
             )
         if self.speculative_crossover_batch_size < 1:
             raise ValueError(

@@ -30,7 +30,7 @@ from backend_engine.core.kv_cache_manager import KVCacheManager
 from backend_engine.core.kv_event_log import KVCacheEvent
 from backend_engine.core.request import Request
 from backend_engine.core.scheduler import Scheduler
-from backend_engine.core.step_runner import PlanRunner, RunnerPlan
+from backend_engine.core.step_runner import DraftRowCostProbe, PlanRunner, RunnerPlan
 from backend_engine.outputs import (
     QUEUE_TIME_BUCKETS,
     EngineStats,
@@ -95,7 +95,7 @@ class LLMEngine:
         self.runner = plan.build(num_blocks, checkpoint)
         self.outputs = OutputProcessor(self.tokenizer)
         self.speculator = make_speculator(  # None: no speculative decoding
-            config, self.model_config.vocab_size, num_blocks
+            config, self.model_config.vocab_size, num_blocks, self._draft_row_cost()
         )
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
@@ -308,6 +308,20 @@ class LLMEngine:
             if request is not None:
                 deltas.append(self._failed(request, exc))
         return deltas
+
+    def _draft_row_cost(self) -> float:
+        """Speculative decoding's cost of a draft to the target: as configured, else measured
+        by the runner now, before any request (0 for a runner that cannot say)."""
+        config = self.config
+        if config.speculative_proposer is None:
+            return 0.0
+        if config.speculative_draft_row_cost is not None:
+            return config.speculative_draft_row_cost
+        if not isinstance(self.runner, DraftRowCostProbe):
+            return 0.0
+        cost = self.runner.measure_draft_row_cost(config.num_speculative_tokens)
+        logger.info("speculative decoding: a draft row costs %.2f of a one-token step", cost)
+        return cost
 
     def _release(self, request_id: str) -> None:
         """Forget what the runner and the speculator keep for an ended request."""

@@ -11,7 +11,9 @@ its last token, and taking what the runner kept of them.
 - **Taking** (:func:`take_verified`): the kept drafts, then the runner's own token, are
   appended one at a time under the stop rule, so a request stops exactly where it would have
   without speculation; only the last token and the kept drafts count as computed. The caller
-  then trims the blocks that only rejected drafts took.
+  then offers the blocks they filled to the prefix cache (a decode's next step would, but a
+  request that stops has none: without this its last step's blocks would be lost to the
+  cache) and trims the blocks that only rejected drafts took.
 
 Plain Python over requests and block ids, like the scheduler.
 """
@@ -24,6 +26,7 @@ from backend_engine.core.kv_cache_manager import KVCacheManager
 from backend_engine.core.request import Request
 from backend_engine.core.scheduler_output import ScheduledRequest
 from backend_engine.core.step_plan import StepPlan
+from backend_engine.core.stop_rules import TokenStop
 
 
 def schedule_drafts(
@@ -56,18 +59,19 @@ def take_verified(
     request: Request,
     token_id: int | None,
     accepted_draft_ids: Sequence[int],
-    stops_on: Callable[[Request, int], bool],
-) -> bool:
+    stop_of: Callable[[Request, int], TokenStop | None],
+) -> tuple[bool, TokenStop | None]:
     """Advance a chunk with drafts: its last token and the ``accepted_draft_ids`` are
-    computed; they, then ``token_id``, are appended until one stops the request (``stops_on``
-    appends nothing; it finishes the request and says so). Whether it received tokens (not
-    when ``token_id`` is None: nothing was verified)."""
+    computed; they, then ``token_id``, are appended until one stops the request (``stop_of``
+    is the stop rule; the caller finishes the request). Whether it received tokens (not when
+    ``token_id`` is None: nothing was verified), and the stop, if one came."""
     accepted = tuple(accepted_draft_ids) if token_id is not None else ()
     request.num_computed_tokens += item.num_tokens - len(item.draft_token_ids) + len(accepted)
     if token_id is None:
-        return False
+        return False, None
     for new_token_id in (*accepted, token_id):
         request.all_token_ids.append(new_token_id)
-        if stops_on(request, new_token_id):
-            break
-    return True
+        stop = stop_of(request, new_token_id)
+        if stop is not None:
+            return True, stop
+    return True, None

@@ -193,6 +193,15 @@ class KVCacheManager:
         )
         return copies
 
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Offer the request's blocks full within its first ``num_tokens`` tokens (their KV
+        computed, the tokens its own) to the prefix cache: speculative decoding's kept drafts,
+        whose blocks no later allocation of the request may offer."""
+        blocks = self._blocks.get(request.request_id)
+        if self.enable_caching and blocks:
+            num_tokens = min(num_tokens, len(blocks) * self.block_size, request.num_tokens)
+            self._cache_full_blocks(request, blocks, num_tokens)
+
     def trim(self, request: Request, num_tokens: int) -> None:
         """Free the blocks past the first ``num_tokens`` tokens (tail first): those taken for
         draft tokens the target rejected. None of them is in the prefix cache (lookahead

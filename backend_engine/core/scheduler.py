@@ -60,7 +60,7 @@ from backend_engine.core.prefill_budget import (
 from backend_engine.core.request import Request, RequestStatus
 from backend_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput, describe
 from backend_engine.core.step_plan import StepPlan, is_prefill
-from backend_engine.core.stop_rules import token_stop
+from backend_engine.core.stop_rules import TokenStop, token_stop
 from backend_engine.core.waiting_queue import WaitingQueue
 from backend_engine.outputs import FinishReason
 
@@ -332,9 +332,16 @@ class Scheduler:
             token_id = sampled_token_ids.get(item.request_id)
             if item.draft_token_ids:
                 accepted = (accepted_draft_ids or {}).get(item.request_id, ())
-                if take_verified(item, request, token_id, accepted, self._stop_on_token):
+                received, stop = take_verified(item, request, token_id, accepted, self._stop_of)
+                if received:
                     updated.append(request)
-                if request.status is RequestStatus.RUNNING:
+                # Blocks full of tokens whose KV is computed, all but the last (as a decode's
+                # next step would offer them): a request that stops here has no next step.
+                num_cached = min(request.num_computed_tokens, request.num_tokens - 1)
+                self.kv_cache.cache_blocks(request, num_cached)
+                if stop is not None:
+                    self._finish_on(request, stop)
+                else:
                     self.kv_cache.trim(request, request.num_computed_tokens)
                 continue
             request.num_computed_tokens += item.num_tokens
@@ -349,13 +356,20 @@ class Scheduler:
 
     def _stop_on_token(self, request: Request, token_id: int) -> bool:
         """Finish ``request`` if it stops on its new token; whether it did."""
-        stop = token_stop(request, token_id, self.eos_token_ids, self.max_model_len)
+        stop = self._stop_of(request, token_id)
         if stop is None:
             return False
-        if stop.on_stop_token:
-            request.stop_token_id = token_id
-        self.finish(request.request_id, stop.reason)
+        self._finish_on(request, stop)
         return True
+
+    def _stop_of(self, request: Request, token_id: int) -> TokenStop | None:
+        return token_stop(request, token_id, self.eos_token_ids, self.max_model_len)
+
+    def _finish_on(self, request: Request, stop: TokenStop) -> None:
+        """Finish ``request`` on its last token, which stopped it."""
+        if stop.on_stop_token:
+            request.stop_token_id = request.all_token_ids[-1]
+        self.finish(request.request_id, stop.reason)
 
     def _fork_pending(
         self, leader: Request, sampled_token_ids: Mapping[str, int], updated: list[Request]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from backend_engine.outputs import TokenLogprob
 
@@ -54,6 +54,15 @@ class StepRunner(Protocol):
     def release(self, request_id: str) -> None:
         """Forget what the runner holds for a request that has ended (its generator)."""
         ...
+
+
+@runtime_checkable
+class DraftRowCostProbe(Protocol):
+    """A runner that can say what scoring drafts costs it (speculative decoding's adaptive k
+    weighs a draft's cost against its chance of being kept): a step of one token and
+    ``num_drafts`` drafts against a step of one token, less one, per draft (0: free)."""
+
+    def measure_draft_row_cost(self, num_drafts: int) -> float: ...
 
 
 class RunnerPlan(Protocol):

@@ -20,6 +20,15 @@ phase it is in, so each sequence keeps its own estimate and its own k:
   past ``crossover_batch_size`` sequences it is bound by compute, scoring drafts costs as
   much as it saves, and every sequence proposes nothing, whatever its state.
 
+- **The cost of a draft**: scoring a draft is one more row in the step, nearly free where a
+  step is bound by reading the weights (float32 on this CPU: a row ~5% of a one-token step)
+  and not where each row is real compute (a quantized model's integer kernels here: ~70%).
+  With ``draft_row_cost`` c (a draft row's cost over a one-token step's, measured by the
+  runner at start), k drafts at acceptance a yield ``1 + a + ... + a^k`` tokens for a step
+  costing ``1 + c k``: a sequence proposes the k (up to its own) that maximizes that ratio,
+  and none while no k beats a plain step's 1 (Leviathan et al.'s analysis, with a i.i.d.).
+  Such a sequence probes like one at k = 0, so a rising acceptance turns it back on.
+
 A settings object (frozen, validated once) and a state value (frozen, one per sequence) go
 in; a k or the next state comes out. Nothing here knows about requests or tensors.
 """
@@ -39,6 +48,7 @@ class AdaptiveKSettings:
     grow_above: float = 0.7
     shrink_below: float = 0.3
     probe_interval: int = 16  # steps at k = 0 before one probing draft
+    draft_row_cost: float = 0.0  # a draft row's cost over a one-token step's (0: free)
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
@@ -60,6 +70,8 @@ class AdaptiveKSettings:
             )
         if not 0.0 <= self.initial_acceptance <= 1.0:
             raise ValueError(f"initial_acceptance must be in [0, 1], got {self.initial_acceptance}")
+        if not self.draft_row_cost >= 0.0:
+            raise ValueError(f"draft_row_cost must be 0 or more, got {self.draft_row_cost}")
         if self.probe_interval < 1:
             raise ValueError(f"probe_interval must be at least 1, got {self.probe_interval}")
 
@@ -81,9 +93,24 @@ def choose_k(settings: AdaptiveKSettings, state: AdaptiveKState, batch_size: int
     """How many drafts to propose this step, in a step of ``batch_size`` sequences."""
     if batch_size >= settings.crossover_batch_size:
         return 0
-    if state.k == 0:
+    k = paying_k(state.acceptance, settings.draft_row_cost, state.k) if state.k else 0
+    if k == 0:
         return 1 if state.num_steps_off >= settings.probe_interval else 0
-    return state.k
+    return k
+
+
+def paying_k(acceptance: float, draft_row_cost: float, max_k: int) -> int:
+    """The k in 1..max_k with the most expected tokens per unit of step cost, or 0 if none
+    beats a plain step (one token for a cost of one)."""
+    best_k, best_rate = 0, 1.0
+    expected, term = 1.0, 1.0
+    for k in range(1, max_k + 1):
+        term *= acceptance
+        expected += term
+        rate = expected / (1.0 + draft_row_cost * k)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
 
 
 def record_step(
@@ -95,10 +122,8 @@ def record_step(
         raise ValueError(
             f"a step keeps between 0 and its {num_proposed} drafts, not {num_accepted}"
         )
-    if num_proposed == 0:
-        if state.k == 0:
-            return replace(state, num_steps_off=state.num_steps_off + 1)
-        return state
+    if num_proposed == 0:  # no evidence either way; a sequence proposing nothing may probe
+        return replace(state, num_steps_off=state.num_steps_off + 1)
     weight = settings.ema_weight
     acceptance = (1.0 - weight) * state.acceptance + weight * (num_accepted / num_proposed)
     if state.k == 0:  # a probe

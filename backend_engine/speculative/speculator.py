@@ -163,17 +163,19 @@ class Speculator:
 
 
 def make_speculator(
-    config: EngineConfig, target_vocab_size: int, num_kv_blocks: int
+    config: EngineConfig, target_vocab_size: int, num_kv_blocks: int, draft_row_cost: float = 0.0
 ) -> Speculator | None:
     """The engine's speculator as configured; None when speculative decoding is off.
 
     ``target_vocab_size``: the target model's, which a draft model must share;
-    ``num_kv_blocks``: the target's KV blocks, as many as a draft model's cache gets."""
+    ``num_kv_blocks``: the target's KV blocks, as many as a draft model's cache gets;
+    ``draft_row_cost``: what scoring a draft costs the target (``AdaptiveKSettings``)."""
     if config.speculative_proposer is None:
         return None
     settings = AdaptiveKSettings(
         max_k=config.num_speculative_tokens,
         crossover_batch_size=config.speculative_crossover_batch_size,
+        draft_row_cost=draft_row_cost,
     )
     proposer: Proposer
     if config.speculative_proposer == "draft":

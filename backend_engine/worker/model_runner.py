@@ -33,6 +33,7 @@ from backend_engine.models.attention_metadata import AttentionMetadata
 from backend_engine.models.packed_linear import pack_linears
 from backend_engine.outputs import TokenLogprob
 from backend_engine.worker.cpu_runtime import tune_cpu_runtime
+from backend_engine.worker.draft_row_cost import measure_draft_row_cost
 from backend_engine.worker.draft_verification import verify_drafts
 from backend_engine.worker.failure_isolation import isolate_failures
 from backend_engine.worker.logits_mask import accept_tokens, mask_logits
@@ -167,6 +168,12 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+
+    def measure_draft_row_cost(self, num_drafts: int) -> float:
+        """Speculative decoding's cost of a draft row here (:mod:`.draft_row_cost`); call it
+        before any request (it writes scratch KV slots)."""
+        num_blocks = int(self.kv_caches[0][0].shape[0]) if self.kv_caches else 0
+        return measure_draft_row_cost(self, num_drafts, self.block_size, num_blocks)
 
     def _generator(self, item: ScheduledRequest) -> torch.Generator | None:
         seed = item.sampling_params.seed

@@ -63,6 +63,10 @@ def test_speculative_decoding_is_off_unless_a_proposer_is_set() -> None:
             {"speculative_crossover_batch_size": 0},
             "speculative_crossover_batch_size must be at least 1, got 0",
         ),
+        (
+            {"speculative_draft_row_cost": -0.1},
+            "speculative_draft_row_cost must be 0 or more, got -0.1",
+        ),
     ],
 )
 def test_speculative_settings_are_checked(settings: dict[str, Any], message: str) -> None:

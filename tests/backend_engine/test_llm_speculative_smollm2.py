@@ -31,7 +31,11 @@ def test_copy_heavy_chats_give_the_same_tokens(
     smollm2_gguf: Path, dequantize: bool, questions: list[str]
 ) -> None:
     # (a dict: LLM's EngineOptions does not list the speculative fields yet)
-    speculative: dict[str, Any] = {"speculative_proposer": "ngram", "num_speculative_tokens": 4}
+    speculative: dict[str, Any] = {
+        "speculative_proposer": "ngram",
+        "num_speculative_tokens": 4,
+        "speculative_draft_row_cost": 0.0,  # drafts free: the as-stored target speculates too
+    }
     llm = LLM(str(smollm2_gguf), dequantize=dequantize, **speculative)
     speculator = llm.engine.speculator
     assert speculator is not None

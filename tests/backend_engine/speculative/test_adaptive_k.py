@@ -10,6 +10,7 @@ from backend_engine.speculative.adaptive_k import (
     AdaptiveKState,
     choose_k,
     initial_state,
+    paying_k,
     record_step,
 )
 
@@ -74,10 +75,36 @@ def test_acceptance_is_a_moving_average_of_accepted_over_proposed() -> None:
     assert after.acceptance == pytest.approx(0.5 * 0.5 + 0.5 * 0.25)
 
 
-def test_a_step_without_proposals_changes_nothing_while_speculating() -> None:
+def test_a_step_without_proposals_only_counts_a_step_off() -> None:
     # No n-gram match, or a batch past the crossover: no evidence either way.
     state = AdaptiveKState(k=3, acceptance=0.6)
-    assert record_step(SETTINGS, state, num_proposed=0, num_accepted=0) == state
+    after = record_step(SETTINGS, state, num_proposed=0, num_accepted=0)
+    assert after == replace(state, num_steps_off=1)
+
+
+def test_free_drafts_always_pay_and_costly_ones_only_at_high_acceptance() -> None:
+    assert paying_k(0.1, 0.0, 4) == 4  # any acceptance: more drafts, more tokens, same cost
+    # A draft row costing 70% of a step (a quantized model's integer kernels on this CPU):
+    # one draft yields 1 + a tokens for 1.7, so it pays only from a > 0.7.
+    assert paying_k(0.5, 0.7, 4) == 0
+    assert paying_k(0.8, 0.7, 4) == 1
+    assert paying_k(0.98, 0.7, 4) == 4
+    # Float32 here (a row ~5%): 3 drafts at a = 0.5 (1.875 / 1.15 beats 1.75 / 1.1).
+    assert paying_k(0.5, 0.05, 4) == 3
+
+
+def test_a_sequence_whose_drafts_do_not_pay_probes_like_one_at_zero() -> None:
+    costly = replace(SETTINGS, draft_row_cost=0.7)
+    state = AdaptiveKState(k=3, acceptance=0.5)
+    assert choose_k(costly, state, batch_size=1) == 0
+    state = record_step(costly, state, num_proposed=0, num_accepted=0)
+    state = record_step(costly, state, num_proposed=0, num_accepted=0)
+    assert choose_k(costly, state, batch_size=1) == 0
+    state = record_step(costly, state, num_proposed=0, num_accepted=0)
+    assert choose_k(costly, state, batch_size=1) == 1  # the probe
+    state = record_step(costly, state, num_proposed=1, num_accepted=1)
+    assert state.acceptance == pytest.approx(0.75)
+    assert choose_k(costly, state, batch_size=1) == 1  # 1.75 / 1.7 > 1
 
 
 def test_a_sequence_at_zero_probes_after_the_interval() -> None:
