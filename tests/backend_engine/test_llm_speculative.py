@@ -318,3 +318,40 @@ def test_a_structured_output(plain: LLM, speculating: LLM) -> None:
         assert out.finish_reason == "stop"
         assert len(json.loads(out.text)) == 8
     assert_speculated(delta, min_accepted=5)
+
+
+def generate_within(
+    llm: LLM, prompt: list[int], params: SamplingParams, max_steps: int
+) -> dict[int, list[int]] | None:
+    """Each choice's tokens, or None if the engine had not finished after ``max_steps``."""
+    engine = llm.engine
+    engine.add(engine.make_request("bounded", prompt, params))
+    tokens: dict[int, list[int]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return tokens
+        for delta in engine.step():
+            tokens.setdefault(delta.index, []).extend(delta.new_token_ids)
+    return None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a prompt whose last prefill chunk is one token looks like a decode to the "
+    "speculator (speculator.py: num_tokens - num_computed_tokens == 1) and to schedule_drafts, "
+    "so a leader with pending choices verifies drafts with its first token; the draft path of "
+    "Scheduler.update_from_output skips _fork_pending, the choices are forked a step late from "
+    "the leader's second row with num_computed_tokens == num_tokens, and never run again",
+)
+def test_n_choices_when_the_last_prompt_chunk_is_one_token(checkpoint: Path) -> None:
+    """A 16-token budget prefills a 33-token prompt in chunks of 16, 16 and 1."""
+    options: dict[str, Any] = {"max_num_batched_tokens": 16, "enable_prefix_caching": False}
+    plain = make_llm(checkpoint, speculative=False, **options)
+    speculating = make_llm(checkpoint, speculative=True, **options)
+    prompt = repeating_prompt(101, segment=11, times=3)[:33]
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, n=3)
+    reference = generate_within(plain, prompt, params, max_steps=100)
+    assert reference is not None
+    before = counts(speculating)
+    assert generate_within(speculating, prompt, params, max_steps=100) == reference
+    assert counts(speculating).num_draft_tokens > before.num_draft_tokens
