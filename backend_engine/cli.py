@@ -17,12 +17,17 @@ import dataclasses
 import inspect
 import types
 import typing
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import typer
 
-from backend_engine.config import HELP, EngineConfig
+from backend_engine.config import HELP, QUANTIZATION_CALIBRATIONS, EngineConfig
+
+if TYPE_CHECKING:
+    import torch
 
 ENGINE_INSTALL_COMMAND = "pip install 'tollway[engine]'"
 _ENGINE_DEPENDENCIES = ("torch", "triton", "safetensors")
@@ -159,6 +164,13 @@ def convert(
     group_size: Annotated[
         int | None, typer.Option(help="With --quantization int4: values per scale, 32 or 64.")
     ] = None,
+    calibration: Annotated[
+        str,
+        typer.Option(
+            help="With --quantization int4: gptq (calibrated on text that ships with Python) "
+            "or rtn (round to nearest)."
+        ),
+    ] = "gptq",
     force: Annotated[bool, typer.Option(help="Write over OUT's files.")] = False,
 ) -> None:
     """Convert a GGUF file into a Hugging Face directory (weights dequantized), or a GGUF
@@ -169,6 +181,11 @@ def convert(
     try:
         if group_size is not None and quantization != "int4":
             raise ValueError("--group-size goes with --quantization int4")
+        if calibration not in QUANTIZATION_CALIBRATIONS:
+            raise ValueError(
+                f"--calibration must be one of {', '.join(QUANTIZATION_CALIBRATIONS)}, "
+                f"got {calibration!r}"
+            )
         if out.suffix.lower() == ".gguf":
             convert_to_gguf(
                 source,
@@ -178,6 +195,7 @@ def convert(
                 group_size=group_size or 32,
                 overwrite=force,
                 show_progress=True,
+                calibrate=partial(_gptq_hessians, source) if calibration == "gptq" else None,
             )
         elif quantization is not None:
             raise ValueError("--quantization writes a GGUF file: OUT must end in .gguf")
@@ -192,8 +210,16 @@ def convert(
         raise typer.Exit(code=1) from None
     what = dtype if quantization is None else quantization
     if quantization == "int4":
-        what += f", groups of {group_size or 32}"
+        what += f", groups of {group_size or 32}, {calibration}"
     typer.echo(f"wrote {out} from {source} ({what})")
+
+
+def _gptq_hessians(source: Path) -> Mapping[str, torch.Tensor]:
+    from backend_engine.models import gptq_hessians
+    from model_files.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(source)
+    return gptq_hessians(checkpoint, checkpoint.check(), "cpu", show_progress=True)
 
 
 def register_engine_commands(app: typer.Typer) -> None:

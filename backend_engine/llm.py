@@ -26,6 +26,7 @@ class EngineOptions(TypedDict, total=False):
     dtype: str
     quantization: str | None
     quantization_group_size: int
+    quantization_calibration: str
     dequantize: bool
     kv_cache_dtype: str
     block_size: int

@@ -15,7 +15,9 @@ own loader read it):
                  in the blocks ``weight_quantization`` makes for the CPU: int8 per output
                  channel as Q8_0, int4 groups as Q4_1 (both exact encodings of the schemes,
                  so llama.cpp reads them as they are), the output projection and the
-                 embedding int8
+                 embedding int8; int4 codes by GPTQ when the caller passes ``calibrate``
+                 (the command line runs the float model on calibration text,
+                 ``backend_engine.models.calibration``), else rounded to the nearest
 
 A GGUF source is dequantized first (quantized again if asked). The file is written next to
 ``OUT`` and renamed into place once whole, and everything the tokenizer and config need is
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -101,10 +103,13 @@ def convert_to_gguf(
     group_size: int = 32,
     overwrite: bool = False,
     show_progress: bool = False,
+    calibrate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write ``source`` (a ``.gguf`` file or a Hugging Face directory) as the GGUF file
     ``out_file``; returns its path. ``GGUFError`` for a source that cannot be converted,
-    ``ValueError`` for bad settings or an existing ``out_file`` (unless ``overwrite``)."""
+    ``ValueError`` for bad settings or an existing ``out_file`` (unless ``overwrite``).
+    ``calibrate`` (called once the source is known to convert, under int4 only) gives the
+    decoder linears' input Hessians for GPTQ."""
     if dtype not in FLOAT_TYPES:
         raise ValueError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -140,8 +145,9 @@ def convert_to_gguf(
         _add_model_metadata(writer, config)
         add_tokenizer(writer)
         if quantization is not None:
+            hessians = calibrate() if calibrate is not None and quantization == "int4" else None
             stream: Iterator[tuple[str, LoadedWeight]] = quantize_weights(
-                weights, quantization, group_size, "cpu", show_progress
+                weights, quantization, group_size, "cpu", show_progress, hessians
             )
         else:
             stream = iter(weights)

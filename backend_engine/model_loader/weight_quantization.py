@@ -25,7 +25,14 @@ are the ones rounded to:
 - int4 in groups of 32 or 64, asymmetric: ``w ~= code * scale + min``, codes 0..15, the
   float16 pair searched per group for the smallest squared error (min/max rounding and 21
   least-squares refits, :mod:`kernels.int4_quantization`), each code the nearest point of
-  the group's grid.
+  the group's grid (round-to-nearest, "rtn").
+- int4 with GPTQ, when the caller gives the decoder linears' input Hessians (``hessians``,
+  measured by :mod:`backend_engine.models.calibration`): the same format, the codes and each
+  group's pair chosen for the smallest error of the layer's *output* on calibration text
+  (:mod:`kernels.gptq_quantization`). Round-to-nearest is exact when a float checkpoint's
+  weights already lie on a g32 grid (one converted from Q4_1) but must merge two grids into
+  one for g64: +24.7% perplexity on SmolLM2-135M, against a few percent with GPTQ
+  (docs/benchmarks.md, issue #28).
 
 The formats:
 
@@ -47,13 +54,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Literal
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kernels.cpu_quant_linear import GGUFBlockWeight, GGUFQuantType
+from kernels.gptq_quantization import gptq_codes
 from kernels.quantized_weights import (
     INT4_GROUP_SIZES,
     Int4Weight,
@@ -94,9 +102,11 @@ def quantize_weights(
     group_size: int,
     device_type: str,
     show_progress: bool = False,
+    hessians: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, LoadedWeight]]:
     """``weights`` with each float tensor ``scheme_for`` names quantized for ``device_type``
-    (a GGUF file's blocks kept as stored pass through as they are)."""
+    (a GGUF file's blocks kept as stored pass through as they are); an int4 tensor named in
+    ``hessians`` (its inputs' ``[K, K]`` Hessian) by GPTQ, the others to the nearest."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if group_size not in INT4_GROUP_SIZES:
@@ -106,7 +116,9 @@ def quantize_weights(
     quantized = (
         (
             name,
-            quantize_tensor(name, value, quantization, group_size, device_type)
+            quantize_tensor(
+                name, value, quantization, group_size, device_type, (hessians or {}).get(name)
+            )
             if isinstance(value, torch.Tensor)
             else value,
         )
@@ -130,7 +142,12 @@ def quantize_weights(
 
 
 def quantize_tensor(
-    name: str, weight: torch.Tensor, quantization: str, group_size: int, device_type: str
+    name: str,
+    weight: torch.Tensor,
+    quantization: str,
+    group_size: int,
+    device_type: str,
+    hessian: torch.Tensor | None = None,  # [K, K]: GPTQ for an int4 tensor
 ) -> LoadedWeight:
     """One tensor as ``quantize_weights`` yields it."""
     scheme = scheme_for(name, quantization, device_type)
@@ -155,7 +172,10 @@ def quantize_tensor(
     if scheme == "int8":
         int8 = quantize_int8(weight, SCALE_DTYPE)
         return q8_0_blocks(int8) if device_type == "cpu" else int8
-    codes, scales, mins = int4_codes(weight, group_size, SCALE_DTYPE)
+    if hessian is None:
+        codes, scales, mins = int4_codes(weight, group_size, SCALE_DTYPE)
+    else:
+        codes, scales, mins = gptq_codes(weight, hessian.to(weight.device), group_size, SCALE_DTYPE)
     if device_type == "cpu":
         return q4_1_blocks(codes, scales, mins)
     return Int4Weight(pack_int4(codes), scales, mins, group_size)

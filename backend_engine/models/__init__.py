@@ -13,6 +13,7 @@ from backend_engine.model_loader.weights import (
     iter_checkpoint_weights_as_stored,
     resolve_dtype,
 )
+from backend_engine.models.calibration import CALIBRATION_METHODS, calibrated_hessians
 from backend_engine.models.linear_assembly import Shard
 from backend_engine.models.llama import CausalLM, KVCache
 from model_files.checkpoint import Checkpoint
@@ -43,6 +44,7 @@ def load_model(
     keep_gguf_blocks: bool = False,
     quantization: str | None = None,
     group_size: int = 32,
+    calibration: str = "gptq",
 ) -> CausalLM:
     """Build the model for ``config`` on ``device`` and fill it from ``checkpoint`` (a
     Hugging Face directory or a GGUF file).
@@ -53,8 +55,12 @@ def load_model(
     file's blocks (`backend_engine.models.quantized_linear`) and everything else is ``dtype``.
     ``quantization`` (``"int8"`` or ``"int4"`` in groups of ``group_size``) quantizes float
     weights as they load (`backend_engine.model_loader.weight_quantization`); a GGUF file's
-    quantized tensors kept as stored pass through as they are.
+    quantized tensors kept as stored pass through as they are. Under int4, ``calibration``
+    ``"gptq"`` first loads the model in float32 and runs it on calibration text
+    (`backend_engine.models.calibration`) for GPTQ; ``"rtn"`` rounds to the nearest.
     """
+    if calibration not in CALIBRATION_METHODS:
+        raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got {calibration!r}")
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = Checkpoint(checkpoint)
     torch_dtype = resolve_dtype(dtype, config)
@@ -74,9 +80,25 @@ def load_model(
     )
     if quantization is not None:
         device_type = torch.device(device).type
-        weights = quantize_weights(weights, quantization, group_size, device_type, show_progress)
+        hessians = (
+            gptq_hessians(checkpoint, config, device, show_progress)
+            if quantization == "int4" and calibration == "gptq"
+            else None
+        )
+        weights = quantize_weights(
+            weights, quantization, group_size, device_type, show_progress, hessians
+        )
     model.load_weights(weights)
     return model.eval()
 
 
-__all__ = ["MODEL_REGISTRY", "CausalLM", "KVCache", "load_model", "model_class"]
+def gptq_hessians(
+    checkpoint: Checkpoint, config: ModelConfig, device: str, show_progress: bool = False
+) -> dict[str, torch.Tensor]:
+    """GPTQ's input Hessians of every decoder linear, from ``checkpoint`` loaded in float32
+    (then released) and run on the calibration text."""
+    float_model = load_model(checkpoint, config, "float32", device, show_progress)
+    return calibrated_hessians(float_model, checkpoint.tokenizer(), show_progress)
+
+
+__all__ = ["MODEL_REGISTRY", "CausalLM", "KVCache", "gptq_hessians", "load_model", "model_class"]

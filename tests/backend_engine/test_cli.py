@@ -24,6 +24,7 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "dtype": (["--dtype", "bfloat16"], "bfloat16"),
     "quantization": (["--quantization", "int4"], "int4"),
     "quantization_group_size": (["--quantization-group-size", "64"], 64),
+    "quantization_calibration": (["--quantization-calibration", "rtn"], "rtn"),
     "dequantize": (["--no-dequantize"], False),
     "kv_cache_dtype": (["--kv-cache-dtype", "int8"], "int8"),
     "speculative_proposer": (["--speculative-proposer", "draft"], "draft"),

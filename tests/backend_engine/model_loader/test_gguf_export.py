@@ -24,10 +24,11 @@ from backend_engine.model_loader.gguf_export import convert_to_gguf, gguf_name, 
 from backend_engine.model_loader.gguf_weights import hf_name, iter_gguf_weights, unpermute_rows
 from backend_engine.model_loader.weight_quantization import quantize_tensor
 from backend_engine.model_loader.weights import iter_weights
+from backend_engine.models import gptq_hessians
 from backend_engine.sampling_params import SamplingParams
 from gateway.launcher.cli import app
 from kernels.cpu_quant_linear import GGUFBlockWeight
-from model_files.checkpoint import load_tokenizer
+from model_files.checkpoint import Checkpoint, load_tokenizer
 from model_files.gguf_metadata import hf_config, metadata_value, open_gguf
 from model_files.gguf_tokenizer import read_vocabulary
 from model_files.model_config import ModelConfig
@@ -195,15 +196,20 @@ def test_a_hugging_face_directory_becomes_an_equivalent_gguf_file(
     assert _greedy(out, prompts) == _greedy(tiny_hf, prompts)
 
 
-def test_a_hugging_face_directory_quantized(tiny_hf: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("calibration", ["gptq", "rtn"])
+def test_a_hugging_face_directory_quantized(
+    tiny_hf: Path, tmp_path: Path, calibration: str
+) -> None:
     out = tmp_path / "tiny-q4.gguf"
     args = ["convert", str(tiny_hf), str(out), "--quantization", "int4", "--group-size", "64"]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [*args, "--calibration", calibration])
     assert result.exit_code == 0, result.output
-    assert "(int4, groups of 64)" in result.output
+    assert f"(int4, groups of 64, {calibration})" in result.output
     weights = dict(iter_weights(tiny_hf, torch.float32))
+    checkpoint = Checkpoint(tiny_hf)
+    hessians = gptq_hessians(checkpoint, checkpoint.check(), "cpu") if calibration == "gptq" else {}
     for name, (_, data) in stored(out).items():
-        quantized = quantize_tensor(name, weights[name], "int4", 64, "cpu")
+        quantized = quantize_tensor(name, weights[name], "int4", 64, "cpu", hessians.get(name))
         expected = quantized.blocks if isinstance(quantized, GGUFBlockWeight) else quantized
         assert isinstance(expected, torch.Tensor)
         assert np.array_equal(data, expected.numpy()), name
@@ -242,6 +248,10 @@ def test_bad_conversions_print_one_line_and_leave_no_file(
         "--quantization writes a GGUF file: OUT must end in .gguf",
     )
     _one_line_error([str(tiny_hf), str(tmp_path / "dir")], "can be converted to a .gguf file")
+    _one_line_error(
+        [str(source), str(out), "--quantization", "int4", "--calibration", "awq"],
+        "--calibration must be one of gptq, rtn",
+    )
     qwen2 = demo_checkpoint("Qwen2ForCausalLM")  # its tokenizer NFC-normalizes
     _one_line_error([str(qwen2), str(out)], "NFC normalizer has no GGUF equivalent")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.gguf"]

@@ -21,6 +21,7 @@ from backend_engine.model_loader.weight_quantization import (
 )
 from kernels import quantized_weights
 from kernels.cpu_quant_linear import GGUFBlockWeight, GGUFQuantType
+from kernels.gptq_quantization import gptq_codes
 from kernels.quantized_weights import Int4Weight, Int8Weight, int4_codes, pack_int4
 from tests.support.gguf_files import hf_tensors
 
@@ -95,6 +96,37 @@ def test_int4_is_q4_1_with_one_scale_and_min_per_group(group_size: int) -> None:
     # gguf reads back exactly what our own dequantize gives for those codes
     ours = Int4Weight(pack_int4(codes), scales, mins, group_size)
     assert torch.equal(referee(blocks), quantized_weights.dequantize(ours))
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_gptq_int4_is_the_same_q4_1_blocks_gguf_reads_back(group_size: int) -> None:
+    weight = random_weight(10, 256, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(300, 64, generator=gen) @ torch.randn(64, 256, generator=gen)  # correlated
+    hessian = 2 * x.T @ x / 300
+    blocks = blocks_of(quantize_tensor(LINEAR, weight, "int4", group_size, "cpu", hessian))
+    assert blocks.quant_type == GGUFQuantType.Q4_1
+    codes, scales, mins = gptq_codes(weight, hessian, group_size, torch.float16)
+    ours = Int4Weight(pack_int4(codes), scales, mins, group_size)
+    assert torch.equal(referee(blocks), quantized_weights.dequantize(ours))  # bit-exact
+    rtn = blocks_of(quantize_tensor(LINEAR, weight, "int4", group_size, "cpu"))
+    assert not torch.equal(rtn.blocks, blocks.blocks)  # the Hessian was used
+    # the CUDA format holds the same values
+    cuda_format = quantize_tensor(LINEAR, weight, "int4", group_size, "cuda", hessian)
+    assert isinstance(cuda_format, Int4Weight)
+    assert torch.equal(quantized_weights.dequantize(cuda_format), referee(blocks))
+
+
+def test_hessians_reach_only_the_int4_tensors_they_name() -> None:
+    weight = random_weight(8, 64, seed=6)
+    hessian = torch.eye(64) * 2
+    other = "model.layers.0.mlp.up_proj.weight"
+    stream = [(LINEAR, weight), (other, weight), (OUTPUT_PROJECTION, weight)]
+    with_hessian = dict(quantize_weights(stream, "int4", 32, "cpu", hessians={LINEAR: hessian}))
+    without = dict(quantize_weights(stream, "int4", 32, "cpu"))
+    assert blocks_of(with_hessian[other]).blocks.equal(blocks_of(without[other]).blocks)
+    assert blocks_of(with_hessian[OUTPUT_PROJECTION]).quant_type == GGUFQuantType.Q8_0
+    assert blocks_of(with_hessian[LINEAR]).quant_type == GGUFQuantType.Q4_1
 
 
 def block_errors(dequantized: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
