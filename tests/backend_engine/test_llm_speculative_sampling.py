@@ -34,7 +34,7 @@ NUM_TOKENS = 3
 NUM_DRAWS = 2000
 SIGNIFICANCE = 1e-3
 PROMPT = [
-    *torch.randint(3, 400, (20,), generator=torch.Generator().manual_seed(0)).tolist(),
+    *torch.randint(3, 400, (5,), generator=torch.Generator().manual_seed(0)).tolist(),
     *(A, B, C, A, C, B, B, A, C, C, A, B),
 ]
 
@@ -60,9 +60,15 @@ def speculating(checkpoint: Path) -> LLM:
         "speculative_proposer": "ngram",
         "speculative_ngram_min": 1,
         "speculative_crossover_batch_size": 100_000,  # every step speculates
+        "speculative_draft_row_cost": 0.0,  # drafts free: k follows acceptance alone
     }
     return LLM(
-        model=str(checkpoint), dtype="float32", block_size=16, max_num_seqs=256, **speculative
+        model=str(checkpoint),
+        dtype="float32",
+        block_size=16,
+        max_num_seqs=128,
+        max_num_batched_tokens=512,  # room in every step for each decode's draft
+        **speculative,
     )
 
 
