@@ -103,6 +103,18 @@ def assert_same_outputs(spec: list[RequestOutput], ref: list[RequestOutput]) -> 
     ]
 
 
+def assert_same_logprobs(spec: list[RequestOutput], ref: list[RequestOutput]) -> None:
+    for got, want in zip(spec, ref, strict=True):
+        assert got.logprobs is not None
+        assert want.logprobs is not None
+        assert len(got.logprobs) == len(want.logprobs) == len(want.token_ids)
+        for g, w in zip(got.logprobs, want.logprobs, strict=True):
+            assert g.token_id == w.token_id
+            assert g.logprob == pytest.approx(w.logprob, abs=1e-4)
+            assert [t for t, _ in g.top] == [t for t, _ in w.top]
+            assert [lp for _, lp in g.top] == pytest.approx([lp for _, lp in w.top], abs=1e-4)
+
+
 def assert_speculated(delta: SpeculativeCounts, min_accepted: int = 1) -> None:
     assert delta.num_draft_tokens > 0, "no draft was proposed: the test proves nothing"
     assert delta.num_accepted_tokens >= min_accepted, f"too few drafts kept: {delta}"
@@ -207,15 +219,7 @@ def test_logprobs_are_the_targets_for_kept_drafts(plain: LLM, speculating: LLM) 
     spec, delta = generate_counted(speculating, prompts, params)
     assert_same_outputs(spec, ref)
     assert_speculated(delta, min_accepted=5)
-    for got, want in zip(spec, ref, strict=True):
-        assert got.logprobs is not None
-        assert want.logprobs is not None
-        assert len(got.logprobs) == len(want.logprobs) == NUM_NEW_TOKENS
-        for g, w in zip(got.logprobs, want.logprobs, strict=True):
-            assert g.token_id == w.token_id
-            assert g.logprob == pytest.approx(w.logprob, abs=1e-4)
-            assert [t for t, _ in g.top] == [t for t, _ in w.top]
-            assert [lp for _, lp in g.top] == pytest.approx([lp for _, lp in w.top], abs=1e-4)
+    assert_same_logprobs(spec, ref)
 
 
 @pytest.mark.parametrize(
@@ -231,13 +235,15 @@ def test_penalties_and_logit_bias_see_the_drafts_as_history(
     plain: LLM, scripted: LLM, penalties: dict[str, Any]
 ) -> None:
     """Drafts that are the target's own tokens are all kept only if each row's penalties
-    count the drafts before it (a row that missed them would choose another token)."""
+    count the drafts before it (a row that missed them would choose another token); the
+    logprobs are the processed rows', as a decode's are."""
     prompts = [repeating_prompt(61), random_prompt(30, seed=62)]
-    params = replace(GREEDY, **penalties)
+    params = replace(GREEDY, logprobs=2, **penalties)
     ref = plain.generate(prompts, params)
     script(scripted, {tuple(p): o.token_ids for p, o in zip(prompts, ref, strict=True)})
     spec, delta = generate_counted(scripted, prompts, params)
     assert_same_outputs(spec, ref)
+    assert_same_logprobs(spec, ref)
     assert_speculated(delta, min_accepted=30)
     assert delta.num_accepted_tokens == delta.num_draft_tokens
 
@@ -318,6 +324,22 @@ def test_a_structured_output(plain: LLM, speculating: LLM) -> None:
         assert out.finish_reason == "stop"
         assert len(json.loads(out.text)) == 8
     assert_speculated(delta, min_accepted=5)
+
+
+def test_a_sampled_structured_output_stays_valid(speculating: LLM) -> None:
+    """Sampling with drafts: a rejected draft rolls the grammar back, so every output still
+    parses (a matcher left a draft ahead would refuse the next token or end early)."""
+    constraint = OutputConstraint.json_schema(CHOICES, "response_format")
+    params = [
+        SamplingParams(temperature=1.0, seed=seed, max_tokens=120, structured_output=constraint)
+        for seed in range(6)
+    ]
+    outputs, delta = generate_counted(speculating, [repeating_prompt(95)] * 6, params)
+    for out in outputs:
+        assert out.finish_reason == "stop", out
+        assert len(json.loads(out.text)) == 8
+    assert_speculated(delta, min_accepted=5)
+    assert delta.num_accepted_tokens < delta.num_draft_tokens  # some were rejected
 
 
 def generate_within(
