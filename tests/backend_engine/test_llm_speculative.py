@@ -377,3 +377,19 @@ def test_n_choices_when_the_last_prompt_chunk_is_one_token(checkpoint: Path) -> 
     before = counts(speculating)
     assert generate_within(speculating, prompt, params, max_steps=100) == reference
     assert counts(speculating).num_draft_tokens > before.num_draft_tokens
+
+
+def test_the_model_length_ends_a_run_where_it_would(checkpoint: Path) -> None:
+    """A 64-token context: drafts are capped by what is left of it, and the last one kept
+    ends the request there."""
+    plain = make_llm(checkpoint, speculative=False, max_model_len=64)
+    llm = make_llm(checkpoint, speculative=True, max_model_len=64)
+    prompts = [random_prompt(40 + i, seed=110 + i) for i in range(4)]
+    params = replace(GREEDY, max_tokens=None)
+    ref = plain.generate(prompts, params)
+    script(llm, {tuple(p): o.token_ids for p, o in zip(prompts, ref, strict=True)})
+    spec, delta = generate_counted(llm, prompts, params)
+    assert_same_outputs(spec, ref)
+    assert [len(p) + len(o.token_ids) for p, o in zip(prompts, spec, strict=True)] == [64] * 4
+    assert all(o.finish_reason == "length" for o in spec)
+    assert_speculated(delta, min_accepted=20)
