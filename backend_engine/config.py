@@ -13,8 +13,8 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64)
 # How int4 codes are chosen: "gptq" calibrates on text that ships with Python (the float
-# model's own run, then GPTQ: +2-5% perplexity at g64 where round-to-nearest is +25% on
-# SmolLM2-135M; a load of seconds more); "rtn" rounds each group to its nearest grid.
+# model's own run, then GPTQ: about +4% perplexity at g64 where round-to-nearest is +25% on
+# SmolLM2-135M; tens of seconds more to load); "rtn" rounds each group to its nearest grid.
 QUANTIZATION_CALIBRATIONS = ("gptq", "rtn")
 # The KV cache's element type: "auto" is the weights' dtype; int8 keeps a float32 scale per
 # block and KV head beside int8 values (about 4x the tokens of float32 in the same memory).

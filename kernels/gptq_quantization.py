@@ -9,22 +9,39 @@ absorb it (the Optimal Brain Surgeon update)::
 
     H += damp_ratio * mean(diag H) * I          (dampened: X X^T is often singular)
     U = cholesky(H^-1, upper)                   rows of U: the inverse Hessian's updates
-    for column k = 0..K-1:
-        at a group's first column: its (scale, min) per row, searched on the *updated* weights
-            of the group, each column weighted by diag(H) (the inputs' mean square)
-        q_k = nearest grid point of w_k
-        w_j -= (w_k - q_k) / U[k, k] * U[k, j]  for every j > k
+    for column k in order:
+        q_k = nearest point of w_k on its group's grid
+        w_j -= (w_k - q_k) / U[k, k] * U[k, j]  for every j after k
 
 done a block of ``BLOCK_COLUMNS`` columns at a time (the "lazy batch" update: inside the block
-rank-1 updates, the rest of the matrix once per block). The result is the same format as
-round-to-nearest (codes 0..15, a float16-rounded scale and minimum per group, contiguous
-groups), so every kernel and the GGUF writer read it unchanged. Rows are independent given
-``H``: a fused q/k/v matrix quantized at once is the same as its three parts one by one.
+rank-1 updates, the rest of the matrix once per block). Each group's grid (scale, min per row)
+is searched with the columns weighted by ``diag(H)`` (the inputs' mean squares), so it fits the
+columns whose errors reach the output most. The order, two ways:
 
-Deterministic: no randomness, and the same float operations for the same inputs.
+- ``act_order`` (the default; GPTQ's "act-order" with static groups): columns by decreasing
+  ``diag(H)``, the loud inputs first while many columns are left to absorb their errors, every
+  group's grid searched up front on the original weights (groups stay contiguous, so the format
+  is unchanged). On SmolLM2-135M int4 g64 (4,096 calibration tokens): +4.9% perplexity
+  against float32 where the plain order gives +6.9% and round-to-nearest +25% (issue #28).
+- plain: columns left to right, a group's grid searched when its first column is reached, on
+  the weights as updated so far.
+
+The result is the same format as round-to-nearest (codes 0..15, a float16-rounded scale and
+minimum per contiguous group), so every kernel and the GGUF writer read it unchanged. Rows are
+independent given ``H``: a fused q/k/v matrix quantized at once is the same as its three parts
+one by one. Deterministic: no randomness (a stable sort for the order), the same float
+operations for the same inputs.
+
+The column loop is thousands of small operations on ``[N, <= 128]`` slices: it runs on one
+thread (``_one_thread``), since splitting each across threads costs more than it saves, and
+on a busy machine much more (a 1536 x 576 matrix: 0.1 s on one thread, 21 s on two cores
+shared with other work, where every operation waits for both threads to be scheduled).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -40,6 +57,7 @@ def gptq_codes(
     group_size: int,
     scale_dtype: torch.dtype,
     damp_ratio: float = DEFAULT_DAMP_RATIO,
+    act_order: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes ``[N, K]`` uint8 in 0..15, scales and mins ``[N, K // group_size]`` in
     ``scale_dtype``, the ``int4_codes`` format, chosen by GPTQ (module docstring)."""
@@ -59,11 +77,18 @@ def gptq_codes(
     diagonal[diagonal == 0] = 1.0  # an input never seen: its column updates nothing
     diagonal += damp_ratio * float(diagonal.mean())
     importance = diagonal.clone()  # [K]: the inputs' mean square, dampened
-    upper = _inverse_cholesky_upper(h)  # [K, K]
-    codes = torch.empty((num_rows, in_features), dtype=torch.uint8, device=weight.device)
-    num_groups = in_features // group_size
-    scales = torch.empty((num_rows, num_groups), dtype=scale_dtype, device=weight.device)
-    mins = torch.empty_like(scales)
+    if act_order:
+        _, scales, mins = searched_codes(w, group_size, scale_dtype, importance)
+        order = torch.argsort(importance, descending=True, stable=True)  # [K]
+    else:
+        num_groups = in_features // group_size
+        scales = torch.empty((num_rows, num_groups), dtype=scale_dtype, device=weight.device)
+        mins = torch.empty_like(scales)
+        order = torch.arange(in_features, device=weight.device)
+    w, h = w[:, order], h[order][:, order]
+    upper = _inverse_cholesky_upper(h)  # [K, K], in the order the columns are quantized
+    ordered_codes = torch.empty((num_rows, in_features), dtype=torch.uint8, device=weight.device)
+    groups = (order // group_size).tolist()  # each ordered column's group
     scale = minimum = torch.empty(0)
     column_codes = torch.empty((num_rows, 1), device=weight.device)
     for first in range(0, in_features, BLOCK_COLUMNS):
@@ -71,26 +96,42 @@ def gptq_codes(
         block = w[:, first:end]  # [N, B], a view: updated in place
         errors = torch.empty_like(block)  # [N, B]: each column's scaled error
         block_upper = upper[first:end, first:end]  # [B, B]
-        for i in range(end - first):
-            column = first + i
-            if column % group_size == 0:
-                group = column // group_size
-                _, group_scales, group_mins = searched_codes(
-                    block[:, i : i + group_size],
-                    group_size,
-                    scale_dtype,
-                    importance[column : column + group_size],
-                )
-                scales[:, group : group + 1], mins[:, group : group + 1] = group_scales, group_mins
-                scale, minimum = group_scales.float(), group_mins.float()  # [N, 1] each
-            value = block[:, i : i + 1]  # [N, 1]
-            nearest_codes(value, scale, minimum, column_codes)
-            codes[:, column] = column_codes[:, 0].to(torch.uint8)
-            error = (value - (column_codes * scale + minimum)) / block_upper[i, i]  # [N, 1]
-            block[:, i:] -= error @ block_upper[i : i + 1, i:]
-            errors[:, i : i + 1] = error
+        with _one_thread():
+            for i in range(end - first):
+                group = groups[first + i]
+                if not act_order and (first + i) % group_size == 0:  # a group's first column
+                    _, group_scales, group_mins = searched_codes(
+                        block[:, i : i + group_size],
+                        group_size,
+                        scale_dtype,
+                        importance[first + i : first + i + group_size],
+                    )
+                    scales[:, group : group + 1] = group_scales
+                    mins[:, group : group + 1] = group_mins
+                if act_order or (first + i) % group_size == 0:
+                    scale = scales[:, group : group + 1].float()  # [N, 1]
+                    minimum = mins[:, group : group + 1].float()
+                value = block[:, i : i + 1]  # [N, 1]
+                nearest_codes(value, scale, minimum, column_codes)
+                ordered_codes[:, first + i] = column_codes[:, 0].to(torch.uint8)
+                error = (value - (column_codes * scale + minimum)) / block_upper[i, i]  # [N, 1]
+                block[:, i:] -= error @ block_upper[i : i + 1, i:]
+                errors[:, i : i + 1] = error
         w[:, end:] -= errors @ upper[first:end, end:]
+    codes = torch.empty_like(ordered_codes)
+    codes[:, order] = ordered_codes
     return codes, scales, mins
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread for the block (restored after: a load runs nothing else)."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(num_threads)
 
 
 def _inverse_cholesky_upper(hessian: torch.Tensor) -> torch.Tensor:  # [K, K] upper triangular

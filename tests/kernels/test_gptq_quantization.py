@@ -47,12 +47,14 @@ def output_error(weight: torch.Tensor, quantized: torch.Tensor, x: torch.Tensor)
     return float(torch.linalg.norm(x @ weight.T - x @ quantized.T))
 
 
+@pytest.mark.parametrize("act_order", [True, False])
 @pytest.mark.parametrize("group_size", [32, 64])
-def test_gptq_output_error_is_lower_than_round_to_nearest(group_size: int) -> None:
+def test_gptq_output_error_is_lower_than_round_to_nearest(group_size: int, act_order: bool) -> None:
     weight, calibration, held_out = layer()
-    gptq = dequantized(
-        *gptq_codes(weight, hessian(calibration), group_size, torch.float16), group_size
+    result = gptq_codes(
+        weight, hessian(calibration), group_size, torch.float16, act_order=act_order
     )
+    gptq = dequantized(*result, group_size)
     rtn = dequantized(*int4_codes(weight, group_size, torch.float16), group_size)
     # on the calibration inputs and on inputs it never saw
     for x in (calibration, held_out):
@@ -70,10 +72,13 @@ def test_gptq_codes_are_the_int4_format_on_float16_grids() -> None:
     assert bool((scales >= 0).all())
 
 
-def test_gptq_is_deterministic() -> None:
+@pytest.mark.parametrize("act_order", [True, False])
+def test_gptq_is_deterministic(act_order: bool) -> None:
     weight, calibration, _ = layer()
-    first = gptq_codes(weight, hessian(calibration), 32, torch.float16)
-    second = gptq_codes(weight.clone(), hessian(calibration).clone(), 32, torch.float16)
+    first = gptq_codes(weight, hessian(calibration), 32, torch.float16, act_order=act_order)
+    second = gptq_codes(
+        weight.clone(), hessian(calibration).clone(), 32, torch.float16, act_order=act_order
+    )
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
 
