@@ -197,6 +197,13 @@ class EngineConfig:
             raise ValueError(
                 "speculative_draft_model is needed by, and only by, speculative_proposer='draft'"
             )
+        if self.speculative_proposer is not None and self.kv_cache_dtype == "int8":
+            # A rejected draft's KV can grow its int8 block's scale, which requantizes the
+            # verified tokens already there: trimming the draft cannot undo that.
+            raise ValueError(
+                "speculative decoding needs a float KV cache: a rejected draft would requantize "
+                "an int8 block's verified tokens (use kv_cache_dtype='auto')"
+            )
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}"

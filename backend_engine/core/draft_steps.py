@@ -39,8 +39,8 @@ def schedule_drafts(
     """Extend each decode scheduled in ``step`` (with one token) by the drafts that fit."""
     for request in decodes:
         drafts = request.draft_token_ids
-        if not drafts or step.scheduled.get(request) != 1:
-            continue  # nothing proposed, or not scheduled (preempted, no budget)
+        if not drafts or step.scheduled.get(request) != 1 or request.num_output_tokens == 0:
+            continue  # nothing proposed, not scheduled (preempted, no budget), or a prefill
         num_output_left = request.max_tokens - request.num_output_tokens
         num_drafts = min(
             len(drafts), step.budget, num_output_left - 1, max_model_len - request.num_tokens

@@ -105,8 +105,8 @@ class Speculator:
         wanted: list[tuple[Request, int]] = []
         for request in running:
             request.draft_token_ids = ()
-            if request.num_tokens - request.num_computed_tokens != 1:
-                continue  # prefilling: nothing to draft after
+            if not is_drafting(request):
+                continue
             state = self._states.get(request.request_id)
             if state is None:
                 state = self._states[request.request_id] = initial_state(self.settings)
@@ -160,6 +160,17 @@ class Speculator:
     def forget(self, request_id: str) -> None:
         self._states.pop(request_id, None)
         self.proposer.forget(request_id)
+
+
+def is_drafting(request: Request) -> bool:
+    """Whether a request may have drafts this step: it decodes (one token left to compute, one
+    it sampled: a prompt whose last chunk is one token is still a prefill, whose step samples
+    its pending choices' first tokens too)."""
+    return (
+        request.num_tokens - request.num_computed_tokens == 1
+        and request.num_output_tokens > 0
+        and not request.pending_forks
+    )
 
 
 def make_speculator(

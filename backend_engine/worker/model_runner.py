@@ -155,6 +155,7 @@ class ModelRunner:
             keep_gguf_blocks=self.device.type == "cpu" and not config.dequantize,
             quantization=config.quantization,
             group_size=config.quantization_group_size,
+            calibration=config.quantization_calibration,
         )
         if self.device.type == "cpu":
             pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from backend_engine import LLM, SamplingParams
+from backend_engine.config import EngineConfig
 from backend_engine.core.request import Request
 from backend_engine.outputs import RequestOutput, SpeculativeCounts
 from backend_engine.speculative.speculator import Proposer, Speculator
@@ -238,41 +239,9 @@ def test_the_last_steps_kept_drafts_reach_the_prefix_cache(checkpoint: Path) -> 
         assert llm.engine.kv_cache.pool.cached_hashes == plain.engine.kv_cache.pool.cached_hashes
 
 
-INT8_PROMPTS = [random_prompt(12, seed=s) * 4 for s in range(6)] + [
-    random_prompt(30, seed=100 + s) for s in range(4)
-]
-INT8_PARAMS = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-
-
-def int8_runs(
-    checkpoint: Path, spoil: Callable[[int, int], bool]
-) -> tuple[list[list[int]], list[list[int]]]:
-    """Outputs of an int8 KV cache: without speculation, then with scripted drafts."""
-    options: dict[str, Any] = {"kv_cache_dtype": "int8"}
-    plain = make_llm(checkpoint, speculative=False, **options)
-    refs = plain.generate(INT8_PROMPTS, INT8_PARAMS)
-    llm = make_llm(checkpoint, speculative=True, **options)
-    references = {tuple(p): r.token_ids for p, r in zip(INT8_PROMPTS, refs, strict=True)}
-    vocab_size = llm.engine.model_config.vocab_size
-    always_speculate(llm, ScriptedProposer(references, vocab_size, spoil=spoil))
-    outputs = llm.generate(INT8_PROMPTS, INT8_PARAMS)
-    counts = llm.engine.stats().speculative["scripted"]
-    assert counts.num_accepted_tokens >= 100
-    return [r.token_ids for r in refs], [o.token_ids for o in outputs]
-
-
-def test_an_int8_kv_cache_with_kept_drafts(checkpoint: Path) -> None:
-    refs, outputs = int8_runs(checkpoint, spoil=lambda position, index: False)
-    assert outputs == refs
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a rejected draft's KV, written into an int8 block beside verified tokens, can grow "
-    "the block's scale (kernels/int8_kv_cache.py: a later token with amax > 127 * scale grows "
-    "it and requantizes the values already there); trimming the draft does not undo that, so "
-    "the verified tokens' KV differs from a run without speculation and so do the outputs",
-)
-def test_rejected_drafts_leave_an_int8_kv_cache_as_without_them(checkpoint: Path) -> None:
-    refs, outputs = int8_runs(checkpoint, spoil=lambda position, index: index >= 1)
-    assert outputs == refs
+def test_speculation_refuses_an_int8_kv_cache() -> None:
+    """A rejected draft written into an int8 block beside verified tokens can grow the block's
+    scale and requantize them (kernels/int8_kv_cache.py), which trimming cannot undo: the
+    outputs would differ from a run without speculation (3 of 10 did, measured)."""
+    with pytest.raises(ValueError, match="speculative decoding needs a float KV cache"):
+        EngineConfig(model="m", kv_cache_dtype="int8", speculative_proposer="ngram")
