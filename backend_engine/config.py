@@ -24,8 +24,9 @@ KV_CACHE_DTYPES = ("auto", "int8")
 SPECULATIVE_PROPOSERS = ("ngram", "draft")
 # A step of at least this many sequences proposes nothing: past it a step is bound by compute,
 # not by reading the weights, and scoring drafts costs what they save (measured on this
-# project's 2-core CPU with SmolLM2-135M: docs/benchmarks.md, issue #29).
-DEFAULT_SPECULATIVE_CROSSOVER = 8
+# project's 2-core CPU with float32 SmolLM2-135M and n-gram drafts: 1.02x at 4 sequences,
+# 0.95x at 8; docs/benchmarks.md, issue #29).
+DEFAULT_SPECULATIVE_CROSSOVER = 6
 
 
 HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` shows
@@ -85,7 +86,10 @@ class EngineConfig:
         metadata={HELP: "The draft proposer's model (same tokenizer): a checkpoint or .gguf."},
     )
     num_speculative_tokens: int = field(
-        default=4, metadata={HELP: "Most draft tokens a sequence proposes in a step."}
+        # 8: float32 SmolLM2's copy-heavy answers here, 1.99x at 8 against 1.74x at 4 (a
+        # draft row costs ~nothing there; where it costs, the adaptive k stops lower).
+        default=8,
+        metadata={HELP: "Most draft tokens a sequence proposes in a step."},
     )
     speculative_ngram_min: int = field(
         default=2, metadata={HELP: "Shortest n-gram prompt lookup matches."}

@@ -76,10 +76,12 @@ class StreamRun:
     token_ids: tuple[tuple[int, ...], ...]
 
 
-def build(gguf: str, dequantize: bool, arm: str, num_threads: int, crossover: int | None) -> LLM:
+def build(
+    gguf: str, dequantize: bool, arm: str, num_threads: int, crossover: int | None, k: int = 0
+) -> LLM:
     from backend_engine import LLM
 
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"num_speculative_tokens": k} if k and arm != "off" else {}
     if arm != "off":
         options["speculative_proposer"] = arm
     if arm == "draft":
@@ -161,7 +163,7 @@ def run_target(args: argparse.Namespace, gguf: str, target: str) -> None:
     reference: dict[str, tuple[tuple[int, ...], ...]] = {}
     for arm in args.arms:
         try:
-            llm = build(gguf, dequantize, arm, args.num_threads, None)
+            llm = build(gguf, dequantize, arm, args.num_threads, None, args.k)
         except Exception as exc:  # an arm that cannot start (no draft proposer) is reported
             print(f"{arm}: cannot start ({type(exc).__name__}: {exc})")
             continue
@@ -204,7 +206,7 @@ def run_crossover(args: argparse.Namespace, gguf: str, target: str) -> None:
     dequantize = TARGETS[target]
     print(f"\n## crossover, target {target}: copy-heavy prompts, batch sizes {args.batches}")
     llms = {
-        arm: build(gguf, dequantize, arm, args.num_threads, crossover=10_000)
+        arm: build(gguf, dequantize, arm, args.num_threads, crossover=10_000, k=args.k)
         for arm in ("off", "ngram")
     }
     prompts = encode(llms["off"], COPY_HEAVY)
@@ -275,6 +277,7 @@ def main() -> None:
     parser.add_argument("--arms", default="off,ngram,draft")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--k", type=int, default=0, help="num_speculative_tokens (0: default)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-threads", type=int, default=0)
     parser.add_argument("--crossover", action="store_true", help="find the crossover instead")
