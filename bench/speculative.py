@@ -13,7 +13,8 @@ Targets (the model that answers): ``float32`` (the shipped Q4_1 GGUF widened at 
 - ``draft``: a draft model (``--speculative-proposer draft``), the shipped Q4_1 file as stored
   drafting for the target (for the float32 target: the same model at 4 bits).
 
-Measured, per target and arm (medians over ``--repeats``):
+Measured, per target and arm (medians over ``--repeats``; the arms' engines are all loaded
+and take turns within each repeat, so the machine's drift falls on every arm alike):
 
 - **single stream**, each workload of bench/speculative_prompts.py (copy-heavy: rewrite,
   fix code, extract fields; open chat), greedy, the answer's natural length up to
@@ -161,34 +162,42 @@ def run_target(args: argparse.Namespace, gguf: str, target: str) -> None:
     rates: dict[tuple[str, str], list[float]] = {}
     notes: dict[tuple[str, str], str] = {}
     reference: dict[str, tuple[tuple[int, ...], ...]] = {}
+    llms: dict[str, LLM] = {}
     for arm in args.arms:
         try:
-            llm = build(gguf, dequantize, arm, args.num_threads, None, args.k)
+            llms[arm] = build(gguf, dequantize, arm, args.num_threads, None, args.k)
         except Exception as exc:  # an arm that cannot start (no draft proposer) is reported
             print(f"{arm}: cannot start ({type(exc).__name__}: {exc})")
-            continue
-        for workload, texts in WORKLOADS.items():
-            prompts = encode(llm, texts)
-            single_stream(llm, prompts[:1], 8)  # warm-up
-            before = current_counts(llm)
-            for _ in range(args.repeats):
-                run = single_stream(llm, prompts, args.max_tokens)
+    # The arms take turns within each repeat: the machine's speed drifts over minutes, and a
+    # ratio of arms run one after the other would carry the drift.
+    streams = f"{args.streams} streams"
+    before = {arm: current_counts(llm) for arm, llm in llms.items()}
+    for workload, texts in WORKLOADS.items():
+        for arm, llm in llms.items():
+            single_stream(llm, encode(llm, texts)[:1], 8)  # warm-up
+            before[arm] = current_counts(llm)
+        for _ in range(args.repeats):
+            for arm, llm in llms.items():
+                run = single_stream(llm, encode(llm, texts), args.max_tokens)
                 rates.setdefault((arm, workload), []).append(run.tokens_per_s)
                 if arm == "off":
                     reference[workload] = run.token_ids
                 elif run.token_ids != reference.get(workload, run.token_ids):
                     print(f"MISMATCH: {arm} / {workload} differs from off (greedy)")
-            notes[(arm, workload)] = counts_delta(llm, before)
-        prompts = encode(llm, COPY_HEAVY + OPEN_CHAT)
-        before = current_counts(llm)
-        for _ in range(args.repeats):
-            rate = concurrent(llm, prompts, args.streams, args.max_tokens)
-            rates.setdefault((arm, f"{args.streams} streams"), []).append(rate)
-        notes[(arm, f"{args.streams} streams")] = counts_delta(llm, before)
-        del llm
+        for arm, llm in llms.items():
+            notes[(arm, workload)] = counts_delta(llm, before[arm])
+            before[arm] = current_counts(llm)
+    for _ in range(args.repeats):
+        for arm, llm in llms.items():
+            rate = concurrent(
+                llm, encode(llm, COPY_HEAVY + OPEN_CHAT), args.streams, args.max_tokens
+            )
+            rates.setdefault((arm, streams), []).append(rate)
+    for arm, llm in llms.items():
+        notes[(arm, streams)] = counts_delta(llm, before[arm])
     print("| workload | arm | tokens/s (median; runs) | / off | proposer |")
     print("|---|---|---|---|---|")
-    for workload in (*WORKLOADS, f"{args.streams} streams"):
+    for workload in (*WORKLOADS, streams):
         off = rates.get(("off", workload))
         for arm in args.arms:
             values = rates.get((arm, workload))
