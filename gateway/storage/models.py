@@ -1,4 +1,4 @@
-"""SQLAlchemy models: tenants, API keys and usage records.
+"""SQLAlchemy models: tenants, API keys, usage records and scoped budgets.
 
 Timestamps are timezone-aware UTC in Python on every backend. SQLite has no time zone type, so
 :class:`UtcDateTime` stores naive UTC there and puts the zone back on the way out; comparisons
@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Dialect,
     Enum,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Text,
     TypeDecorator,
@@ -143,6 +145,11 @@ class UsageRecord(Base):
     __table_args__ = (
         Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),
         Index("ix_usage_records_created_at", "created_at"),
+        # Spend per end user and per key over a window (migration 0005).
+        Index(
+            "ix_usage_records_tenant_id_end_user_created_at", "tenant_id", "end_user", "created_at"
+        ),
+        Index("ix_usage_records_key_id_created_at", "key_id", "created_at"),
     )
 
     # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the autoincrementing rowid.
@@ -180,3 +187,29 @@ class UsageRecord(Base):
     # The answer's finish reason as the engine sent it ("stop", "length", "tool_calls"...);
     # null when none came back (migration 0003).
     finish_reason: Mapped[str | None] = mapped_column(String(MAX_FINISH_REASON_LENGTH))
+    # The request's ``user`` field, within its tenant; null when it named none (migration 0005).
+    end_user: Mapped[str | None] = mapped_column(String(256))
+
+
+class ScopedBudget(Base):
+    """A budget below the tenant (migration 0005): on an API key (``scope="key"``, ``subject``
+    its id) or on an end user (``scope="user"``, ``subject`` the request's ``user``), in
+    ``tokens`` or ``micros`` over a period. A tenant's own budget stays in its quota."""
+
+    __tablename__ = "scoped_budgets"
+    __table_args__ = (
+        PrimaryKeyConstraint("tenant_id", "scope", "subject"),
+        CheckConstraint("scope IN ('key', 'user')", name="scope"),
+        CheckConstraint("unit IN ('tokens', 'micros')", name="unit"),
+        CheckConstraint("period IN ('day', 'month', 'total')", name="period"),
+        CheckConstraint("amount >= 0", name="amount"),
+    )
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    scope: Mapped[str] = mapped_column(String(8))
+    subject: Mapped[str] = mapped_column(String(256))
+    unit: Mapped[str] = mapped_column(String(8))
+    amount: Mapped[int] = mapped_column(BigInteger)
+    period: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)

@@ -13,7 +13,7 @@ from gateway.storage.migrate import (
 )
 from gateway.storage.models import Base
 
-APP_TABLES = {"tenants", "api_keys", "usage_records"}
+APP_TABLES = {"tenants", "api_keys", "usage_records", "scoped_budgets"}
 
 
 def table_names(url: str) -> set[str]:
@@ -185,5 +185,59 @@ def test_0004_makes_tenant_ids_unique_regardless_of_case(database_url):
         downgrade(database_url, "0003")
         with engine.begin() as connection:
             connection.execute(insert, {"id": "OTHER"})
+    finally:
+        engine.dispose()
+
+
+def test_0005_adds_scoped_budgets_and_the_end_user_on_usage_records(database_url):
+    """Rows from before 0005 have no end user (null); a scoped budget names its scope, unit
+    and period from a closed set; the downgrade keeps the usage rows."""
+    upgrade(database_url, "0004")
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    usage = (
+        "INSERT INTO usage_records (request_id, tenant_id, requested_model, prompt_tokens,"
+        " cached_tokens, completion_tokens, cost_micros, status, streamed, created_at{column})"
+        " VALUES (:request_id, 't', 'm', 1, 0, 1, 3, 'completed', false, CURRENT_TIMESTAMP"
+        "{value})"
+    )
+    budget = text(
+        "INSERT INTO scoped_budgets (tenant_id, scope, subject, unit, amount, period,"
+        " created_at, updated_at) VALUES ('t', :scope, 'alice', :unit, 5, 'day',"
+        " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+    )
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO tenants (id, name, tier, quota, created_at, updated_at)"
+                    " VALUES ('t', '', 'free', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+            connection.execute(text(usage.format(column="", value="")), {"request_id": "before"})
+        upgrade(database_url, "0005")
+        with engine.begin() as connection:
+            connection.execute(
+                text(usage.format(column=", end_user", value=", :end_user")),
+                {"request_id": "after", "end_user": "alice"},
+            )
+            connection.execute(budget, {"scope": "user", "unit": "micros"})
+            rows = connection.execute(
+                text("SELECT request_id, end_user FROM usage_records ORDER BY id")
+            ).all()
+        assert [tuple(row) for row in rows] == [("before", None), ("after", "alice")]
+        for scope, unit in (("team", "tokens"), ("key", "usd")):
+            with pytest.raises(IntegrityError), engine.begin() as connection:
+                connection.execute(budget, {"scope": scope, "unit": unit})
+        index_names = {index["name"] for index in inspect(engine).get_indexes("usage_records")}
+        assert {
+            "ix_usage_records_tenant_id_end_user_created_at",
+            "ix_usage_records_key_id_created_at",
+        } <= index_names
+        downgrade(database_url, "0004")
+        assert "end_user" not in usage_columns(engine)
+        assert "scoped_budgets" not in table_names(database_url)
+        with engine.connect() as connection:
+            ids = connection.execute(text("SELECT request_id FROM usage_records ORDER BY id"))
+            assert [row[0] for row in ids] == ["before", "after"]
     finally:
         engine.dispose()
