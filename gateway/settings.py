@@ -42,6 +42,9 @@
     routing:
       aliases: {auto: {small: small, large: large}}
       long_prompt_tokens: 4096
+    alerts:                           # budget alerts by signed webhook (gateway/alert_settings.py)
+      webhook_url: https://hooks.example.com/tollway
+      thresholds: [50, 80, 100]
 
 Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PORT``,
 ``TOLLWAY_DATA_DIR``, ``TOLLWAY_DATABASE_URL``, ``TOLLWAY_REDIS_URL``,
@@ -106,6 +109,7 @@ from typing import Any
 
 import yaml
 
+from gateway.alert_settings import AlertSettings, parse_alert_settings
 from gateway.defaults import (
     DEFAULT_AUTH_UNKNOWN_KEY_TTL_S,
     DEFAULT_BODY_TIMEOUT_S,
@@ -167,7 +171,7 @@ _OPTIONAL_FIELDS = (
     "otel_endpoint",
 )
 REDIS_FAILURE_MODES = ("closed", "open")
-_TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing", "rollouts"}
+_TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing", "rollouts", "alerts"}
 _MODEL_FIELDS = {
     "upstreams", "context_window", "checkpoint", "prices", "upstream_model", "replica_policy",
 }  # fmt: skip
@@ -283,6 +287,7 @@ class GatewaySettings:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    alerts: AlertSettings | None = None  # None: no budget alerts
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -394,7 +399,7 @@ class GatewaySettings:
                 f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP_LEVEL))}"
             )
         values: dict[str, Any] = {
-            k: v for k, v in data.items() if k not in ("models", "routing", "rollouts")
+            k: v for k, v in data.items() if k not in ("models", "routing", "rollouts", "alerts")
         }
         for var, name in _ENV_FIELDS.items():
             if var in env:
@@ -403,7 +408,8 @@ class GatewaySettings:
         models = _models(data.get("models"), base_dir)
         routing = _routing(data.get("routing"))
         rollouts = parse_rollouts(data.get("rollouts"))
-        return cls(models=models, routing=routing, rollouts=rollouts, **kwargs)
+        alerts = parse_alert_settings(data.get("alerts"), env)
+        return cls(models=models, routing=routing, rollouts=rollouts, alerts=alerts, **kwargs)
 
 
 def _is_unix(url: str) -> bool:
