@@ -1,4 +1,5 @@
-"""SQLAlchemy models: tenants, API keys, usage records and scoped budgets.
+"""SQLAlchemy models: tenants, API keys, usage records, scoped budgets, the audit log and the
+alert outbox.
 
 Timestamps are timezone-aware UTC in Python on every backend. SQLite has no time zone type, so
 :class:`UtcDateTime` stores naive UTC there and puts the zone back on the way out; comparisons
@@ -31,6 +32,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -213,3 +215,67 @@ class ScopedBudget(Base):
     period: Mapped[str] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class AuditEntry(Base):
+    """One admin change (migration 0006), written in the change's own transaction: who (an
+    identifier of the admin credential, never the credential), when, what, and the target's
+    values before and after as JSON (no key secret or key hash is ever among them). ``id``
+    only grows: the newest-first listing pages by it."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (
+        Index("ix_audit_log_created_at", "created_at"),
+        Index("ix_audit_log_tenant_id_created_at", "tenant_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    actor: Mapped[str] = mapped_column(String(80))
+    action: Mapped[str] = mapped_column(String(40))
+    tenant_id: Mapped[str | None] = mapped_column(String(64))
+    target_type: Mapped[str] = mapped_column(String(32))
+    target_id: Mapped[str] = mapped_column(String(300))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JsonDict)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JsonDict)
+
+
+class AlertEvent(Base):
+    """A budget alert in the outbox (migration 0006): written in the step that records the
+    crossing, delivered by the gateway's webhook task (``gateway.alerts``). The unique key
+    on (budget, period, threshold) is what fires each threshold once per period across
+    replicas. ``body`` is the exact JSON every attempt sends; ``event_id`` is its
+    idempotency id, the same on every attempt."""
+
+    __tablename__ = "alert_events"
+    __table_args__ = (
+        UniqueConstraint(
+            "budget_level",
+            "budget_id",
+            "period_key",
+            "threshold_percent",
+            name="uq_alert_events_budget_period_threshold",
+        ),
+        CheckConstraint("state IN ('pending', 'delivered', 'failed')", name="state"),
+        Index("ix_alert_events_state_next_attempt_at", "state", "next_attempt_at"),
+        Index("ix_alert_events_tenant_id_id", "tenant_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(40), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    budget_level: Mapped[str] = mapped_column(String(8))
+    budget_id: Mapped[str] = mapped_column(String(330))
+    period_key: Mapped[str] = mapped_column(String(32))
+    threshold_percent: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    num_attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_error: Mapped[str | None] = mapped_column(String(500))
+    delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -13,7 +13,14 @@ from gateway.storage.migrate import (
 )
 from gateway.storage.models import Base
 
-APP_TABLES = {"tenants", "api_keys", "usage_records", "scoped_budgets"}
+APP_TABLES = {
+    "tenants",
+    "api_keys",
+    "usage_records",
+    "scoped_budgets",
+    "audit_log",
+    "alert_events",
+}
 
 
 def table_names(url: str) -> set[str]:
