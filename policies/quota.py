@@ -20,6 +20,7 @@ PRIORITY_CLASSES: tuple[PriorityClass, ...] = get_args(PriorityClass)
 
 _OPTIONAL_COUNTS = (
     "budget_tokens",
+    "budget_micros",
     "max_output_tokens",
     "default_max_output_tokens",
     "max_prompt_tokens",
@@ -31,6 +32,9 @@ _OPTIONAL_COUNTS = (
 @dataclass(frozen=True)
 class TenantQuota:
     budget_tokens: int | None = None
+    # A money budget (micro-units of the models' prices) over the same period; a request
+    # must fit both when both are set (``policies.scoped_budgets``).
+    budget_micros: int | None = None
     budget_period: BudgetPeriod = "month"
     max_output_tokens: int | None = None
     default_max_output_tokens: int | None = None

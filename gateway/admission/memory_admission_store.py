@@ -14,8 +14,11 @@ from gateway.admission.admission_store import (
     Counted,
 )
 from gateway.auth.epochs import MemoryAuthEpochs
+from gateway.ledger.budget_ledger import Reservation
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
+
+_NO_BUDGET_PERIOD = "-"  # the tenant's token budget, when none is asked (never held)
 
 
 class MemoryAdmissionStore:
@@ -33,9 +36,11 @@ class MemoryAdmissionStore:
         epoch = self._epochs.current_now(ask.tenant_id)
         if epoch != ask.auth_epoch:
             return AuthChanged(epoch)
-        budget = ask.budget
-        if budget is not None and not await self._ledger.is_known(ask.tenant_id, budget.period_key):
-            return BalanceUnknown()
+        asks = ask.hold_asks(_NO_BUDGET_PERIOD)
+        asked = [(index, hold) for index, hold in enumerate(asks) if hold.limit >= 0]
+        for index, hold in asked:
+            if not await self._ledger.is_known(ask.tenant_id, hold.period_key, hold.account):
+                return BalanceUnknown(index)
         window = None
         if ask.has_rate_limit:
             window = await self._rate_limits.hit(
@@ -43,11 +48,9 @@ class MemoryAdmissionStore:
             )
             if not window.is_admitted:
                 return Counted(window)
-        if budget is None:
+        if not asked:
             return Counted(window)
-        reservation = await self._ledger.reserve(
-            ask.tenant_id, budget.period_key, budget.limit, ask.tokens, budget.ttl_s
-        )
-        if reservation is not None:
-            return Counted(window, reservation)
-        return Counted(window, balance=await self._ledger.balance(ask.tenant_id, budget.period_key))
+        held = await self._ledger.reserve_all(ask.tenant_id, [h for _, h in asked], ask.ttl_s)
+        if isinstance(held, Reservation):
+            return Counted(window, held)
+        return Counted(window, balance=held.balance, refused_by=asked[held.index][0])

@@ -4,9 +4,13 @@ The script is the ledger's and the rate-limit store's own Lua functions run back
 after the auth-epoch check, so balances, windows and epochs keep one definition each. Every
 key it touches carries the tenant's hash tag (one cluster slot)::
 
-    KEYS: budget account, reservations, reservation_tokens, lapsed, auth epoch, hits, tokens
+    KEYS: budget account, reservations, reservation_tokens, lapsed, auth epoch, hits, tokens,
+          then four per budget of ``more_budgets`` (the ledger's keys of each balance)
     ARGV: epoch, budget limit (-1: none), tokens, ttl_ms, id, now_ms, window_ms, rpm, tpm
-          (-1: none), rate-limited (1/0)
+          (-1: none), rate-limited (1/0), number of more budgets, then limit and amount of each
+
+Every balance asked is checked before any is held (all or none). With only the tenant's
+token budget the script does what it did before: one balance, one round trip.
 
 Ids (reservation, and rate-limit member ``<id>:<tokens>``) are a random per-store prefix and a
 counter: unique across replicas without a call to the OS random source per request.
@@ -29,7 +33,14 @@ from gateway.admission.admission_store import (
     Counted,
 )
 from gateway.auth.epochs import auth_epoch_key
-from gateway.ledger.budget_ledger import Balance, Reservation, check_reserve_args
+from gateway.ledger.budget_ledger import (
+    TENANT_TOKENS,
+    Balance,
+    Hold,
+    Reservation,
+    check_asks,
+    check_reserve_args,
+)
 from gateway.ledger.redis_ledger import LEDGER_FUNCTIONS, BudgetKeys
 from gateway.ratelimit.rate_limit_store import (
     DEFAULT_WINDOW_S,
@@ -42,8 +53,9 @@ from gateway.storage.redis_client import RedisCommands
 _MAX_CACHED_KEYS = 10_000
 _NO_BUDGET_PERIOD = "-"  # names budget keys the script never touches when no budget is asked
 
-# Replies: {1, epoch} auth changed; {2} balance unknown; {0, window or 0, expires_at or -1,
-# used, reserved} counted (used/reserved only when the budget refused).
+# Replies: {1, epoch} auth changed; {2, index} balance unknown; {0, window or 0, expires_at or
+# -1, used, reserved, index} counted (used, reserved and the index of the budget that refused
+# only when one did; index 0 is the tenant's token budget, j the j-th of more_budgets).
 _ADMIT = (
     LEDGER_FUNCTIONS
     + HIT_FUNCTION
@@ -53,10 +65,18 @@ if epoch ~= ARGV[1] then
   return {1, epoch}
 end
 local limit, tokens, ttl_ms, id = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local more = tonumber(ARGV[11])
 if limit >= 0 then
   purge()
   if redis.call('HEXISTS', account, 'known') == 0 then
-    return {2}
+    return {2, 0}
+  end
+end
+for j = 1, more do
+  use(4 + 4 * j)
+  purge()
+  if redis.call('HEXISTS', account, 'known') == 0 then
+    return {2, j}
   end
 end
 local window = 0
@@ -64,17 +84,34 @@ if ARGV[10] == '1' then
   window = hit(KEYS[6], KEYS[7], tonumber(ARGV[6]), tonumber(ARGV[7]), tokens,
                tonumber(ARGV[8]), tonumber(ARGV[9]), id .. ':' .. tokens)
   if window[1] == 0 then
-    return {0, window, -1, 0, 0}
+    return {0, window, -1, 0, 0, 0}
   end
 end
-if limit < 0 then
-  return {0, window, -1, 0, 0}
+if limit < 0 and more == 0 then
+  return {0, window, -1, 0, 0, 0}
 end
-local expires_at = reserve(limit, tokens, ttl_ms, id)
-if not expires_at then
-  return {0, window, -1, used(), reserved()}
+if limit >= 0 then
+  use(1)
+  if not fits(limit, tokens) then
+    return {0, window, -1, used(), reserved(), 0}
+  end
 end
-return {0, window, expires_at, 0, 0}
+for j = 1, more do
+  use(4 + 4 * j)
+  if not fits(tonumber(ARGV[10 + 2 * j]), tonumber(ARGV[11 + 2 * j])) then
+    return {0, window, -1, used(), reserved(), j}
+  end
+end
+local expires_at = now + ttl_ms
+if limit >= 0 then
+  use(1)
+  hold(tokens, expires_at, id)
+end
+for j = 1, more do
+  use(4 + 4 * j)
+  hold(tonumber(ARGV[11 + 2 * j]), expires_at, id)
+end
+return {0, window, expires_at, 0, 0, 0}
 """
 )
 
@@ -103,45 +140,67 @@ class RedisAdmissionStore:
 
     async def admit(self, ask: AdmissionAsk) -> AdmissionResult:
         check_hit_args(ask.tokens, ask.rpm_limit, ask.tpm_limit)
-        budget = ask.budget
+        budget, more = ask.budget, ask.more_budgets
         if budget is not None:
             check_reserve_args(budget.limit, ask.tokens, budget.ttl_s)
+        if more:
+            check_asks(more, ask.ttl_s)
+        is_budgeted = budget is not None or bool(more)
         keys = self._keys_of(ask.tenant_id, budget.period_key if budget else _NO_BUDGET_PERIOD)
         reservation_id = f"{self._id_prefix}{next(self._ids):x}"
         args: list[int | str] = [
             ask.auth_epoch,
             -1 if budget is None else budget.limit,
             ask.tokens,
-            0 if budget is None else max(1, round(budget.ttl_s * 1000)),
+            max(1, round(ask.ttl_s * 1000)) if is_budgeted else 0,
             reservation_id,
             round(ask.now * 1000),
             self._window_ms,
             -1 if ask.rpm_limit is None else ask.rpm_limit,
             -1 if ask.tpm_limit is None else ask.tpm_limit,
             1 if ask.has_rate_limit else 0,
+            len(more),
         ]
+        if more:
+            keys = list(keys)
+            for hold in more:
+                keys += BudgetKeys.of(ask.tenant_id, hold.period_key, hold.account).as_list()
+                args += [hold.limit, hold.amount]
         try:
             reply: list[Any] = await self._admit(keys, args)
         except RedisTimeoutError as exc:  # the script may run yet: name what it would reserve
             maybe = None
-            if budget is not None:
-                expires_at = ask.now + budget.ttl_s  # the server's clock decides; near enough
-                maybe = Reservation(
-                    reservation_id, ask.tenant_id, budget.period_key, ask.tokens, expires_at
-                )
+            if is_budgeted:
+                expires_at = ask.now + ask.ttl_s  # the server's clock decides; near enough
+                maybe = _reservation(ask, reservation_id, expires_at)
             raise AdmissionTimedOut(str(exc), maybe) from None
         if reply[0] == 1:
             epoch = reply[1]
             return AuthChanged(epoch.decode() if isinstance(epoch, bytes) else str(epoch))
         if reply[0] == 2:
-            return BalanceUnknown()
-        _, window_reply, expires_ms, used, reserved = reply
+            return BalanceUnknown(int(reply[1]))
+        _, window_reply, expires_ms, used, reserved, refused_by = reply
         window = window_state(window_reply, self._window_s) if ask.has_rate_limit else None
-        if budget is None or (window is not None and not window.is_admitted):
+        if not is_budgeted or (window is not None and not window.is_admitted):
             return Counted(window)
         if int(expires_ms) < 0:
-            return Counted(window, balance=Balance(used=int(used), reserved=int(reserved)))
-        reservation = Reservation(
-            reservation_id, ask.tenant_id, budget.period_key, ask.tokens, int(expires_ms) / 1000
-        )
-        return Counted(window, reservation)
+            balance = Balance(used=int(used), reserved=int(reserved))
+            return Counted(window, balance=balance, refused_by=int(refused_by))
+        return Counted(window, _reservation(ask, reservation_id, int(expires_ms) / 1000))
+
+
+def _reservation(ask: AdmissionAsk, reservation_id: str, expires_at: float) -> Reservation:
+    """What the script holds for ``ask``: the tenant's token budget first where asked."""
+    holds = [Hold(h.account, h.period_key, h.amount) for h in ask.more_budgets]
+    if ask.budget is not None:
+        holds.insert(0, Hold(TENANT_TOKENS, ask.budget.period_key, ask.tokens))
+    first = holds[0]
+    return Reservation(
+        reservation_id,
+        ask.tenant_id,
+        first.period_key,
+        first.amount,
+        expires_at,
+        first.account,
+        tuple(holds[1:]),
+    )

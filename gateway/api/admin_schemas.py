@@ -86,6 +86,10 @@ class Quota(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     budget_tokens: Count | None = DEFAULTS.budget_tokens
+    budget_micros: Count | None = Field(
+        default=DEFAULTS.budget_micros,
+        description="A money budget in micro-units of the models' prices, over budget_period.",
+    )
     budget_period: BudgetPeriod = DEFAULTS.budget_period
     max_output_tokens: Count | None = DEFAULTS.max_output_tokens
     default_max_output_tokens: Count | None = Field(

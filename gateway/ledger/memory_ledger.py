@@ -1,7 +1,8 @@
 """In-process budget ledger: the embedded default for a single gateway.
 
 Every method runs to completion without awaiting, so on one event loop each call is atomic
-(the same guarantee the Redis ledger gets from Lua). Not thread-safe: use it from the
+(the same guarantee the Redis ledger gets from Lua): ``reserve_all`` checks every balance
+before it holds anything in any. Not thread-safe: use it from the
 gateway's event loop only. See ``budget_ledger`` for the semantics.
 """
 
@@ -11,14 +12,20 @@ import heapq
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.ledger.budget_ledger import (
     DEFAULT_SETTLED_RETENTION_S,
+    TENANT_TOKENS,
     Balance,
+    BudgetAccount,
+    Hold,
+    HoldAsk,
+    Refused,
     Reservation,
-    check_reserve_args,
+    charged,
+    check_asks,
     check_used_tokens,
 )
 from policies.budget_admission import fits_budget
@@ -30,7 +37,7 @@ _HEAP_SLACK = 64
 
 @dataclass
 class _Account:
-    """One (tenant, period) balance.
+    """One (tenant, account, period) balance.
 
     What it holds is proportional to the reservations in flight, not to the requests
     served: a finished reservation leaves no trace (its entry in the expiry heap goes when
@@ -90,58 +97,97 @@ class MemoryBudgetLedger:
             raise ValueError(f"settled_retention_s must be > 0, got {settled_retention_s}")
         self._clock = clock
         self._settled_retention_s = settled_retention_s
-        self._accounts: dict[tuple[str, str], _Account] = {}
+        self._accounts: dict[tuple[str, BudgetAccount, str], _Account] = {}
 
-    def _account(self, tenant_id: str, period_key: str, now: float) -> _Account:
-        account = self._accounts.setdefault((tenant_id, period_key), _Account())
-        account.purge(now, self._settled_retention_s)
-        return account
+    def _account(
+        self, tenant_id: str, account: BudgetAccount, period_key: str, now: float
+    ) -> _Account:
+        balance = self._accounts.setdefault((tenant_id, account, period_key), _Account())
+        balance.purge(now, self._settled_retention_s)
+        return balance
 
     async def reserve(
         self, tenant_id: str, period_key: str, limit: int, tokens: int, ttl_s: float
     ) -> Reservation | None:
-        check_reserve_args(limit, tokens, ttl_s)
+        held = await self.reserve_all(
+            tenant_id, [HoldAsk(TENANT_TOKENS, period_key, limit, tokens)], ttl_s
+        )
+        return held if isinstance(held, Reservation) else None
+
+    async def reserve_all(
+        self, tenant_id: str, asks: Sequence[HoldAsk], ttl_s: float
+    ) -> Reservation | Refused:
+        check_asks(asks, ttl_s)
         now = self._clock()
-        account = self._account(tenant_id, period_key, now)
-        if not fits_budget(
-            used=account.used, reserved=account.reserved, request_tokens=tokens, limit=limit
-        ):
-            return None
+        balances = [self._account(tenant_id, a.account, a.period_key, now) for a in asks]
+        for index, (ask, balance) in enumerate(zip(asks, balances, strict=True)):
+            if not fits_budget(
+                used=balance.used,
+                reserved=balance.reserved,
+                request_tokens=ask.amount,
+                limit=ask.limit,
+            ):
+                return Refused(index, Balance(used=balance.used, reserved=balance.reserved))
         reservation_id = uuid.uuid4().hex
         expires_at = now + ttl_s
-        account.live[reservation_id] = (tokens, expires_at)
-        account.reserved += tokens
-        heapq.heappush(account.expiry_heap, (expires_at, reservation_id))
-        return Reservation(reservation_id, tenant_id, period_key, tokens, expires_at)
+        for ask, balance in zip(asks, balances, strict=True):
+            balance.live[reservation_id] = (ask.amount, expires_at)
+            balance.reserved += ask.amount
+            heapq.heappush(balance.expiry_heap, (expires_at, reservation_id))
+        first, more = asks[0], asks[1:]
+        return Reservation(
+            reservation_id,
+            tenant_id,
+            first.period_key,
+            first.amount,
+            expires_at,
+            first.account,
+            tuple(Hold(a.account, a.period_key, a.amount) for a in more),
+        )
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+    async def settle(
+        self, reservation: Reservation, used_tokens: int, used_micros: int = 0
+    ) -> None:
         check_used_tokens(used_tokens)
+        check_used_tokens(used_micros)
         now = self._clock()
-        account = self._account(reservation.tenant_id, reservation.period_key, now)
-        if account.finish(reservation.reservation_id):
-            account.used += used_tokens
+        for hold in reservation.holds:
+            balance = self._account(reservation.tenant_id, hold.account, hold.period_key, now)
+            if balance.finish(reservation.reservation_id):
+                balance.used += charged(hold, used_tokens, used_micros)
 
     async def release(self, reservation: Reservation) -> None:
         now = self._clock()
-        account = self._account(reservation.tenant_id, reservation.period_key, now)
-        account.finish(reservation.reservation_id)
+        for hold in reservation.holds:
+            balance = self._account(reservation.tenant_id, hold.account, hold.period_key, now)
+            balance.finish(reservation.reservation_id)
 
-    async def balance(self, tenant_id: str, period_key: str) -> Balance:
-        account = self._accounts.get((tenant_id, period_key))
-        if account is None:
+    async def balance(
+        self, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
+    ) -> Balance:
+        balance = self._accounts.get((tenant_id, account, period_key))
+        if balance is None:
             return Balance(used=0, reserved=0)
-        account.purge(self._clock(), self._settled_retention_s)
-        return Balance(used=account.used, reserved=account.reserved)
+        balance.purge(self._clock(), self._settled_retention_s)
+        return Balance(used=balance.used, reserved=balance.reserved)
 
-    async def rebuild(self, tenant_id: str, period_key: str, used_tokens: int) -> bool:
+    async def rebuild(
+        self,
+        tenant_id: str,
+        period_key: str,
+        used_tokens: int,
+        account: BudgetAccount = TENANT_TOKENS,
+    ) -> bool:
         check_used_tokens(used_tokens)
-        account = self._account(tenant_id, period_key, self._clock())
-        if account.is_known:
+        balance = self._account(tenant_id, account, period_key, self._clock())
+        if balance.is_known:
             return False
-        account.used = used_tokens
-        account.is_known = True
+        balance.used = used_tokens
+        balance.is_known = True
         return True
 
-    async def is_known(self, tenant_id: str, period_key: str) -> bool:
-        account = self._accounts.get((tenant_id, period_key))
-        return account is not None and account.is_known
+    async def is_known(
+        self, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
+    ) -> bool:
+        balance = self._accounts.get((tenant_id, account, period_key))
+        return balance is not None and balance.is_known

@@ -10,6 +10,12 @@ period are percent-encoded so ``("a:b", "c")`` and ``("a", "b:c")`` cannot colli
     tollway:budget:{acme}:day%3A2025-06-01:reservation_tokens HASH  id -> tokens
     tollway:budget:{acme}:day%3A2025-06-01:lapsed             ZSET  id -> expired_at (ms)
 
+A budget below the tenant's token budget (``BudgetAccount``: the tenant's money budget, an
+API key's, an end user's) has the same four keys under ``<scope>=<subject>=<unit>:``, e.g.
+``tollway:budget:{acme}:user=alice=micros:day%3A2025-06-01``, in the tenant's slot too, so
+one script reserves against every budget a request must fit (``reserve_all``: each balance
+checked, then each held, all or none) and settles or releases them all.
+
 Time is the server's: scripts read ``TIME``, so replicas whose clocks differ still agree on
 when a reservation expires (this needs script effects replication: the default since Redis
 5, the only mode since Redis 7). ``Reservation.expires_at`` is therefore Redis time.
@@ -31,14 +37,21 @@ same atomic step. A balance written before the field existed has it summed once,
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from urllib.parse import quote
 
 from gateway.ledger.budget_ledger import (
     DEFAULT_SETTLED_RETENTION_S,
+    TENANT_TOKENS,
     Balance,
+    BudgetAccount,
+    Hold,
+    HoldAsk,
+    Refused,
     Reservation,
-    check_reserve_args,
+    charged,
+    check_asks,
     check_used_tokens,
 )
 from gateway.storage.redis_client import RedisCommands
@@ -108,48 +121,75 @@ local function finish(id, retention)
   end
   return redis.call('ZREM', lapsed, id) == 1
 end
--- Holds `tokens` until now + ttl_ms if they fit under `limit` (the rule of
--- policies.budget_admission.fits_budget; tests/policies/budget_cases.py keeps them one):
--- expires_at (ms), else false.
-local function reserve(limit, tokens, ttl_ms, id)
-  local total = reserved()
-  if used() + total + tokens > limit then
-    return false
-  end
-  local expires_at = now + ttl_ms
+-- Whether `amount` fits under `limit` (the rule of policies.budget_admission.fits_budget;
+-- tests/policies/budget_cases.py keeps them one).
+local function fits(limit, amount)
+  return used() + reserved() + amount <= limit
+end
+-- Holds `amount` until `expires_at` (ms) under `id`.
+local function hold(amount, expires_at, id)
+  local total = reserved()  -- before the entry it adds, which it would count
   redis.call('ZADD', reservations, expires_at, id)
-  redis.call('HSET', reservation_tokens, id, tokens)
-  redis.call('HSET', account, 'reserved', total + tokens)
-  return expires_at
+  redis.call('HSET', reservation_tokens, id, amount)
+  redis.call('HSET', account, 'reserved', total + amount)
+end
+-- Points the functions above at the balance whose four keys start at KEYS[first]: a script
+-- over several balances (a request's tenant, key and end-user budgets) visits each in turn.
+local function use(first)
+  account, reservations = KEYS[first], KEYS[first + 1]
+  reservation_tokens, lapsed = KEYS[first + 2], KEYS[first + 3]
 end
 """
 _PRELUDE = LEDGER_FUNCTIONS + "purge()\n"
 
-# ARGV: limit, tokens, ttl_ms, id. Returns expires_at (ms), or nil to refuse.
-_RESERVE = (
-    _PRELUDE
+# KEYS: four per balance. ARGV: ttl_ms, id, then limit and amount per balance. Every balance
+# is checked before any holds: {expires_at (ms)}, or {-1, i, used, reserved} for the first
+# (1-based) that does not fit.
+_RESERVE_ALL = (
+    LEDGER_FUNCTIONS
     + """
-return reserve(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
+local n = #KEYS / 4
+for i = 1, n do
+  use(4 * i - 3)
+  purge()
+  if not fits(tonumber(ARGV[2 * i + 1]), tonumber(ARGV[2 * i + 2])) then
+    return {-1, i, used(), reserved()}
+  end
+end
+local expires_at = now + tonumber(ARGV[1])
+for i = 1, n do
+  use(4 * i - 3)
+  hold(tonumber(ARGV[2 * i + 2]), expires_at, ARGV[2])
+end
+return {expires_at}
 """
 )
 
-# ARGV: id, retention (ms), used_tokens.
+# KEYS: four per balance. ARGV: id, retention (ms), then what each balance is charged.
 _SETTLE = (
-    _PRELUDE
+    LEDGER_FUNCTIONS
     + """
-local used_tokens = tonumber(ARGV[3])
-if finish(ARGV[1], tonumber(ARGV[2])) and used_tokens > 0 then
-  redis.call('HINCRBY', account, 'used', used_tokens)
+for i = 1, #KEYS / 4 do
+  use(4 * i - 3)
+  purge()
+  local charged = tonumber(ARGV[i + 2])
+  if finish(ARGV[1], tonumber(ARGV[2])) and charged > 0 then
+    redis.call('HINCRBY', account, 'used', charged)
+  end
 end
 return 0
 """
 )
 
-# ARGV: id, retention (ms).
+# KEYS: four per balance. ARGV: id, retention (ms).
 _RELEASE = (
-    _PRELUDE
+    LEDGER_FUNCTIONS
     + """
-finish(ARGV[1], tonumber(ARGV[2]))
+for i = 1, #KEYS / 4 do
+  use(4 * i - 3)
+  purge()
+  finish(ARGV[1], tonumber(ARGV[2]))
+end
 return 0
 """
 )
@@ -187,14 +227,15 @@ class BudgetKeys:
     lapsed: str
 
     @classmethod
-    def of(cls, tenant_id: str, period_key: str) -> BudgetKeys:
-        account = f"tollway:budget:{{{quote(tenant_id, safe='')}}}:{quote(period_key, safe='')}"
-        return cls(
-            account,
-            f"{account}:reservations",
-            f"{account}:reservation_tokens",
-            f"{account}:lapsed",
-        )
+    def of(
+        cls, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
+    ) -> BudgetKeys:
+        prefix = f"tollway:budget:{{{quote(tenant_id, safe='')}}}:"
+        if account != TENANT_TOKENS:  # '=' is quoted in every part, so nothing collides
+            subject = quote(account.subject, safe="")
+            prefix += f"{account.scope}={subject}={account.unit}:"
+        key = prefix + quote(period_key, safe="")
+        return cls(key, f"{key}:reservations", f"{key}:reservation_tokens", f"{key}:lapsed")
 
     def as_list(self) -> list[str]:
         return [self.account, self.reservations, self.reservation_tokens, self.lapsed]
@@ -210,54 +251,94 @@ class RedisBudgetLedger:
             raise ValueError(f"settled_retention_s must be > 0, got {settled_retention_s}")
         self._client = client
         self._retention_ms = _to_ms(settled_retention_s)
-        self._reserve = client.register_script(_RESERVE)
+        self._reserve_all = client.register_script(_RESERVE_ALL)
         self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
         self._balance = client.register_script(_BALANCE)
         self._rebuild = client.register_script(_REBUILD)
-        self._settle_keys: dict[tuple[str, str], list[str]] = {}
+        self._settle_keys: dict[tuple[str, tuple[Hold, ...]], list[str]] = {}
 
     async def reserve(
         self, tenant_id: str, period_key: str, limit: int, tokens: int, ttl_s: float
     ) -> Reservation | None:
-        check_reserve_args(limit, tokens, ttl_s)
-        reservation_id = uuid.uuid4().hex
-        keys = BudgetKeys.of(tenant_id, period_key).as_list()
-        ttl_ms = max(1, _to_ms(ttl_s))
-        expires_ms = await self._reserve(keys, [limit, tokens, ttl_ms, reservation_id])
-        if expires_ms is None:
-            return None
-        return Reservation(reservation_id, tenant_id, period_key, tokens, int(expires_ms) / 1000)
+        held = await self.reserve_all(
+            tenant_id, [HoldAsk(TENANT_TOKENS, period_key, limit, tokens)], ttl_s
+        )
+        return held if isinstance(held, Reservation) else None
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+    async def reserve_all(
+        self, tenant_id: str, asks: Sequence[HoldAsk], ttl_s: float
+    ) -> Reservation | Refused:
+        check_asks(asks, ttl_s)
+        reservation_id = uuid.uuid4().hex
+        keys: list[str] = []
+        args: list[int | str] = [max(1, _to_ms(ttl_s)), reservation_id]
+        for ask in asks:
+            keys += BudgetKeys.of(tenant_id, ask.period_key, ask.account).as_list()
+            args += [ask.limit, ask.amount]
+        reply = await self._reserve_all(keys, args)
+        if int(reply[0]) < 0:
+            _, index, used, reserved = reply
+            return Refused(int(index) - 1, Balance(used=int(used), reserved=int(reserved)))
+        first, more = asks[0], asks[1:]
+        return Reservation(
+            reservation_id,
+            tenant_id,
+            first.period_key,
+            first.amount,
+            int(reply[0]) / 1000,
+            first.account,
+            tuple(Hold(a.account, a.period_key, a.amount) for a in more),
+        )
+
+    async def settle(
+        self, reservation: Reservation, used_tokens: int, used_micros: int = 0
+    ) -> None:
         check_used_tokens(used_tokens)
-        keys = self._keys_of(reservation)
-        await self._settle(keys, [*self._finish_args(reservation), used_tokens])
+        check_used_tokens(used_micros)
+        charges = [charged(hold, used_tokens, used_micros) for hold in reservation.holds]
+        await self._settle(self._keys_of(reservation), [*self._finish_args(reservation), *charges])
 
     async def release(self, reservation: Reservation) -> None:
         await self._release(self._keys_of(reservation), self._finish_args(reservation))
 
-    async def balance(self, tenant_id: str, period_key: str) -> Balance:
-        used, reserved = await self._balance(BudgetKeys.of(tenant_id, period_key).as_list())
+    async def balance(
+        self, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
+    ) -> Balance:
+        keys = BudgetKeys.of(tenant_id, period_key, account).as_list()
+        used, reserved = await self._balance(keys)
         return Balance(used=int(used), reserved=int(reserved))
 
-    async def rebuild(self, tenant_id: str, period_key: str, used_tokens: int) -> bool:
+    async def rebuild(
+        self,
+        tenant_id: str,
+        period_key: str,
+        used_tokens: int,
+        account: BudgetAccount = TENANT_TOKENS,
+    ) -> bool:
         check_used_tokens(used_tokens)
-        keys = BudgetKeys.of(tenant_id, period_key).as_list()
+        keys = BudgetKeys.of(tenant_id, period_key, account).as_list()
         return int(await self._rebuild(keys, [used_tokens])) == 1
 
-    async def is_known(self, tenant_id: str, period_key: str) -> bool:
-        account = BudgetKeys.of(tenant_id, period_key).account
-        return bool(await self._client.execute_command("HEXISTS", account, "known"))
+    async def is_known(
+        self, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
+    ) -> bool:
+        key = BudgetKeys.of(tenant_id, period_key, account).account
+        return bool(await self._client.execute_command("HEXISTS", key, "known"))
 
     def _keys_of(self, reservation: Reservation) -> list[str]:
-        """The balance's keys, built once per (tenant, period) this gateway settles."""
-        key = (reservation.tenant_id, reservation.period_key)
+        """The keys of the reservation's balances, built once per set of balances."""
+        key = (reservation.tenant_id, tuple(replace(h, amount=0) for h in reservation.holds))
         keys = self._settle_keys.get(key)
         if keys is None:
             if len(self._settle_keys) >= _MAX_CACHED_KEYS:
                 self._settle_keys.clear()
-            keys = self._settle_keys[key] = BudgetKeys.of(*key).as_list()
+            keys = []
+            for hold in reservation.holds:
+                keys += BudgetKeys.of(
+                    reservation.tenant_id, hold.period_key, hold.account
+                ).as_list()
+            self._settle_keys[key] = keys
         return keys
 
     def _finish_args(self, reservation: Reservation) -> list[int | str]:

@@ -1,0 +1,184 @@
+"""Budgets at three levels, in tokens or in money: which apply to a request, what it
+reserves against each, and which one refuses it.
+
+A request is charged against every budget that applies to it: its tenant's (the quota's
+``budget_tokens`` and ``budget_micros``), its API key's and its end user's (the request's
+``user``, within its tenant). It is admitted only if it fits all of them; each keeps
+``budget_admission``'s invariant, ``used + reserved + amount <= limit``, in its own unit::
+
+    unit     reserved before forwarding (worst case)           settled after
+    tokens   prompt + n * max_tokens                           prompt + completion
+    micros   prompt at the input price                         the usage record's cost_micros
+             + n * max_tokens at the output price              (cached input at its own price)
+
+A money reservation prices the whole prompt at the input price because cache hits are known
+only once the engine answers; the settlement then charges cached input at ``cached_input``,
+as the usage record does (`PriceList.cost_micros` is the one pricing rule). A refusal names
+the first budget, in the order tenant, key, end user, that the request does not fit, with its
+level and unit, so a client can tell which budget to raise or wait for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, get_args
+
+from policies.budget_admission import admit_budget, fits_budget, reservation_tokens
+from policies.budget_period import BudgetWindow
+from policies.decision import Rejection
+from policies.quota import BUDGET_PERIODS, BudgetPeriod, TenantQuota
+
+BudgetScope = Literal["tenant", "key", "user"]
+BudgetUnit = Literal["tokens", "micros"]
+BUDGET_SCOPES: tuple[BudgetScope, ...] = get_args(BudgetScope)
+BUDGET_UNITS: tuple[BudgetUnit, ...] = get_args(BudgetUnit)
+MICROS_PER_UNIT = 1_000_000
+
+_LEVEL_NAMES: dict[BudgetScope, str] = {
+    "tenant": "your tenant's",
+    "key": "the API key's",
+    "user": "the end user's",
+}
+
+
+class PriceList(Protocol):
+    """A model's prices (``gateway.settings.Prices``): micros per million tokens."""
+
+    def cost_micros(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> int:
+        """The price of one request, cached input at its own price, rounded up."""
+        ...
+
+
+@dataclass(frozen=True)
+class ScopedBudget:
+    """One budget: ``limit`` in ``unit`` over ``period``. ``subject`` names whose it is (an
+    API key's id, an end user's id; empty for the tenant's)."""
+
+    scope: BudgetScope
+    unit: BudgetUnit
+    limit: int
+    period: BudgetPeriod
+    subject: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scope not in BUDGET_SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(BUDGET_SCOPES)}, got {self.scope!r}")
+        if self.unit not in BUDGET_UNITS:
+            raise ValueError(f"unit must be one of {', '.join(BUDGET_UNITS)}, got {self.unit!r}")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
+            raise ValueError(f"limit must be a non-negative integer, got {self.limit!r}")
+        if self.period not in BUDGET_PERIODS:
+            raise ValueError(
+                f"period must be one of {', '.join(BUDGET_PERIODS)}, got {self.period!r}"
+            )
+        if (self.scope == "tenant") != (self.subject == ""):
+            raise ValueError("a tenant's budget names no subject; a key's or user's names one")
+
+    def describe(self) -> str:
+        """``the API key's budget of 5.00 (5000000 micros)``, ``your tenant's budget of 100
+        tokens``: how a refusal names it."""
+        if self.unit == "micros":
+            amount = f"{format_money(self.limit)} ({self.limit} micros)"
+        else:
+            amount = f"{self.limit} tokens"
+        return f"{_LEVEL_NAMES[self.scope]} budget of {amount}"
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """One budget and what its ledger holds: ``amount`` is what the request would reserve."""
+
+    budget: ScopedBudget
+    used: int
+    reserved: int
+    amount: int
+    window: BudgetWindow | None = None
+
+
+def tenant_budgets(quota: TenantQuota) -> list[ScopedBudget]:
+    """The tenant's own budgets, tokens first: none, one or both."""
+    budgets = []
+    if quota.budget_tokens is not None:
+        budgets.append(ScopedBudget("tenant", "tokens", quota.budget_tokens, quota.budget_period))
+    if quota.budget_micros is not None:
+        budgets.append(ScopedBudget("tenant", "micros", quota.budget_micros, quota.budget_period))
+    return budgets
+
+
+def reservation_amount(
+    unit: BudgetUnit, prices: PriceList, prompt_tokens: int, max_tokens: int, num_choices: int = 1
+) -> int:
+    """What a request reserves against a budget in ``unit``: its worst case, the whole
+    prompt at the input price and every choice's ``max_tokens`` at the output price."""
+    tokens = reservation_tokens(prompt_tokens, max_tokens, num_choices)  # validates the counts
+    if unit == "tokens":
+        return tokens
+    return prices.cost_micros(prompt_tokens, 0, num_choices * max_tokens)
+
+
+def settlement_amount(
+    unit: BudgetUnit, prices: PriceList, prompt_tokens: int, cached_tokens: int, completion: int
+) -> int:
+    """What a finished request charges a budget in ``unit``: what its usage record says."""
+    if unit == "tokens":
+        return prompt_tokens + completion
+    return prices.cost_micros(prompt_tokens, cached_tokens, completion)
+
+
+def admit_budgets(checks: Sequence[BudgetCheck]) -> Rejection | None:
+    """None if the request fits every budget; else the 429 of the first it does not fit."""
+    for check in checks:
+        if not fits_budget(
+            used=check.used,
+            reserved=check.reserved,
+            request_tokens=check.amount,
+            limit=check.budget.limit,
+        ):
+            return budget_refusal(check)
+    return None
+
+
+def budget_refusal(check: BudgetCheck) -> Rejection:
+    """The 429 ``insufficient_quota`` naming the budget ``check`` does not fit. The tenant's
+    token budget keeps ``admit_budget``'s words (clients may match them)."""
+    budget, window = check.budget, check.window
+    if budget.scope == "tenant" and budget.unit == "tokens":
+        rejection = admit_budget(
+            used=check.used,
+            reserved=check.reserved,
+            request_tokens=check.amount,
+            limit=budget.limit,
+            window=window,
+        )
+        if rejection is not None:
+            return rejection
+    period = f" for {window.key}" if window is not None else ""
+    unit = "micros" if budget.unit == "micros" else "tokens"
+    if check.amount > budget.limit:
+        detail = (
+            f"This request may cost up to {check.amount} {unit}, more than the whole budget; "
+            "lower max_tokens or shorten the prompt."
+        )
+    else:
+        detail = (
+            f"Used {check.used} {unit} and {check.reserved} reserved by requests in flight; "
+            f"this request may cost up to {check.amount} more (the prompt plus max_tokens for "
+            "each choice); lower max_tokens or wait."
+        )
+        if window is not None and window.end is not None:
+            detail += f" The budget resets at {window.end.isoformat()}."
+    return Rejection(
+        status=429,
+        code="insufficient_quota",
+        type="insufficient_quota",
+        message=f"You exceeded {budget.describe()}{period}. {detail}",
+    )
+
+
+def format_money(micros: int) -> str:
+    """Micros as units with two decimals (``5000000`` -> ``5.00``), more where they matter."""
+    units, rest = divmod(micros, MICROS_PER_UNIT)
+    text = f"{units}.{rest:06d}".rstrip("0")
+    whole, _, fraction = text.partition(".")
+    return f"{whole}.{fraction.ljust(2, '0')}"
