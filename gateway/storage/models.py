@@ -252,6 +252,7 @@ class AlertEvent(Base):
     __tablename__ = "alert_events"
     __table_args__ = (
         UniqueConstraint(
+            "tenant_id",
             "budget_level",
             "budget_id",
             "period_key",
@@ -270,7 +271,7 @@ class AlertEvent(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     tenant_id: Mapped[str] = mapped_column(String(64))
     budget_level: Mapped[str] = mapped_column(String(8))
-    budget_id: Mapped[str] = mapped_column(String(330))
+    budget_id: Mapped[str] = mapped_column(String(256))
     period_key: Mapped[str] = mapped_column(String(32))
     threshold_percent: Mapped[int] = mapped_column(Integer)
     body: Mapped[str] = mapped_column(Text)

@@ -52,7 +52,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("tenant_id", sa.String(64), nullable=False),
         sa.Column("budget_level", sa.String(8), nullable=False),
-        sa.Column("budget_id", sa.String(330), nullable=False),
+        sa.Column("budget_id", sa.String(256), nullable=False),
         sa.Column("period_key", sa.String(32), nullable=False),
         sa.Column("threshold_percent", sa.Integer(), nullable=False),
         sa.Column("body", sa.Text(), nullable=False),
@@ -64,6 +64,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_alert_events"),
         sa.UniqueConstraint("event_id", name="uq_alert_events_event_id"),
         sa.UniqueConstraint(
+            "tenant_id",
             "budget_level",
             "budget_id",
             "period_key",
