@@ -66,17 +66,42 @@ def admit_budget(
         used=used, reserved=reserved, request_tokens=request_tokens, limit=limit
     ):
         return None
+    return budget_rejection(
+        what="your token budget",
+        in_micros=False,
+        used=used,
+        reserved=reserved,
+        amount=request_tokens,
+        limit=limit,
+        window=window,
+    )
+
+
+def budget_rejection(
+    *,
+    what: str,
+    in_micros: bool,
+    used: int,
+    reserved: int,
+    amount: int,
+    limit: int,
+    window: BudgetWindow | None,
+) -> Rejection:
+    """The 429 ``insufficient_quota`` of a request ``amount`` does not fit: ``what`` names
+    the budget (``your token budget``, ``the API key's budget of 5.00 (5000000 micros)``)."""
     period = f" for {window.key}" if window is not None else ""
-    if request_tokens > limit:
+    unit = " micros" if in_micros else ""
+    if amount > limit:
         detail = (
-            f"This request needs up to {request_tokens} tokens, more than the whole budget of "
-            f"{limit}; lower max_tokens or shorten the prompt."
+            f"This request needs up to {amount}{unit}"
+            f"{'' if in_micros else ' tokens'}, more than the whole budget of {limit}{unit}; "
+            "lower max_tokens or shorten the prompt."
         )
     else:
         detail = (
             f"Used {used} and {reserved} reserved by requests in flight; this request needs "
-            f"up to {request_tokens} more (prompt plus max_tokens for each choice), limit {limit}; "
-            "lower max_tokens or wait."
+            f"up to {amount}{unit} more (prompt plus max_tokens for each choice), limit "
+            f"{limit}{unit}; lower max_tokens or wait."
         )
         if window is not None and window.end is not None:
             detail += f" The budget resets at {window.end.isoformat()}."
@@ -84,5 +109,5 @@ def admit_budget(
         status=429,
         code="insufficient_quota",
         type="insufficient_quota",
-        message=f"You exceeded your token budget{period}. {detail}",
+        message=f"You exceeded {what}{period}. {detail}",
     )

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-from policies.budget_admission import admit_budget, fits_budget, reservation_tokens
+from policies.budget_admission import budget_rejection, fits_budget, reservation_tokens
 from policies.budget_period import BudgetWindow
 from policies.decision import Rejection
 from policies.quota import BUDGET_PERIODS, BudgetPeriod, TenantQuota
@@ -140,39 +140,15 @@ def admit_budgets(checks: Sequence[BudgetCheck]) -> Rejection | None:
 
 
 def budget_refusal(check: BudgetCheck) -> Rejection:
-    """The 429 ``insufficient_quota`` naming the budget ``check`` does not fit. The tenant's
-    token budget keeps ``admit_budget``'s words (clients may match them)."""
-    budget, window = check.budget, check.window
-    if budget.scope == "tenant" and budget.unit == "tokens":
-        rejection = admit_budget(
-            used=check.used,
-            reserved=check.reserved,
-            request_tokens=check.amount,
-            limit=budget.limit,
-            window=window,
-        )
-        if rejection is not None:
-            return rejection
-    period = f" for {window.key}" if window is not None else ""
-    unit = "micros" if budget.unit == "micros" else "tokens"
-    if check.amount > budget.limit:
-        detail = (
-            f"This request may cost up to {check.amount} {unit}, more than the whole budget; "
-            "lower max_tokens or shorten the prompt."
-        )
-    else:
-        detail = (
-            f"Used {check.used} {unit} and {check.reserved} reserved by requests in flight; "
-            f"this request may cost up to {check.amount} more (the prompt plus max_tokens for "
-            "each choice); lower max_tokens or wait."
-        )
-        if window is not None and window.end is not None:
-            detail += f" The budget resets at {window.end.isoformat()}."
-    return Rejection(
-        status=429,
-        code="insufficient_quota",
-        type="insufficient_quota",
-        message=f"You exceeded {budget.describe()}{period}. {detail}",
+    """The 429 ``insufficient_quota`` naming the budget ``check`` does not fit."""
+    return budget_rejection(
+        what=check.budget.describe(),
+        in_micros=check.budget.unit == "micros",
+        used=check.used,
+        reserved=check.reserved,
+        amount=check.amount,
+        limit=check.budget.limit,
+        window=check.window,
     )
 
 

@@ -22,6 +22,15 @@ The targets (a case lists those it runs against in ``targets``):
 A case's clock starts at ``start``; the balance the table speaks of is that of the budget
 window (``policies/budget_period.py``) in force on that clock, the period key the gateway
 would pass. `Advance` moves the case's clock and the ledger's together.
+
+Budgets at three levels (``policies/scoped_budgets.py``) have a second table, `SCOPED_CASES`:
+several budgets (tenant, key, end user; tokens or micros) that one request must all fit.
+Its steps are requests (`Ask`: a prompt, ``max_tokens``, ``n``), settlements with the
+engine's usage (`SettleUsage`, cached tokens apart) and releases, each followed by every
+budget's balance. Against the policy (`run_scoped_on_policy`) the table's balances must be
+what ``reservation_amount``, ``settlement_amount`` and ``admit_budgets`` make of them; against
+a ledger or the admission step (`run_scoped_on_ledger`) every balance must be the table's,
+and a refusal must name the budget the table names.
 """
 
 from __future__ import annotations
@@ -31,9 +40,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
+from gateway.ledger.budget_ledger import (
+    Balance,
+    BudgetAccount,
+    BudgetLedger,
+    HoldAsk,
+    Refused,
+    Reservation,
+)
+from gateway.settings import Prices
+from policies.budget_admission import fits_budget
 from policies.budget_period import budget_window
 from policies.quota import BudgetPeriod
+from policies.scoped_budgets import (
+    BudgetCheck,
+    ScopedBudget,
+    admit_budgets,
+    reservation_amount,
+    settlement_amount,
+)
 
 Target = Literal["policy", "memory", "redis", "admission"]
 ALL: frozenset[Target] = frozenset({"policy", "memory", "redis", "admission"})
@@ -350,3 +375,266 @@ async def run_on_ledger(
         assert await ledger.balance(TENANT, period_key()) == expected, step
     for key, balance in case.ends_with:
         assert await ledger.balance(TENANT, key) == balance, key
+
+
+# -- budgets at three levels, in tokens or money ----------------------------------------------
+
+# Micros per million tokens: 1 micro a prompt token, 0.25 a cached one, 4 an output token.
+PRICES = Prices(input=1_000_000, cached_input=250_000, output=4_000_000)
+
+
+def tenant_tokens(limit: int) -> ScopedBudget:
+    return ScopedBudget("tenant", "tokens", limit, "day")
+
+
+def tenant_micros(limit: int) -> ScopedBudget:
+    return ScopedBudget("tenant", "micros", limit, "day")
+
+
+def key_budget(limit: int, unit: Literal["tokens", "micros"] = "tokens") -> ScopedBudget:
+    return ScopedBudget("key", unit, limit, "day", subject="key-1")
+
+
+def user_budget(limit: int, unit: Literal["tokens", "micros"] = "tokens") -> ScopedBudget:
+    return ScopedBudget("user", unit, limit, "day", subject="alice")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request of ``prompt_tokens`` and ``num_choices`` choices of ``max_tokens`` each;
+    ``refused_by``: the index of the budget that refuses it (None: admitted)."""
+
+    name: str
+    prompt_tokens: int
+    max_tokens: int
+    refused_by: int | None = None
+    num_choices: int = 1
+
+
+@dataclass(frozen=True)
+class SettleUsage:
+    """The engine's usage for an admitted `Ask`."""
+
+    name: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+ScopedStep = Ask | SettleUsage | Release
+
+
+@dataclass(frozen=True)
+class ScopedCase:
+    """``budgets`` in the order tenant, key, end user; each step is followed by every
+    budget's balance, in that order. ``used``: each budget's, before the first step."""
+
+    name: str
+    budgets: tuple[ScopedBudget, ...]
+    steps: tuple[tuple[ScopedStep, tuple[Balance, ...]], ...]
+    used: tuple[int, ...] = ()
+    prices: Prices = PRICES
+
+    def start_balances(self) -> tuple[Balance, ...]:
+        used = self.used or (0,) * len(self.budgets)
+        return tuple(Balance(used=u, reserved=0) for u in used)
+
+    def amounts(self, ask: Ask) -> list[int]:
+        """What ``ask`` reserves against each budget (the policy's rule)."""
+        return [
+            reservation_amount(
+                b.unit, self.prices, ask.prompt_tokens, ask.max_tokens, ask.num_choices
+            )
+            for b in self.budgets
+        ]
+
+    def charges(self, usage: SettleUsage) -> list[int]:
+        return [
+            settlement_amount(
+                b.unit,
+                self.prices,
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+            )
+            for b in self.budgets
+        ]
+
+
+SCOPED_CASES: tuple[ScopedCase, ...] = (
+    ScopedCase(
+        "a key's budget refuses what the tenant's allows, and nothing is held (all or none)",
+        budgets=(tenant_tokens(1000), key_budget(100)),
+        steps=(
+            (Ask("a", 50, 30), (_b(0, 80), _b(0, 80))),
+            (Ask("b", 10, 20, refused_by=1), (_b(0, 80), _b(0, 80))),
+            (SettleUsage("a", 50, 0, 10), (_b(60, 0), _b(60, 0))),
+            (Ask("c", 20, 20), (_b(60, 40), _b(60, 40))),  # the key's limit, exactly
+        ),
+    ),
+    ScopedCase(
+        "an end user's budget refuses what the tenant's and the key's allow; release frees all",
+        budgets=(tenant_tokens(10_000), key_budget(10_000), user_budget(50)),
+        steps=(
+            (Ask("a", 30, 20), (_b(0, 50), _b(0, 50), _b(0, 50))),
+            (Ask("b", 1, 0, refused_by=2), (_b(0, 50), _b(0, 50), _b(0, 50))),
+            (Release("a"), (_b(0, 0), _b(0, 0), _b(0, 0))),
+            (Ask("c", 1, 0), (_b(0, 1), _b(0, 1), _b(0, 1))),
+        ),
+    ),
+    ScopedCase(
+        "money reserves the prompt at the input price and each choice's output at the output price",
+        budgets=(user_budget(1000, "micros"),),
+        steps=(
+            (Ask("a", 100, 100), (_b(0, 500),)),  # 100 x 1 + 100 x 4
+            (Ask("b", 100, 25, num_choices=4), (_b(0, 1000),)),  # 100 x 1 + 4 x 25 x 4
+            (Ask("c", 1, 0, refused_by=0), (_b(0, 1000),)),
+        ),
+    ),
+    ScopedCase(
+        "cached input tokens settle at the cached price; the reservation assumed none",
+        budgets=(key_budget(10_000, "micros"),),
+        steps=(
+            (Ask("a", 400, 100), (_b(0, 800),)),  # 400 x 1 + 100 x 4
+            (SettleUsage("a", 400, 300, 50), (_b(375, 0),)),  # 100 x 1 + 300 x 0.25 + 50 x 4
+            (Ask("b", 1000, 2000), (_b(375, 9000),)),
+            (Ask("c", 700, 0, refused_by=0), (_b(375, 9000),)),  # 375 + 9000 + 700 > 10,000
+        ),
+    ),
+    ScopedCase(
+        "a request within the tenant's token budget but over its money budget",
+        budgets=(tenant_tokens(1000), tenant_micros(300)),
+        steps=(
+            (Ask("a", 100, 50), (_b(0, 150), _b(0, 300))),
+            (Ask("b", 1, 0, refused_by=1), (_b(0, 150), _b(0, 300))),
+        ),
+    ),
+    ScopedCase(
+        "the first budget that refuses is named: tenant, then key, then end user",
+        budgets=(tenant_tokens(100), key_budget(50), user_budget(50)),
+        used=(95, 50, 50),
+        steps=(
+            (Ask("a", 10, 0, refused_by=0), (_b(95, 0), _b(50, 0), _b(50, 0))),
+            (Ask("b", 5, 0, refused_by=1), (_b(95, 0), _b(50, 0), _b(50, 0))),
+        ),
+    ),
+    ScopedCase(
+        "settling charges each budget in its own unit",
+        budgets=(tenant_tokens(1000), user_budget(10_000, "micros")),
+        steps=(
+            (Ask("a", 100, 100), (_b(0, 200), _b(0, 500))),
+            # tokens 100 + 60; micros 60 x 1 + 40 x 0.25 + 60 x 4
+            (SettleUsage("a", 100, 40, 60), (_b(160, 0), _b(310, 0))),
+        ),
+    ),
+    ScopedCase(
+        "money rounds up to a whole micro",
+        budgets=(user_budget(2, "micros"),),
+        prices=Prices(input=1, cached_input=0, output=1),
+        steps=(
+            (Ask("a", 10, 10), (_b(0, 1),)),  # 20 millionths of a micro: 1
+            (Ask("b", 10, 10), (_b(0, 2),)),
+            (Ask("c", 1, 0, refused_by=0), (_b(0, 2),)),
+            (SettleUsage("a", 10, 10, 0), (_b(0, 1),)),  # cached input is free here
+        ),
+    ),
+)
+
+
+def scoped_case_id(case: ScopedCase) -> str:
+    return case.name
+
+
+def run_scoped_on_policy(case: ScopedCase) -> None:
+    """The table's balances follow from the policy: each `Ask` reserves ``amounts`` against
+    every budget if ``admit_budgets`` admits it (else nothing), a refusal names the budget
+    the table names, and a settle adds ``charges`` to ``used``."""
+    balances = case.start_balances()
+    held: dict[str, list[int]] = {}
+    for step, expected in case.steps:
+        if isinstance(step, Ask):
+            amounts = case.amounts(step)
+            checks = [
+                BudgetCheck(budget, b.used, b.reserved, amount)
+                for budget, b, amount in zip(case.budgets, balances, amounts, strict=True)
+            ]
+            rejection = admit_budgets(checks)
+            first_unfit = next(
+                (
+                    i
+                    for i, c in enumerate(checks)
+                    if not fits_budget(
+                        used=c.used,
+                        reserved=c.reserved,
+                        request_tokens=c.amount,
+                        limit=c.budget.limit,
+                    )
+                ),
+                None,
+            )
+            assert first_unfit == step.refused_by, step
+            assert (rejection is None) == (step.refused_by is None), step
+            if rejection is None:
+                held[step.name] = amounts
+                balances = tuple(
+                    Balance(b.used, b.reserved + a) for b, a in zip(balances, amounts, strict=True)
+                )
+            else:
+                assert (rejection.status, rejection.code) == (429, "insufficient_quota")
+                refused = case.budgets[first_unfit or 0]
+                assert refused.describe() in rejection.message, rejection.message
+        else:
+            amounts = held.pop(step.name)
+            charges = case.charges(step) if isinstance(step, SettleUsage) else [0] * len(amounts)
+            balances = tuple(
+                Balance(b.used + c, b.reserved - a)
+                for b, a, c in zip(balances, amounts, charges, strict=True)
+            )
+        assert balances == expected, step
+
+
+# reserve_all(asks, ttl_s): every hold, or the index of the first ask that refused
+ReserveAllFn = Callable[[list[HoldAsk], float], Awaitable[Reservation | Refused]]
+
+
+async def run_scoped_on_ledger(
+    case: ScopedCase, ledger: BudgetLedger, reserve_all: ReserveAllFn | None = None
+) -> None:
+    """Run every step on ``ledger`` (reserving through ``reserve_all`` if given: the
+    admission step) and assert each refusal's index and every balance after each step."""
+    accounts = [BudgetAccount.of(b) for b in case.budgets]
+    keys = [budget_window(b.period, NOON).key for b in case.budgets]
+
+    async def reserve_on_ledger(asks: list[HoldAsk], ttl_s: float) -> Reservation | Refused:
+        return await ledger.reserve_all(TENANT, asks, ttl_s)
+
+    reserve_all = reserve_all or reserve_on_ledger
+    for account, key, balance in zip(accounts, keys, case.start_balances(), strict=True):
+        assert await ledger.rebuild(TENANT, key, balance.used, account)
+    held: dict[str, Reservation] = {}
+    for step, expected in case.steps:
+        if isinstance(step, Ask):
+            asks = [
+                HoldAsk(account, key, budget.limit, amount)
+                for account, key, budget, amount in zip(
+                    accounts, keys, case.budgets, case.amounts(step), strict=True
+                )
+            ]
+            result = await reserve_all(asks, TTL_S)
+            if isinstance(result, Refused):
+                assert result.index == step.refused_by, step
+                assert result.balance == expected[result.index], step
+            else:
+                assert step.refused_by is None, step
+                assert len(result.holds) == len(asks)
+                held[step.name] = result
+        elif isinstance(step, SettleUsage):
+            charges = dict(zip((b.unit for b in case.budgets), case.charges(step), strict=False))
+            await ledger.settle(held[step.name], charges.get("tokens", 0), charges.get("micros", 0))
+        else:
+            await ledger.release(held[step.name])
+        balances = [
+            await ledger.balance(TENANT, key, account)
+            for account, key in zip(accounts, keys, strict=True)
+        ]
+        assert tuple(balances) == expected, step

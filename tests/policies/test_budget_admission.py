@@ -4,7 +4,17 @@ import pytest
 
 from policies.budget_admission import admit_budget, fits_budget, reservation_tokens
 from policies.budget_period import budget_window
-from tests.policies.budget_cases import Advance, BudgetCase, Reserve, case_id, cases_for
+from tests.policies.budget_cases import (
+    SCOPED_CASES,
+    Advance,
+    BudgetCase,
+    Reserve,
+    ScopedCase,
+    case_id,
+    cases_for,
+    run_scoped_on_policy,
+    scoped_case_id,
+)
 
 
 def test_reservation_is_prompt_plus_max_tokens():
@@ -81,3 +91,8 @@ def test_budget_cases_against_the_policy(case: BudgetCase) -> None:
             keys.add(budget_window(case.period, now).key)
         before = after
     assert {key for key, _ in case.ends_with} <= keys
+
+
+@pytest.mark.parametrize("case", SCOPED_CASES, ids=scoped_case_id)
+def test_scoped_budget_cases_against_the_policy(case: ScopedCase) -> None:
+    run_scoped_on_policy(case)

@@ -28,7 +28,15 @@ from gateway.admission.admission_store import (
 from gateway.admission.memory_admission_store import MemoryAdmissionStore
 from gateway.admission.redis_admission_store import RedisAdmissionStore
 from gateway.auth.epochs import INITIAL_EPOCH, AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
-from gateway.ledger.budget_ledger import Balance, BudgetLedger, Reservation
+from gateway.ledger.budget_ledger import (
+    TENANT_TOKENS,
+    Balance,
+    BudgetAccount,
+    BudgetLedger,
+    HoldAsk,
+    Refused,
+    Reservation,
+)
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
@@ -97,6 +105,40 @@ def ask(
 
 async def test_a_request_without_limits_counts_nothing(replica: Replica) -> None:
     assert await replica.store.admit(ask()) == Counted(window=None)
+
+
+async def test_an_unknown_scoped_balance_is_named_and_nothing_is_counted(
+    replica: Replica,
+) -> None:
+    """The end user's balance was never rebuilt: the step names it (index 2 of tenant, key,
+    user) and holds nothing anywhere, not even in the balances it knows; rebuilt, it holds
+    all three under one reservation."""
+    key = BudgetAccount("key", "key-1", "micros")
+    user = BudgetAccount("user", "alice", "tokens")
+    await replica.ledger.rebuild(TENANT, MONTH, 0, key)
+    more = (HoldAsk(key, MONTH, 1000, 70), HoldAsk(user, MONTH, 100, 40))
+    request = AdmissionAsk(
+        TENANT, INITIAL_EPOCH, 40, None, None, time.time(), BudgetAsk(MONTH, 100, TTL_S), more
+    )
+    assert await replica.store.admit(request) == BalanceUnknown(2)
+    for account in (TENANT_TOKENS, key):
+        assert await replica.ledger.balance(TENANT, MONTH, account) == Balance(0, 0)
+    await replica.ledger.rebuild(TENANT, MONTH, 5, user)
+    result = await replica.store.admit(request)
+    assert isinstance(result, Counted)
+    assert result.reservation is not None
+    assert [(h.account, h.amount) for h in result.reservation.holds] == [
+        (TENANT_TOKENS, 40),
+        (key, 70),
+        (user, 40),
+    ]
+    assert await replica.ledger.balance(TENANT, MONTH, user) == Balance(5, 40)
+    await replica.ledger.settle(result.reservation, 30, 50)
+    assert [await replica.ledger.balance(TENANT, MONTH, a) for a in (TENANT_TOKENS, key, user)] == [
+        Balance(30, 0),
+        Balance(50, 0),
+        Balance(35, 0),
+    ]
 
 
 async def test_admits_rate_limit_and_budget_together(replica: Replica) -> None:
@@ -345,6 +387,42 @@ async def test_budget_cases_through_the_admission_step(
         return result.reservation
 
     await budget_cases.run_on_ledger(case, replica.ledger, replica.advance, reserve)
+
+
+@pytest.mark.parametrize(
+    ("new_table_replica", "case"),
+    [
+        pytest.param(kind, case, id=f"{kind}-{budget_cases.scoped_case_id(case)}")
+        for case in budget_cases.SCOPED_CASES
+        for kind in KINDS
+    ],
+    indirect=["new_table_replica"],
+)
+async def test_scoped_budget_cases_through_the_admission_step(
+    new_table_replica: Callable[[float], TableReplica], case: budget_cases.ScopedCase
+) -> None:
+    """Budgets at three levels through the gateway's own step: the tenant's token budget as
+    ``budget`` (where the case has one), every other as ``more_budgets``, in one call."""
+    replica = new_table_replica(3600.0)
+
+    async def reserve_all(asks: list[HoldAsk], ttl_s: float) -> Reservation | Refused:
+        first = asks[0]
+        has_tenant_tokens = first.account == TENANT_TOKENS
+        budget = BudgetAsk(first.period_key, first.limit, ttl_s) if has_tenant_tokens else None
+        more = tuple(asks[1:] if has_tenant_tokens else asks)
+        tokens = first.amount if has_tenant_tokens else 1
+        ask = AdmissionAsk(
+            budget_cases.TENANT, INITIAL_EPOCH, tokens, None, None, T0, budget, more, ttl_s
+        )
+        result = await replica.store.admit(ask)
+        assert isinstance(result, Counted)
+        if result.reservation is not None:
+            return result.reservation
+        assert result.balance is not None
+        index = result.refused_by if has_tenant_tokens else result.refused_by - 1
+        return Refused(index, result.balance)
+
+    await budget_cases.run_scoped_on_ledger(case, replica.ledger, reserve_all)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,17 @@ from gateway.ledger.budget_ledger import (
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.ledger.redis_ledger import RedisBudgetLedger
 from gateway.storage.redis_client import LeanRedis
-from tests.policies.budget_cases import BUDGET_CASES, BudgetCase, Target, case_id, run_on_ledger
+from tests.policies.budget_cases import (
+    BUDGET_CASES,
+    SCOPED_CASES,
+    BudgetCase,
+    ScopedCase,
+    Target,
+    case_id,
+    run_on_ledger,
+    run_scoped_on_ledger,
+    scoped_case_id,
+)
 from tests.support.redis_ledger_time import let_ledger_time_pass
 
 TENANT, DAY = "acme", "day:2025-06-01"
@@ -144,6 +154,11 @@ def _ledger_target(kind: str) -> Target:
 )
 async def test_budget_cases(ledgers: Ledgers, case: BudgetCase) -> None:
     await run_on_ledger(case, ledgers.with_retention(case.retention_s), ledgers.advance)
+
+
+@pytest.mark.parametrize("case", SCOPED_CASES, ids=scoped_case_id)
+async def test_scoped_budget_cases(ledgers: Ledgers, case: ScopedCase) -> None:
+    await run_scoped_on_ledger(case, ledgers.new())
 
 
 async def test_finished_reservations_leave_nothing_behind(ledgers: Ledgers) -> None:
