@@ -10,9 +10,11 @@ let tenants overspend by them. It then starts following each engine replica's pr
 event stream (`gateway.upstream.replica_router`, for replica choice, and for the load the
 small/large routing reads, `gateway.upstream.pool_load`; the tasks connect in the
 background, a request never waits for them; a replica that leaves is no longer followed).
-On shutdown it stops those, closes the upstream pool (its discovery and health checks, then
-its client), Redis, the usage writer (flushing what it can; the rest stays in its spill
-file) and the tracer provider, in that order.
+With budget alerts configured it starts their webhook delivery, which reads the outbox at
+once: events a stopped gateway left undelivered are sent first (`gateway.alerts`). On
+shutdown it stops those and the alerts' delivery, closes the upstream pool (its discovery
+and health checks, then its client), Redis, the usage writer (flushing what it can; the
+rest stays in its spill file) and the tracer provider, in that order.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from gateway.admission.memory_admission_store import MemoryAdmissionStore
 from gateway.admission.planning_step import PlanningStep
 from gateway.admission.redis_admission_store import RedisAdmissionStore
 from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
+from gateway.alerts.budget_watch import BudgetWatch
+from gateway.alerts.webhook_delivery import WebhookDelivery
 from gateway.api.admin_api import admin_routes
 from gateway.api.completions import chat_completions, completions
 from gateway.api.handler_context import GatewayContext
@@ -128,7 +132,11 @@ def build_gateway(
     writer = UsageWriter(database, Path(settings.data_dir) / SPILL_FILENAME)
     readiness = Readiness(writer)  # not ready while the spill file refuses records
     retries = LedgerRetries(ledger)
-    accountant = Accountant(settings, ledger, writer, metrics, retries)
+    delivery = watch = None
+    if settings.alerts is not None:
+        delivery = WebhookDelivery(database, settings.alerts)
+        watch = BudgetWatch(database, settings.alerts.thresholds, on_new_events=delivery.wake)
+    accountant = Accountant(settings, ledger, writer, metrics, retries, alerts=watch)
     rollouts = LiveRollouts(settings.rollouts)  # replaced whole by a config reload
     context = GatewayContext(
         settings=settings,
@@ -169,9 +177,13 @@ def build_gateway(
             {name: upstreams.replica_set.members(name) for name in settings.models}
         )
         pool_load.start()
+        if delivery is not None:
+            delivery.start()
         try:
             yield
         finally:
+            if delivery is not None:
+                await delivery.aclose()
             await replica_router.aclose()
             await upstreams.aclose()
             await retries.aclose()

@@ -29,19 +29,27 @@ came: refused, no engine answered, a stream whose client left before its finish 
 
 A settle (or release) that fails because Redis cannot answer never delays the response or
 loses the record: it is tried again in the background (``settle_retries``).
+
+With budget alerts on (``alerts:``), a settle that charged something then reads each
+budget's balance and hands it to `gateway.alerts.budget_watch` (thresholds crossed become
+outbox events). The budgets checked are those of ``settle``'s ``info``'s caller with their
+limits: the tenant's own (`tenant_budgets`) today; a key's or end user's budget takes the
+same path once it is added there. Alerts never fail a request: an error is logged.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway.admission.outcomes import Admission, Refusal
+from gateway.alerts.budget_watch import BudgetReading, BudgetRef, BudgetWatch
 from gateway.auth.bearer_keys import Caller
-from gateway.ledger.budget_ledger import BudgetLedger
+from gateway.ledger.budget_ledger import BudgetAccount, BudgetLedger, Reservation
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
@@ -49,6 +57,7 @@ from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry
 from gateway.storage.usage_writer import RecordNotAccepted, UsageWriter
 from gateway.upstream.stream_relay import UsageMeter
+from policies.scoped_budgets import ScopedBudget, tenant_budgets
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +90,11 @@ class Accountant:
         writer: UsageWriter,
         metrics: GatewayMetrics,
         retries: LedgerRetries | None = None,
+        alerts: BudgetWatch | None = None,
     ) -> None:
         self._settings = settings
+        self._ledger = ledger
+        self._alerts = alerts
         self._writer = writer
         self._metrics = metrics
         self._retries = retries if retries is not None else LedgerRetries(ledger)
@@ -123,7 +135,7 @@ class Accountant:
             num_tokens = await self.record(info, admission, meter, was_answered=was_answered)
         except AnswerNotRecorded as exc:
             num_tokens = exc.num_tokens
-        await self.settle(admission, num_tokens)
+        await self.settle(admission, num_tokens, info)
 
     async def record(
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
@@ -182,8 +194,11 @@ class Accountant:
         span.end()
         return prompt + completion
 
-    async def settle(self, admission: Admission, num_tokens: int) -> None:
-        """Settle the request's reservation to ``num_tokens`` (`record`'s), or release it."""
+    async def settle(
+        self, admission: Admission, num_tokens: int, info: RequestInfo | None = None
+    ) -> None:
+        """Settle the request's reservation to ``num_tokens`` (`record`'s), or release it;
+        then check the budgets of ``info``'s caller for alert thresholds crossed."""
         reservation = admission.reservation
         if reservation is None:
             return
@@ -193,6 +208,31 @@ class Accountant:
             logger.exception("settling reservation %s failed", reservation.reservation_id)
         finally:
             self._metrics.reservations_in_flight.dec()
+        if self._alerts is not None and num_tokens > 0 and info is not None:
+            budgets = tenant_budgets(info.caller.quota)
+            await self._check_alerts(self._alerts, reservation, budgets)
+
+    async def _check_alerts(
+        self, alerts: BudgetWatch, reservation: Reservation, budgets: Sequence[ScopedBudget]
+    ) -> None:
+        limits = {BudgetAccount.of(budget): budget.limit for budget in budgets}
+        for hold in reservation.holds:
+            limit = limits.get(hold.account)
+            if limit is None:
+                continue
+            account, tenant_id = hold.account, reservation.tenant_id
+            try:
+                balance = await self._ledger.balance(tenant_id, hold.period_key, account)
+                await alerts.check(
+                    BudgetRef(tenant_id, account.scope, account.subject, account.unit),
+                    BudgetReading(hold.period_key, limit, balance.used),
+                )
+            except Exception:  # an alert must never fail the request
+                logger.exception(
+                    "checking the alert thresholds of tenant %s's %s budget failed",
+                    tenant_id,
+                    account.scope,
+                )
 
     def _count(
         self, info: RequestInfo, model: str | None, version: str | None, status: str

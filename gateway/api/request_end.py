@@ -140,7 +140,7 @@ class RequestEnd:
     async def _settle(self) -> None:
         if not self._is_settled and self._num_tokens is not None:
             self._is_settled = True
-            await self._accountant.settle(self.admission, self._num_tokens)
+            await self._accountant.settle(self.admission, self._num_tokens, self.info)
 
 
 class AnswerThenSettle(Response):

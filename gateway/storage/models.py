@@ -255,6 +255,7 @@ class AlertEvent(Base):
             "tenant_id",
             "budget_level",
             "budget_id",
+            "unit",
             "period_key",
             "threshold_percent",
             name="uq_alert_events_budget_period_threshold",
@@ -272,6 +273,7 @@ class AlertEvent(Base):
     tenant_id: Mapped[str] = mapped_column(String(64))
     budget_level: Mapped[str] = mapped_column(String(8))
     budget_id: Mapped[str] = mapped_column(String(256))
+    unit: Mapped[str] = mapped_column(String(8))  # tokens or micros: a tenant may have both
     period_key: Mapped[str] = mapped_column(String(32))
     threshold_percent: Mapped[int] = mapped_column(Integer)
     body: Mapped[str] = mapped_column(Text)

@@ -55,7 +55,9 @@ class RecordingAccountant:
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
         self.calls.append(("reject", refusal.rejection.code, refusal.served_model))
 
-    async def settle(self, admission: Admission, num_tokens: int) -> None:
+    async def settle(
+        self, admission: Admission, num_tokens: int, info: RequestInfo | None = None
+    ) -> None:
         self.calls.append(("settle", num_tokens))
 
 
