@@ -54,10 +54,10 @@ def speculator_of(llm: LLM) -> Speculator:
 
 def always_speculate(llm: LLM, proposer: Proposer) -> None:
     """Install ``proposer``, and keep every sequence at the full k however many drafts the
-    target rejects (acceptance never falls below the policy's thresholds)."""
+    target rejects."""
     speculator = speculator_of(llm)
     speculator.proposer = proposer
-    speculator.settings = replace(speculator.settings, grow_above=0.0, shrink_below=0.0)
+    speculator.settings = replace(speculator.settings, fixed_k=True)
 
 
 @pytest.fixture(scope="module")

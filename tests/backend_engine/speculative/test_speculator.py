@@ -15,7 +15,15 @@ from backend_engine.sampling_params import SamplingParams
 from backend_engine.speculative.adaptive_k import AdaptiveKSettings
 from backend_engine.speculative.speculator import NgramProposer, Speculator, make_speculator
 
-SETTINGS = AdaptiveKSettings(max_k=4, crossover_batch_size=4, initial_k=2, ema_weight=0.5)
+# Drafts at 70% of a step, so k depends on acceptance: at the prior 0.9, two drafts pay best.
+SETTINGS = AdaptiveKSettings(
+    max_k=4,
+    crossover_batch_size=4,
+    draft_row_cost=0.7,
+    initial_acceptance=0.9,
+    prior_weight=1.0,
+    ema_weight=0.5,
+)
 
 
 class CountingProposer:
@@ -59,7 +67,7 @@ def test_only_decoding_sequences_get_drafts_k_of_them() -> None:
     prefilling = Request("b", [1, 2, 3], SamplingParams(), max_tokens=8, arrival_seq=1)
     prefilling.draft_token_ids = (9,)  # stale: cleared
     assert speculator.propose([decoding, prefilling]) == {}
-    assert decoding.draft_token_ids == (50, 51)  # initial k = 2
+    assert decoding.draft_token_ids == (50, 51)  # k = 2 at the prior
     assert prefilling.draft_token_ids == ()
     assert proposer.asked == [("a", 2)]
 
@@ -68,15 +76,15 @@ def test_k_follows_what_verification_kept() -> None:
     speculator = Speculator(CountingProposer(), SETTINGS)
     request = decoding_request("a")
     speculator.propose([request])
-    speculator.record([scheduled(request, 2)], {"a": 2})  # all kept (0.75): k grows
+    speculator.record([scheduled(request, 2)], {"a": 2})  # all kept (1.45 / 1.5): all 4 pay
     speculator.propose([request])
-    assert request.draft_token_ids == (50, 51, 52)
-    speculator.record([scheduled(request, 3)], {"a": 0})  # 0.375: k stays
+    assert request.draft_token_ids == (50, 51, 52, 53)
+    speculator.record([scheduled(request, 4)], {"a": 3})  # 2.225 / 2.75 = 0.81: 1 pays
     speculator.propose([request])
-    assert request.draft_token_ids == (50, 51, 52)
-    speculator.record([scheduled(request, 3)], {"a": 0})  # 0.1875: k shrinks
+    assert request.draft_token_ids == (50,)
+    speculator.record([scheduled(request, 1)], {"a": 0})  # 1.11 / 1.875 = 0.59: none pays
     speculator.propose([request])
-    assert request.draft_token_ids == (50, 51)
+    assert request.draft_token_ids == ()
 
 
 def test_record_counts_the_drafts_scored_and_kept() -> None:
@@ -123,7 +131,7 @@ def test_forget_drops_the_state_and_tells_the_proposer() -> None:
     speculator = Speculator(proposer, SETTINGS)
     request = decoding_request("a")
     speculator.propose([request])
-    speculator.record([scheduled(request, 2)], {"a": 2})  # k would be 3 next
+    speculator.record([scheduled(request, 2)], {"a": 2})  # k would be 4 next
     speculator.forget("a")
     assert proposer.forgotten == ["a"]
     speculator.propose([request])  # the same id again starts afresh
