@@ -11,7 +11,10 @@ Targets (the model that answers): ``float32`` (the shipped Q4_1 GGUF widened at 
 - ``off``: no speculation;
 - ``ngram``: prompt lookup (``--speculative-proposer ngram``);
 - ``draft``: a draft model (``--speculative-proposer draft``), the shipped Q4_1 file as stored
-  drafting for the target (for the float32 target: the same model at 4 bits).
+  drafting for the target (for the float32 target: the same model at 4 bits, the target's
+  own bits: an upper bound on acceptance), or ``--draft-model FILE``, e.g. the float32 copy
+  quantized again (``tollway convert F32_DIR out.gguf --quantization int4 --group-size 64``:
+  GPTQ, other bits than the target's).
 
 Measured, per target and arm (medians over ``--repeats``; the arms' engines are all loaded
 and take turns within each repeat, so the machine's drift falls on every arm alike):
@@ -78,7 +81,13 @@ class StreamRun:
 
 
 def build(
-    gguf: str, dequantize: bool, arm: str, num_threads: int, crossover: int | None, k: int = 0
+    gguf: str,
+    dequantize: bool,
+    arm: str,
+    num_threads: int,
+    crossover: int | None,
+    k: int = 0,
+    draft_model: str | None = None,
 ) -> LLM:
     from backend_engine import LLM
 
@@ -86,7 +95,7 @@ def build(
     if arm != "off":
         options["speculative_proposer"] = arm
     if arm == "draft":
-        options["speculative_draft_model"] = gguf
+        options["speculative_draft_model"] = draft_model or gguf
     if crossover is not None and arm != "off":
         options["speculative_crossover_batch_size"] = crossover
     return LLM(
@@ -165,7 +174,9 @@ def run_target(args: argparse.Namespace, gguf: str, target: str) -> None:
     llms: dict[str, LLM] = {}
     for arm in args.arms:
         try:
-            llms[arm] = build(gguf, dequantize, arm, args.num_threads, None, args.k)
+            llms[arm] = build(
+                gguf, dequantize, arm, args.num_threads, None, args.k, args.draft_model
+            )
         except Exception as exc:  # an arm that cannot start (no draft proposer) is reported
             print(f"{arm}: cannot start ({type(exc).__name__}: {exc})")
     # The arms take turns within each repeat: the machine's speed drifts over minutes, and a
@@ -282,6 +293,12 @@ def run_llamacpp(args: argparse.Namespace, gguf: str, prompts_by_workload: dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", help="the GGUF file (default: the shipped SmolLM2 Q4_1)")
+    parser.add_argument(
+        "--draft-model",
+        help="the draft arm's drafter (default: the GGUF as stored; e.g. a `tollway convert "
+        "--quantization int4` of its float32 copy, a low-bit drafter that is not the "
+        "target's own bits)",
+    )
     parser.add_argument("--targets", default="float32,as-stored")
     parser.add_argument("--arms", default="off,ngram,draft")
     parser.add_argument("--max-tokens", type=int, default=256)
