@@ -122,8 +122,8 @@ def add_event(session: Session, alert: NewAlert) -> bool:
     is_postgresql = session.get_bind().dialect.name == "postgresql"
     insert = postgresql_insert if is_postgresql else sqlite_insert
     statement = insert(AlertEvent).values(**values).on_conflict_do_nothing()
-    result = session.execute(statement)
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    # RETURNING, not rowcount: psycopg's rowcount does not tell a skipped row from a written one
+    return session.execute(statement.returning(AlertEvent.id)).first() is not None
 
 
 def claim_due(session: Session, *, now: datetime, lease_s: float, limit: int) -> list[DueAlert]:
