@@ -39,6 +39,7 @@ from gateway.admission.counting_step import CountingStep
 from gateway.admission.memory_admission_store import MemoryAdmissionStore
 from gateway.admission.planning_step import PlanningStep
 from gateway.admission.redis_admission_store import RedisAdmissionStore
+from gateway.admission.scoped_budget_lookup import ScopedBudgetLookup
 from gateway.admission.token_counter import TokenCounter, exact_counter, for_openai_model
 from gateway.alerts.budget_watch import BudgetWatch
 from gateway.alerts.webhook_delivery import WebhookDelivery
@@ -153,6 +154,8 @@ def build_gateway(
                 is_fail_open=settings.redis_failure_mode == "open",
                 metrics=metrics,
                 retries=retries,
+                scoped=ScopedBudgetLookup(database, ttl_s=settings.auth_cache_ttl_s),
+                prices=lambda version: settings.models[version].prices,
             ),
             keys,
         ),

@@ -8,8 +8,8 @@ gateway killed once the client has its whole answer loses no record.
 No answer without its record: `record` returns once the record is durable (fsynced in the
 usage writer's spill file, or committed to the database), and raises `AnswerNotRecorded`
 when neither took it; the request path then answers a 503 instead (a stream: an error event
-before ``[DONE]``) and settles the reservation to `AnswerNotRecorded.num_tokens`: nothing
-when the record is gone, its tokens when it was kept (appended, only its fsync failed: it
+before ``[DONE]``) and settles the reservation to `AnswerNotRecorded.charge`: nothing
+when the record is gone, its tokens and cost when it was kept (appended, only its fsync failed: it
 still reaches the database). The ledger therefore always equals the records. A refusal's
 record (`reject`) charges nothing and does not hold its answer back: it is appended at once,
 and one the spill file refuses is logged and counted
@@ -21,8 +21,10 @@ When a reservation is settled, and to what::
     stream stopped early (client gone, engine failed mid-stream) -> prompt + tokens relayed
     engine never answered / refused the request                  -> released: nothing is used
 
-A record's ``prompt_tokens + completion_tokens`` is always exactly what was settled (zero for
-rejected and released requests), so summing the records rebuilds the ledger. Its
+A record's ``prompt_tokens + completion_tokens`` is always exactly what token budgets were
+settled to, and its ``cost_micros`` what money budgets were (a `Charge`; zero for rejected
+and released requests), so summing the records rebuilds the ledger: per tenant, per key
+(``key_id``) and per end user (``end_user``, the request's ``user``). Its
 ``finish_reason`` is the last one the engine sent, as the relay measured it ("stop",
 "length", "tool_calls"; "abort" for a request the engine was asked to stop); null where none
 came: refused, no engine answered, a stream whose client left before its finish chunk.
@@ -32,9 +34,9 @@ loses the record: it is tried again in the background (``settle_retries``).
 
 With budget alerts on (``alerts:``), a settle that charged something then reads each
 budget's balance and hands it to `gateway.alerts.budget_watch` (thresholds crossed become
-outbox events). The budgets checked are those of ``settle``'s ``info``'s caller with their
-limits: the tenant's own (`tenant_budgets`) today; a key's or end user's budget takes the
-same path once it is added there. Alerts never fail a request: an error is logged.
+outbox events). The budgets checked are those the request was held against, with their
+limits (`Admission.budgets`: the tenant's, its key's, its end user's). Alerts never fail a
+request: an error is logged.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from gateway.admission.outcomes import Admission, Refusal
 from gateway.alerts.budget_watch import BudgetReading, BudgetRef, BudgetWatch
 from gateway.auth.bearer_keys import Caller
-from gateway.ledger.budget_ledger import BudgetAccount, BudgetLedger, Reservation
+from gateway.ledger.budget_ledger import BudgetAccount, BudgetLedger, Charge, Reservation
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
@@ -64,11 +66,11 @@ logger = logging.getLogger(__name__)
 
 class AnswerNotRecorded(Exception):
     """The request's usage record was not accepted: its answer must not complete.
-    ``num_tokens``: what its reservation settles to (0 unless the record was kept)."""
+    ``charge``: what its reservation settles to (nothing unless the record was kept)."""
 
-    def __init__(self, request_id: str, num_tokens: int) -> None:
+    def __init__(self, request_id: str, charge: Charge) -> None:
         super().__init__(f"the usage record of {request_id} was not accepted")
-        self.num_tokens = num_tokens
+        self.charge = charge
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class RequestInfo:
     is_stream: bool
     created_at: datetime
     span: Span
+    end_user: str | None = None  # the request's ``user``, once its body is read
 
 
 class Accountant:
@@ -132,17 +135,17 @@ class Accountant:
     ) -> None:
         """`record`, then `settle`: for requests whose client gets no answer from an engine."""
         try:
-            num_tokens = await self.record(info, admission, meter, was_answered=was_answered)
+            charge = await self.record(info, admission, meter, was_answered=was_answered)
         except AnswerNotRecorded as exc:
-            num_tokens = exc.num_tokens
-        await self.settle(admission, num_tokens, info)
+            charge = exc.charge
+        await self.settle(admission, charge, info)
 
     async def record(
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
-    ) -> int:
-        """Write the request's one usage record and count it; returns the tokens its
-        reservation settles to. ``was_answered``: an engine accepted the request (so its
-        tokens count).
+    ) -> Charge:
+        """Write the request's one usage record and count it; returns what its reservation
+        settles to (its tokens and its cost). ``was_answered``: an engine accepted the
+        request (so its tokens count).
 
         The record is durable (fsynced in the usage writer's spill file, or in the database)
         on return, so the request path calls this before the last bytes of an answer: a
@@ -157,6 +160,7 @@ class Accountant:
             finish_reason = None
         model, version = admission.served_model, admission.version
         prices = self._settings.models[version].prices  # each version is priced on its own
+        cost_micros = prices.cost_micros(prompt, cached, completion)
         entry = self._entry(
             info,
             served_model=model,
@@ -166,7 +170,7 @@ class Accountant:
             prompt_tokens=prompt,
             cached_tokens=cached,
             completion_tokens=completion,
-            cost_micros=prices.cost_micros(prompt, cached, completion),
+            cost_micros=cost_micros,
             ttft_ms=meter.ttft_ms,
             finish_reason=finish_reason,
         )
@@ -178,8 +182,8 @@ class Accountant:
             logger.error("usage record %s was not accepted: answered 503", info.request_id)
             span.set_status(Status(StatusCode.ERROR, "usage_records_unavailable"))
             span.end()
-            num_tokens = prompt + completion if exc.is_kept else 0
-            raise AnswerNotRecorded(info.request_id, num_tokens) from exc
+            kept = Charge(prompt + completion, cost_micros) if exc.is_kept else Charge(0)
+            raise AnswerNotRecorded(info.request_id, kept) from exc
         metrics.child(metrics.tokens, model, version, "input").inc(prompt - cached)
         metrics.child(metrics.tokens, model, version, "cached_input").inc(cached)
         metrics.child(metrics.tokens, model, version, "output").inc(completion)
@@ -192,24 +196,27 @@ class Accountant:
         if status is UsageStatus.UPSTREAM_ERROR:
             span.set_status(Status(StatusCode.ERROR, "upstream_error"))
         span.end()
-        return prompt + completion
+        return Charge(prompt + completion, cost_micros)
 
     async def settle(
-        self, admission: Admission, num_tokens: int, info: RequestInfo | None = None
+        self, admission: Admission, charge: Charge, info: RequestInfo | None = None
     ) -> None:
-        """Settle the request's reservation to ``num_tokens`` (`record`'s), or release it;
-        then check the budgets of ``info``'s caller for alert thresholds crossed."""
+        """Settle the request's reservation to ``charge`` (`record`'s), or release it; then
+        check the budgets it was held against (``admission.budgets``; without them, those of
+        ``info``'s tenant) for alert thresholds crossed."""
         reservation = admission.reservation
         if reservation is None:
             return
         try:  # a Redis failure is retried in the background; the record is already written
-            await self._retries.settle(reservation, num_tokens)
+            await self._retries.settle(reservation, charge.tokens, charge.micros)
         except Exception:  # the reservation expires by itself; the record is written
             logger.exception("settling reservation %s failed", reservation.reservation_id)
         finally:
             self._metrics.reservations_in_flight.dec()
-        if self._alerts is not None and num_tokens > 0 and info is not None:
-            budgets = tenant_budgets(info.caller.quota)
+        if self._alerts is not None and charge.tokens > 0:
+            budgets = admission.budgets
+            if not budgets and info is not None:
+                budgets = tuple(tenant_budgets(info.caller.quota))
             await self._check_alerts(self._alerts, reservation, budgets)
 
     async def _check_alerts(
@@ -275,4 +282,5 @@ class Accountant:
             finished_at=datetime.now(timezone.utc),
             ttft_ms=ttft_ms,
             finish_reason=finish_reason,
+            end_user=info.end_user,
         )

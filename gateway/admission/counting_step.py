@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from redis.exceptions import RedisError
@@ -36,15 +37,25 @@ from gateway.admission.admission_store import (
 )
 from gateway.admission.outcomes import Admission, Refusal
 from gateway.admission.planning_step import AdmissionPlan
+from gateway.admission.scoped_budget_lookup import ScopedBudgetLookup
 from gateway.auth.epochs import AuthEpochs
 from gateway.auth.key_cache import CachedKey
 from gateway.errors import state_unavailable
 from gateway.ledger.balance_rebuild import BalanceRebuild
-from gateway.ledger.budget_ledger import Balance
+from gateway.ledger.budget_ledger import BudgetAccount, HoldAsk
 from gateway.ledger.settle_retries import LedgerRetries
 from gateway.observability.metrics import GatewayMetrics
-from policies import Rejection, admit_budget, budget_window, check_rate_limit
+from policies import Rejection, budget_window, check_rate_limit
 from policies.budget_period import BudgetWindow
+from policies.quota import BudgetPeriod
+from policies.scoped_budgets import (
+    BudgetCheck,
+    PriceList,
+    ScopedBudget,
+    budget_refusal,
+    reservation_amount,
+    tenant_budgets,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +75,13 @@ class CountingStep:
         retries: LedgerRetries | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        scoped: ScopedBudgetLookup | None = None,
+        prices: Callable[[str], PriceList] | None = None,
     ) -> None:
         """``is_fail_open``: ``redis_failure_mode: open``. ``clock``: the rate-limit window's
-        (unix seconds); ``monotonic``: the Redis warnings' throttle."""
+        (unix seconds); ``monotonic``: the Redis warnings' throttle. ``scoped``: where the
+        key's and end user's budgets are read (none: the tenant's only); ``prices``: a model
+        version's prices, for money budgets."""
         self._store = store
         self._epochs = epochs
         self._rebuild = rebuild
@@ -76,21 +91,41 @@ class CountingStep:
         self._retries = retries
         self._clock = clock
         self._monotonic = monotonic
+        self._scoped = scoped
+        self._prices = prices
         self._redis_warned_at = float("-inf")  # one log line a second while Redis is down
         self._num_unlogged = 0
 
     async def count(self, key: CachedKey, plan: AdmissionPlan) -> Admission | Refusal | AuthChanged:
         caller, quota, tokens = key.caller, key.caller.quota, plan.tokens
-        budget = window = None
-        if quota.budget_tokens is not None:
-            window = budget_window(quota.budget_period, datetime.now(timezone.utc))
-            budget = BudgetAsk(window.key, quota.budget_tokens, self._reservation_ttl_s)
+        budgets = tenant_budgets(quota)
+        if self._scoped is not None:
+            budgets += await self._scoped.budgets(
+                caller.tenant_id, key.epoch, caller.key_id, plan.end_user
+            )
+        asked = self._asked(budgets, plan) if budgets else _Asked(None, (), [None])
         now = self._clock()
-        ask = AdmissionAsk(caller.tenant_id, key.epoch, tokens, quota.rpm, quota.tpm, now, budget)
+        ask = AdmissionAsk(
+            caller.tenant_id,
+            key.epoch,
+            tokens,
+            quota.rpm,
+            quota.tpm,
+            now,
+            asked.budget,
+            asked.more,
+            self._reservation_ttl_s,
+        )
         try:
             result = await self._store.admit(ask)
-            if isinstance(result, BalanceUnknown) and window is not None:
-                await self._rebuild.rebuild(caller.tenant_id, window)
+            for _ in range(len(asked.checks)):  # each unknown balance rebuilt once at most
+                if not isinstance(result, BalanceUnknown):
+                    break
+                check = asked.checks[result.index]
+                if check is None or check.window is None:
+                    break
+                account = BudgetAccount.of(check.budget)
+                await self._rebuild.rebuild(caller.tenant_id, check.window, account)
                 result = await self._store.admit(ask)
         except RedisError as exc:
             return self._on_redis_failure(caller.tenant_id, plan, exc)
@@ -106,9 +141,49 @@ class CountingStep:
             if isinstance(allowance, Rejection):
                 return plan.refuse(allowance)
             headers = allowance.headers
-        if result.balance is not None and window is not None and budget is not None:
-            return plan.refuse(_budget_refusal(result.balance, tokens, budget.limit, window))
-        return plan.admit(result.reservation, headers)
+        if result.balance is not None:
+            refused = asked.checks[result.refused_by]
+            if refused is not None:
+                balance = result.balance
+                check = replace(refused, used=balance.used, reserved=balance.reserved)
+                return plan.refuse(budget_refusal(check))
+        return plan.admit(result.reservation, headers, tuple(budgets))
+
+    def _asked(self, budgets: list[ScopedBudget], plan: AdmissionPlan) -> _Asked:
+        """What the store is asked to hold for ``budgets``: the tenant's token budget as
+        ``budget`` (index 0), every other in ``more`` (index 1 on), each with its amount."""
+        now = datetime.now(timezone.utc)
+        windows: dict[BudgetPeriod, BudgetWindow] = {}
+        budget: BudgetAsk | None = None
+        more: list[HoldAsk] = []
+        checks: list[BudgetCheck | None] = [None]
+        for scoped in budgets:
+            window = windows.get(scoped.period)
+            if window is None:
+                window = windows[scoped.period] = budget_window(scoped.period, now)
+            if scoped.unit == "tokens":
+                amount = plan.tokens
+            else:
+                amount = reservation_amount(
+                    "micros",
+                    self._prices_of(plan.version),
+                    plan.prompt_tokens,
+                    plan.max_tokens,
+                    plan.num_choices,
+                )
+            check = BudgetCheck(scoped, used=0, reserved=0, amount=amount, window=window)
+            if scoped.scope == "tenant" and scoped.unit == "tokens":
+                budget = BudgetAsk(window.key, scoped.limit, self._reservation_ttl_s)
+                checks[0] = check
+            else:
+                more.append(HoldAsk(BudgetAccount.of(scoped), window.key, scoped.limit, amount))
+                checks.append(check)
+        return _Asked(budget, tuple(more), checks)
+
+    def _prices_of(self, version: str) -> PriceList:
+        if self._prices is None:
+            raise RuntimeError("a money budget applies but the counting step was given no prices")
+        return self._prices(version)
 
     async def current_epoch(self, tenant_id: str) -> str | None:
         """The tenant's auth epoch; ``None`` if Redis failed and the failure mode is open."""
@@ -145,16 +220,10 @@ class CountingStep:
         return plan.admit(None)
 
 
-def _budget_refusal(balance: Balance, tokens: int, limit: int, window: BudgetWindow) -> Rejection:
-    rejection = admit_budget(
-        used=balance.used,
-        reserved=balance.reserved,
-        request_tokens=tokens,
-        limit=limit,
-        window=window,
-    )
-    # The store refused on the balance it saw, so the policy agrees; the fallback only keeps
-    # the types honest.
-    return rejection or Rejection(
-        429, "insufficient_quota", "insufficient_quota", "You exceeded your token budget."
-    )
+@dataclass(frozen=True)
+class _Asked:
+    """The budgets asked of the store and, by the store's index, each one's check."""
+
+    budget: BudgetAsk | None
+    more: tuple[HoldAsk, ...]
+    checks: list[BudgetCheck | None]

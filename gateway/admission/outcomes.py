@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from gateway.ledger.budget_ledger import Reservation
 from policies import Rejection, RoutingDecision
 from policies.quota import PriorityClass
+from policies.scoped_budgets import ScopedBudget
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Admission:
     # prefix (the replica router hashes them; tokenized once, in admission): else None.
     prompt_token_ids: Sequence[int] | None = None
     num_choices: int = 1  # n for each prompt
+    # The budgets its reservation holds against (tenant, key, end user), with their limits.
+    budgets: tuple[ScopedBudget, ...] = ()
 
     @property
     def max_completion_tokens(self) -> int:

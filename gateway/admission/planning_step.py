@@ -47,6 +47,7 @@ from policies import (
 )
 from policies.model_routing import PoolLoad
 from policies.quota import PriorityClass, TenantQuota
+from policies.scoped_budgets import ScopedBudget
 
 
 class PoolLoadSource(Protocol):
@@ -68,6 +69,7 @@ class AdmissionPlan:
     priority: PriorityClass
     prompt_token_ids: Sequence[int] | None = field(default=None, repr=False)
     num_choices: int = 1  # n for each prompt
+    end_user: str | None = None  # the request's ``user``: its end user's budget applies
 
     @property
     def tokens(self) -> int:
@@ -76,7 +78,10 @@ class AdmissionPlan:
         return reservation_tokens(self.prompt_tokens, self.max_tokens, self.num_choices)
 
     def admit(
-        self, reservation: Reservation | None, headers: Mapping[str, str] | None = None
+        self,
+        reservation: Reservation | None,
+        headers: Mapping[str, str] | None = None,
+        budgets: tuple[ScopedBudget, ...] = (),
     ) -> Admission:
         return Admission(
             self.served_model,
@@ -89,6 +94,7 @@ class AdmissionPlan:
             headers or {},
             self.prompt_token_ids,
             self.num_choices,
+            budgets,
         )
 
     def refuse(self, rejection: Rejection) -> Refusal:
@@ -186,6 +192,7 @@ class PlanningStep:
             priority,
             ids,
             body.num_choices,
+            body.user,
         )
 
     def _fits(self, model: str, prompts: PromptSizes, quota: TenantQuota, limit: int) -> bool:

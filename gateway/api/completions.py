@@ -123,7 +123,9 @@ async def _complete(request: Request, endpoint: Endpoint) -> Response:
         data = await read_json(request, ctx.settings.max_body_bytes)
         info = replace(info, requested_model=requested_model(data))
         body = parse_body(data, endpoint)
-        info = replace(info, requested_model=body.model, is_stream=body.is_stream)
+        info = replace(
+            info, requested_model=body.model, is_stream=body.is_stream, end_user=body.user
+        )
         span.set_attribute("gen_ai.request.model", body.model)
         decision = await ctx.admitter.admit(key, body, request.headers.get("x-priority"))
     except Exception as exc:

@@ -15,7 +15,7 @@ Recording before the last bytes makes the record durable (fsynced in the usage w
 spill file, or in the database) before the client has its whole answer: a gateway killed
 after that loses no record. Settling after them never delays the answer. A record that
 neither could take turns the answer into a 503 ``usage_records_unavailable`` (a stream: an
-error event before ``[DONE]``), settled at once to what is recorded (`AnswerNotRecorded`).
+error event before ``[DONE]``), settled at once to what is recorded (`AnswerNotRecorded.charge`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.accounting.settlement import Accountant, AnswerNotRecorded, RequestInfo
 from gateway.admission.outcomes import Admission, Refusal
 from gateway.errors import ApiError, usage_records_unavailable
+from gateway.ledger.budget_ledger import Charge
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter
@@ -50,8 +51,8 @@ class RequestEnd:
 
     __slots__ = (
         "_accountant",
+        "_charge",
         "_is_settled",
-        "_num_tokens",
         "_recording",
         "_refusal",
         "admission",
@@ -66,7 +67,7 @@ class RequestEnd:
         self.info = info
         self.admission = admission
         self.meter = meter
-        self._num_tokens: int | None = None  # what the reservation settles to, once recorded
+        self._charge: Charge | None = None  # what the reservation settles to, once recorded
         self._is_settled = False
         self._recording: asyncio.Task[None] | None = None
         self._refusal: AnswerNotRecorded | None = None  # the record was not accepted
@@ -79,7 +80,7 @@ class RequestEnd:
         accepted the request, so its tokens count. Raises the 503 `ApiError`
         (``usage_records_unavailable``) when the record was not accepted, after settling the
         reservation to what was recorded: the caller answers that instead."""
-        if self._recording is not None or self._num_tokens is not None:
+        if self._recording is not None or self._charge is not None:
             if self._recording is not None:  # another call's write: wait for its end
                 await run_to_end(self._recording)
             return
@@ -95,18 +96,18 @@ class RequestEnd:
 
     async def _write(self, was_answered: bool) -> None:
         try:
-            self._num_tokens = await self._accountant.record(
+            self._charge = await self._accountant.record(
                 self.info, self.admission, self.meter, was_answered=was_answered
             )
         except AnswerNotRecorded as exc:
-            self._num_tokens = exc.num_tokens
+            self._charge = exc.charge
             self._refusal = exc
             await self._settle()
 
     def reject(self, rejection: Rejection) -> None:
         """Record the engine's refusal of the request as a refusal at the door (its code);
         the reservation is then released."""
-        if self._num_tokens is not None:
+        if self._charge is not None:
             return
         admission = self.admission
         refusal = Refusal(
@@ -117,7 +118,7 @@ class RequestEnd:
             admission.version,
         )
         self._accountant.reject(self.info, refusal)
-        self._num_tokens = 0
+        self._charge = Charge(0)
 
     async def finish(
         self,
@@ -138,9 +139,9 @@ class RequestEnd:
             await self._settle()
 
     async def _settle(self) -> None:
-        if not self._is_settled and self._num_tokens is not None:
+        if not self._is_settled and self._charge is not None:
             self._is_settled = True
-            await self._accountant.settle(self.admission, self._num_tokens, self.info)
+            await self._accountant.settle(self.admission, self._charge, self.info)
 
 
 class AnswerThenSettle(Response):

@@ -212,7 +212,10 @@ def check_asks(asks: Sequence[HoldAsk], ttl_s: float) -> None:
     if not asks:
         raise ValueError("reserve_all needs at least one budget to hold")
     for ask in asks:
-        check_reserve_args(ask.limit, ask.amount, ttl_s)
+        if ask.account.unit == "micros" and ask.amount == 0:  # a free model: it fits or not
+            check_reserve_args(ask.limit, 1, ttl_s)
+        else:
+            check_reserve_args(ask.limit, ask.amount, ttl_s)
     if len({(ask.account, ask.period_key) for ask in asks}) != len(asks):
         raise ValueError("reserve_all was asked to hold one balance twice")
 

@@ -51,25 +51,30 @@ class LedgerRetries:
     def num_pending(self) -> int:
         return len(self._tasks)
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        """Settle to ``used_tokens`` (release when 0) now; if Redis fails, ``later``."""
+    async def settle(
+        self, reservation: Reservation, used_tokens: int, used_micros: int = 0
+    ) -> None:
+        """Settle to ``used_tokens`` (and ``used_micros``, for money budgets; release when
+        no token was used) now; if Redis fails, ``later``."""
         try:
-            await self._settle(reservation, used_tokens)
+            await self._settle(reservation, used_tokens, used_micros)
         except RedisError as exc:
             logger.warning(
                 "settling reservation %s failed (%s): retrying in the background",
                 reservation.reservation_id,
                 exc,
             )
-            self.later(reservation, used_tokens)
+            self.later(reservation, used_tokens, used_micros)
 
-    def later(self, reservation: Reservation, used_tokens: int) -> None:
+    def later(self, reservation: Reservation, used_tokens: int, used_micros: int = 0) -> None:
         """Settle (``used_tokens`` > 0) or release the reservation in the background."""
         if len(self._tasks) >= self._max_pending:
             if used_tokens > 0:
                 _log_lost(reservation, used_tokens)
             return
-        task = asyncio.get_running_loop().create_task(self._retry(reservation, used_tokens))
+        task = asyncio.get_running_loop().create_task(
+            self._retry(reservation, used_tokens, used_micros)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -79,20 +84,20 @@ class LedgerRetries:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _settle(self, reservation: Reservation, used_tokens: int) -> None:
+    async def _settle(self, reservation: Reservation, used_tokens: int, used_micros: int) -> None:
         if used_tokens > 0:
-            await self._ledger.settle(reservation, used_tokens)
+            await self._ledger.settle(reservation, used_tokens, used_micros)
         else:
             await self._ledger.release(reservation)
 
-    async def _retry(self, reservation: Reservation, used_tokens: int) -> None:
+    async def _retry(self, reservation: Reservation, used_tokens: int, used_micros: int) -> None:
         give_up_at = reservation.expires_at + DEFAULT_SETTLED_RETENTION_S / 2
         delay = self._first_delay_s
         try:
             while time.time() + delay < give_up_at:
                 await asyncio.sleep(delay)
                 try:
-                    await self._settle(reservation, used_tokens)
+                    await self._settle(reservation, used_tokens, used_micros)
                     return
                 except RedisError:
                     delay = min(delay * 2, self._max_delay_s)

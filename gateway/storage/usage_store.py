@@ -63,6 +63,8 @@ class UsageEntry:
     # The answer's finish reason as the engine sent it ("stop", "length", "tool_calls",
     # "abort"...); None when none came back (refused, failed, the client gone first).
     finish_reason: str | None = None
+    # The request's ``user`` (its end user, within the tenant); None when it named none.
+    end_user: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id or len(self.request_id) > 64:
@@ -213,12 +215,27 @@ def summarize_usage(
     ]
 
 
-def sum_tokens(session: Session, tenant_id: str, start: datetime, end: datetime) -> UsageTotals:
-    """One tenant's totals over ``[start, end)``: what a budget ledger rebuilds from.
+def sum_tokens(
+    session: Session,
+    tenant_id: str,
+    start: datetime,
+    end: datetime,
+    *,
+    key_id: str | None = None,
+    end_user: str | None = None,
+) -> UsageTotals:
+    """One tenant's totals over ``[start, end)``, or those of one of its keys or end users:
+    what a budget ledger rebuilds from (and what spend per key or user sums to).
 
-    Served by the ``(tenant_id, created_at)`` index.
+    Served by the ``(tenant_id, created_at)``, ``(key_id, created_at)`` and ``(tenant_id,
+    end_user, created_at)`` indexes.
     """
-    row = session.execute(select(*_total_columns()).where(*_filters(tenant_id, start, end))).one()
+    filters = _filters(tenant_id, start, end)
+    if key_id is not None:
+        filters.append(UsageRecord.key_id == key_id)
+    if end_user is not None:
+        filters.append(UsageRecord.end_user == end_user)
+    row = session.execute(select(*_total_columns()).where(*filters)).one()
     return _totals(row)
 
 

@@ -14,6 +14,7 @@ from gateway.accounting.settlement import Accountant, AnswerNotRecorded, Request
 from gateway.admission.outcomes import Admission, Refusal
 from gateway.api.request_end import AnswerThenSettle, RequestEnd
 from gateway.errors import ApiError
+from gateway.ledger.budget_ledger import Charge
 from gateway.storage.models import UsageStatus
 from gateway.upstream.pool import UpstreamCall
 from gateway.upstream.stream_relay import UsageMeter
@@ -44,21 +45,21 @@ class RecordingAccountant:
 
     async def record(
         self, info: RequestInfo, admission: Admission, meter: UsageMeter, *, was_answered: bool
-    ) -> int:
+    ) -> Charge:
         status = meter.status if meter.is_finished else UsageStatus.CANCELLED
         self.calls.append(("record", status, was_answered))
         await self.writing.wait()
         if self.refusal is not None:
             raise self.refusal
-        return 10 if was_answered else 0
+        return Charge(10, 30) if was_answered else Charge(0)
 
     def reject(self, info: RequestInfo, refusal: Refusal) -> None:
         self.calls.append(("reject", refusal.rejection.code, refusal.served_model))
 
     async def settle(
-        self, admission: Admission, num_tokens: int, info: RequestInfo | None = None
+        self, admission: Admission, charge: Charge, info: RequestInfo | None = None
     ) -> None:
-        self.calls.append(("settle", num_tokens))
+        self.calls.append(("settle", charge.tokens))
 
 
 def request_end(
@@ -119,7 +120,7 @@ async def test_an_engine_refusal_is_its_one_record_and_releases_the_reservation(
 async def test_an_answer_whose_record_was_not_accepted_is_a_503_settled_to_what_was_kept(
     num_tokens_kept: int,
 ) -> None:
-    end, accountant = request_end(AnswerNotRecorded("req-1", num_tokens_kept))
+    end, accountant = request_end(AnswerNotRecorded("req-1", Charge(num_tokens_kept)))
     with pytest.raises(ApiError) as refused:
         await end.record(UsageStatus.COMPLETED)
     assert refused.value.rejection.status == 503
