@@ -17,6 +17,11 @@ are pages (``limit``, ``cursor``, ``next_cursor``), read as the usage export's.
 
 Every change to a tenant, its quota or its keys bumps the tenant's auth epoch after it is
 committed, so the gateways' key caches (``key_cache``) see it on their next request.
+
+Every change is also written to the audit log (`storage.audit_log`) in its own transaction:
+who (`admin_credential_id`, never the key), the action, the target and its admin view before
+and after (a key's view has no secret and no hash). ``GET /admin/audit-log`` lists it
+(`admin_records_api`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from gateway.api.admin_inputs import (
     path_id,
     read_model,
 )
+from gateway.api.admin_records_api import AdminRecordsApi
 from gateway.api.admin_schemas import (
     DEFAULTS,
     ApiKey,
@@ -67,12 +73,12 @@ from gateway.api.tenant_api import (
     usage_response,
     usage_summary,
 )
-from gateway.auth.admin_key import Endpoint, admin_guard
+from gateway.auth.admin_key import Endpoint, admin_credential_id, admin_guard
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs
 from gateway.auth.key_cache import KeyCache
 from gateway.errors import ApiError, change_not_announced, invalid_request
 from gateway.ledger.budget_ledger import BudgetLedger
-from gateway.storage import api_keys, tenants
+from gateway.storage import api_keys, audit_log, tenants
 from gateway.storage.database import Database
 from gateway.storage.models import ApiKeyRow, utc_now
 from openai_protocol.errors import echoed_id
@@ -103,7 +109,8 @@ def admin_routes(
         raise ValueError(
             "admin_key_hash must be the SHA-256 hex digest (64 characters) of the admin key"
         )
-    api = _AdminApi(db, ledger, now, auth_epochs)
+    api = _AdminApi(db, ledger, now, auth_epochs, admin_credential_id(key_hash))
+    records = AdminRecordsApi(db)
     guard = admin_guard(key_hash, keys or KeyCache(db, auth_epochs or MemoryAuthEpochs(), ttl_s=0))
 
     table: list[tuple[str, str, Endpoint]] = [
@@ -119,6 +126,8 @@ def admin_routes(
         ("/admin/keys/{key_id}", "DELETE", api.revoke_key),
         ("/admin/usage", "GET", api.usage),
         ("/admin/usage/summary", "GET", api.usage_summary),
+        ("/admin/audit-log", "GET", records.audit_log),
+        ("/admin/alert-events", "GET", records.alert_events),
     ]
     return [Route(path, guard(endpoint), methods=[method]) for path, method, endpoint in table]
 
@@ -132,11 +141,13 @@ class _AdminApi:
         ledger: BudgetLedger,
         now: Callable[[], datetime],
         auth_epochs: AuthEpochs | None,
+        actor: str = "admin-key",
     ) -> None:
         self._db = db
         self._ledger = ledger
         self._now = now
         self._auth_epochs = auth_epochs
+        self._actor = actor  # who the audit log says made each change
 
     async def _changed(self, tenant_id: str) -> None:
         """Announce a committed change to the tenant's keys or quota."""
@@ -146,6 +157,29 @@ class _AdminApi:
             except RedisError as exc:
                 logger.warning("announcing a change of tenant %s failed: %s", tenant_id, exc)
                 raise change_not_announced() from None
+
+    def _audit(
+        self,
+        session: Session,
+        action: str,
+        target: tuple[str, str],
+        tenant_id: str,
+        before: BaseModel | None,
+        after: BaseModel | None,
+        now: datetime,
+    ) -> None:
+        """Record a change in the session's transaction; ``target``: (type, id)."""
+        audit_log.record_change(
+            session,
+            actor=self._actor,
+            action=action,
+            target_type=target[0],
+            target_id=target[1],
+            tenant_id=tenant_id,
+            before=None if before is None else before.model_dump(mode="json"),
+            after=None if after is None else after.model_dump(mode="json"),
+            now=now,
+        )
 
     async def _transaction(self, work: Callable[[Session], T]) -> T:
         def run() -> T:
@@ -165,11 +199,14 @@ class _AdminApi:
 
         def create(session: Session) -> tenants.TenantInfo:
             try:
-                return tenants.create_tenant(
+                info = tenants.create_tenant(
                     session, body.id, name=body.name, tier=body.tier, quota=quota, now=now
                 )
             except tenants.TenantExistsError as exc:
                 raise _tenant_exists(body.id, exc.existing_id) from None
+            target = ("tenant", info.id)
+            self._audit(session, "tenant.created", target, info.id, None, _tenant_view(info), now)
+            return info
 
         try:
             info = await self._transaction(create)
@@ -221,9 +258,15 @@ class _AdminApi:
             if body.tier is not None:
                 stored = TenantQuota.from_dict(info.quota)
                 quota = _quota_dict(stored, body.tier, param_prefix="")
-            return tenants.update_tenant(
+            updated = tenants.update_tenant(
                 session, tenant_id, name=body.name, tier=body.tier, quota=quota, now=now
             )
+            if updated is not None:
+                before, after = _tenant_view(info), _tenant_view(updated)
+                self._audit(
+                    session, "tenant.updated", ("tenant", tenant_id), tenant_id, before, after, now
+                )
+            return updated
 
         info = await self._transaction(update)
         if info is None:
@@ -238,7 +281,17 @@ class _AdminApi:
         """
         tenant_id = path_id(request, "tenant_id", "tenant")
         now = self._now()
-        if not await self._transaction(lambda s: tenants.delete_tenant(s, tenant_id, now=now)):
+
+        def delete(session: Session) -> bool:
+            before = tenants.get_tenant(session, tenant_id)
+            if before is None or not tenants.delete_tenant(session, tenant_id, now=now):
+                return False
+            after = tenants.get_tenant(session, tenant_id, include_deleted=True)
+            views = _tenant_view(before), None if after is None else _tenant_view(after)
+            self._audit(session, "tenant.deleted", ("tenant", tenant_id), tenant_id, *views, now)
+            return True
+
+        if not await self._transaction(delete):
             raise not_found("tenant", tenant_id)
         await self._changed(tenant_id)
         logger.info("deleted tenant %s", tenant_id)
@@ -255,8 +308,13 @@ class _AdminApi:
         now = self._now()
 
         def put(session: Session) -> tenants.TenantInfo | None:
-            tier = _live_tenant(session, tenant_id).tier
-            return tenants.update_tenant(session, tenant_id, quota={**quota, "tier": tier}, now=now)
+            before = _live_tenant(session, tenant_id)
+            quota_now = {**quota, "tier": before.tier}
+            info = tenants.update_tenant(session, tenant_id, quota=quota_now, now=now)
+            if info is not None:
+                views = _tenant_view(before).quota, _tenant_view(info).quota
+                self._audit(session, "quota.replaced", ("quota", tenant_id), tenant_id, *views, now)
+            return info
 
         info = await self._transaction(put)
         if info is None:
@@ -296,7 +354,7 @@ class _AdminApi:
 
         def create(session: Session) -> api_keys.CreatedKey:
             try:
-                return api_keys.create_key(
+                created = api_keys.create_key(
                     session,
                     tenant_id,
                     name=body.name,
@@ -306,6 +364,9 @@ class _AdminApi:
                 )
             except LookupError:
                 raise not_found("tenant", tenant_id) from None
+            view = _key_view(created.info)  # the key's metadata: never the key or its hash
+            self._audit(session, "key.created", ("key", view.id), tenant_id, None, view, now)
+            return created
 
         created = await self._transaction(create)
         await self._changed(tenant_id)  # a key refused as unknown before works at once
@@ -349,11 +410,17 @@ class _AdminApi:
         now = self._now()
 
         def revoke(session: Session) -> api_keys.ApiKeyInfo:
-            api_keys.revoke_key(session, key_id, now=now)
             row = session.get(ApiKeyRow, key_id)
             if row is None:
                 raise not_found("API key", key_id)
-            return api_keys.ApiKeyInfo.from_row(row)
+            before = api_keys.ApiKeyInfo.from_row(row)
+            api_keys.revoke_key(session, key_id, now=now)
+            session.refresh(row)
+            info = api_keys.ApiKeyInfo.from_row(row)
+            if info != before:  # revoking a revoked key changes nothing: nothing to record
+                views = _key_view(before), _key_view(info)
+                self._audit(session, "key.revoked", ("key", key_id), info.tenant_id, *views, now)
+            return info
 
         info = await self._transaction(revoke)
         await self._changed(info.tenant_id)  # also when it was revoked before: a retry

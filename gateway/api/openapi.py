@@ -1,6 +1,6 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document of the completion, admin and tenant APIs,
-built from the endpoints' docstrings and the pydantic models in :mod:`gateway.api.admin_schemas`
-and :mod:`gateway.api.completion_schemas`."""
+built from the endpoints' docstrings and the pydantic models in :mod:`gateway.api.admin_schemas`,
+:mod:`gateway.api.admin_records_api` and :mod:`gateway.api.completion_schemas`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.schemas import SchemaGenerator
 
+from gateway.api.admin_records_api import AlertEventList, AuditLog
 from gateway.api.admin_schemas import DEFAULT_PAGE_SIZE as ADMIN_DEFAULT_PAGE_SIZE
 from gateway.api.admin_schemas import MAX_PAGE_SIZE as ADMIN_MAX_PAGE_SIZE
 from gateway.api.admin_schemas import (
@@ -36,6 +37,7 @@ from gateway.api.admin_schemas import (
 from gateway.api.completion_schemas import REQUEST_MODELS as COMPLETION_REQUESTS
 from gateway.api.completion_schemas import RESPONSE_MODELS as COMPLETION_RESPONSES
 from gateway.api.tenant_api import DEFAULT_PAGE_SIZE, USAGE_FORMATS, Budget, UsageList, UsageSummary
+from gateway.storage.alert_outbox import EVENT_STATES
 from gateway.storage.usage_store import MAX_PAGE_SIZE
 from openai_protocol.errors import ERROR_TYPES
 from policies.quota import BUDGET_PERIODS
@@ -169,6 +171,8 @@ _RESPONSE_MODELS: list[type[BaseModel]] = [
     UsageList,
     UsageSummary,
     Budget,
+    AuditLog,
+    AlertEventList,
 ]
 _TIME = {"type": "string", "format": "date-time"}
 _PATH_ID = {"type": "string", "pattern": r"^[^/\\]*$"}  # an encoded '/' or '\' is a 400
@@ -208,6 +212,15 @@ _PARAMETERS = {
         "query",
         {"type": "integer", "minimum": 1, "maximum": ADMIN_MAX_PAGE_SIZE},
         f"Page size; default {ADMIN_DEFAULT_PAGE_SIZE}",
+    ),
+    "RecordCursor": _param(
+        "cursor",
+        "query",
+        {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+        "Entries older than this one: the next_cursor of the page before",
+    ),
+    "AlertState": _param(
+        "state", "query", {"enum": list(EVENT_STATES)}, "Only events in this delivery state"
     ),
     "Format": _param("format", "query", {"enum": list(USAGE_FORMATS)}, "Default json"),
     "Period": _param("period", "query", {"enum": list(BUDGET_PERIODS)}, "Default month"),

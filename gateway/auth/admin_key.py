@@ -23,6 +23,13 @@ from gateway.storage import api_keys
 from policies.decision import Rejection
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+CREDENTIAL_ID_LENGTH = 12  # hex digits of the key's SHA-256: 48 bits, no help to a guesser
+
+
+def admin_credential_id(admin_key_hash: str) -> str:
+    """How the audit log names the admin key: ``admin-key:`` and the first hex digits of its
+    SHA-256 (``admin_key_hash``), never the key. A rotated key shows as a new id."""
+    return f"admin-key:{admin_key_hash.strip().lower()[:CREDENTIAL_ID_LENGTH]}"
 
 
 def admin_guard(admin_key_hash: str, keys: KeyCache) -> Callable[[Endpoint], Endpoint]:

@@ -124,7 +124,7 @@ async def test_every_admin_route_refuses_a_missing_or_wrong_key(
 ) -> None:
     await create(client, "acme")
     requests = admin_requests(app)
-    assert len(requests) == 12
+    assert len(requests) == 14
     for method, path in requests:
         headers = {"Authorization": authorization} if authorization else {}
         client.headers.pop("Authorization", None)
@@ -662,7 +662,7 @@ async def test_the_openapi_document_lists_every_endpoint(
         for method in route.methods or ()
         if method != "HEAD"
     }
-    assert len(expected) == 14
+    assert len(expected) == 16
     assert set(operations) == expected
     for (path, method), operation in operations.items():
         assert operation["summary"]
