@@ -105,7 +105,7 @@ class EngineConfig:
         default=DEFAULT_SPECULATIVE_CROSSOVER,
         metadata={HELP: "Steps of at least this many sequences do not speculate."},
     )
-    speculative_draft_row_cost: float | None = field(
+    speculative_draft_cost: float | None = field(
         default=None,
         metadata={HELP: "A draft row's cost over a one-token step's; default: measured at start."},
     )
@@ -222,10 +222,10 @@ class EngineConfig:
                 f"speculative_ngram_max, got {self.speculative_ngram_min} and "
                 f"{self.speculative_ngram_max}"
             )
-        if self.speculative_draft_row_cost is not None and not self.speculative_draft_row_cost >= 0:
+        if self.speculative_draft_cost is not None and not self.speculative_draft_cost >= 0:
             raise ValueError(
-                "speculative_draft_row_cost must be 0 or more, "
-                f"got {self.speculative_draft_row_cost}"
+                "speculative_draft_cost must be 0 or more, "
+                f"got {self.speculative_draft_cost}"
             )
         if self.speculative_crossover_batch_size < 1:
             raise ValueError(

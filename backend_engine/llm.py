@@ -50,7 +50,7 @@ class EngineOptions(TypedDict, total=False):
     speculative_ngram_min: int
     speculative_ngram_max: int
     speculative_crossover_batch_size: int
-    speculative_draft_row_cost: float | None
+    speculative_draft_cost: float | None
     drain_grace_s: float  # a server's setting: an LLM has no drain
 
 

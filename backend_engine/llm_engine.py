@@ -30,7 +30,12 @@ from backend_engine.core.kv_cache_manager import KVCacheManager
 from backend_engine.core.kv_event_log import KVCacheEvent
 from backend_engine.core.request import Request
 from backend_engine.core.scheduler import Scheduler
-from backend_engine.core.step_runner import DraftRowCostProbe, PlanRunner, RunnerPlan
+from backend_engine.core.step_runner import (
+    DraftRowCost,
+    DraftRowCostProbe,
+    PlanRunner,
+    RunnerPlan,
+)
 from backend_engine.outputs import (
     QUEUE_TIME_BUCKETS,
     EngineStats,
@@ -97,6 +102,11 @@ class LLMEngine:
         self.speculator = make_speculator(  # None: no speculative decoding
             config, self.model_config.vocab_size, num_blocks, self._draft_row_cost()
         )
+        if self.speculator is not None:
+            logger.info(
+                "speculative decoding: a draft costs %.2f of a one-token step",
+                self.speculator.settings.draft_cost,
+            )
         self._arrivals = itertools.count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -309,18 +319,20 @@ class LLMEngine:
                 deltas.append(self._failed(request, exc))
         return deltas
 
-    def _draft_row_cost(self) -> float:
-        """Speculative decoding's cost of a draft to the target: as configured, else measured
-        by the runner now, before any request (0 for a runner that cannot say)."""
+    def _draft_row_cost(self) -> DraftRowCost | None:
+        """Speculative decoding's cost of a draft to the target, measured by the runner now,
+        before any request; None where it is configured or the runner cannot say."""
         config = self.config
-        if config.speculative_proposer is None:
-            return 0.0
-        if config.speculative_draft_row_cost is not None:
-            return config.speculative_draft_row_cost
+        if config.speculative_proposer is None or config.speculative_draft_cost is not None:
+            return None
         if not isinstance(self.runner, DraftRowCostProbe):
-            return 0.0
+            return None
         cost = self.runner.measure_draft_row_cost(config.num_speculative_tokens)
-        logger.info("speculative decoding: a draft row costs %.2f of a one-token step", cost)
+        logger.info(
+            "speculative decoding: a draft row costs %.2f of a one-token step (%.1f ms)",
+            cost.row_cost,
+            cost.step_seconds * 1e3,
+        )
         return cost
 
     def _release(self, request_id: str) -> None:

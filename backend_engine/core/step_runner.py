@@ -56,13 +56,22 @@ class StepRunner(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class DraftRowCost:
+    """What scoring drafts costs a runner: ``row_cost``, a step of one token and some drafts
+    against a step of one token, less one, per draft (0: free); ``step_seconds``, the step of
+    one token (a draft model's own time per draft is weighed against it)."""
+
+    row_cost: float
+    step_seconds: float
+
+
 @runtime_checkable
 class DraftRowCostProbe(Protocol):
     """A runner that can say what scoring drafts costs it (speculative decoding's adaptive k
-    weighs a draft's cost against its chance of being kept): a step of one token and
-    ``num_drafts`` drafts against a step of one token, less one, per draft (0: free)."""
+    weighs a draft's cost against its chance of being kept)."""
 
-    def measure_draft_row_cost(self, num_drafts: int) -> float: ...
+    def measure_draft_row_cost(self, num_drafts: int) -> DraftRowCost: ...
 
 
 class RunnerPlan(Protocol):

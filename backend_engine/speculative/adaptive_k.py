@@ -18,7 +18,7 @@ phase it is in, so each sequence keeps its own estimate:
 - **The k that pays best.** Scoring a draft is one more row in the step, nearly free where a
   step is bound by reading the weights (float32 on this CPU: a row ~5% of a one-token step)
   and not where each row is real compute (a quantized model's integer kernels here: ~70%).
-  With ``draft_row_cost`` c (a draft row's cost over a one-token step's, measured by the
+  With ``draft_cost`` c (a draft row's cost over a one-token step's, measured by the
   runner at start), k drafts yield ``1 + a + ... + a^k`` tokens for a step costing ``1 + c k``:
   a sequence proposes the k up to ``max_k`` that maximizes that ratio, and none while no k
   beats a plain step's 1 (Leviathan et al.'s analysis, with a i.i.d.). k follows the estimate
@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 class AdaptiveKSettings:
     max_k: int  # the most drafts a sequence proposes in a step
     crossover_batch_size: int  # a step with at least this many sequences proposes nothing
-    draft_row_cost: float = 0.0  # a draft row's cost over a one-token step's (0: free)
+    draft_cost: float = 0.0  # a draft row's cost over a one-token step's (0: free)
     initial_acceptance: float = 0.7  # the estimate before a sequence's first verified draft
     prior_weight: float = 3.0  # the initial estimate counts as this many drafts' evidence
     ema_weight: float = 0.25  # the newest step's weight in the moving averages
@@ -62,8 +62,8 @@ class AdaptiveKSettings:
             raise ValueError(
                 f"crossover_batch_size must be at least 1, got {self.crossover_batch_size}"
             )
-        if not self.draft_row_cost >= 0.0:
-            raise ValueError(f"draft_row_cost must be 0 or more, got {self.draft_row_cost}")
+        if not self.draft_cost >= 0.0:
+            raise ValueError(f"draft_cost must be 0 or more, got {self.draft_cost}")
         if not 0.0 <= self.initial_acceptance <= 1.0:
             raise ValueError(f"initial_acceptance must be in [0, 1], got {self.initial_acceptance}")
         if not self.prior_weight > 0.0:
@@ -100,13 +100,13 @@ def choose_k(settings: AdaptiveKSettings, state: AdaptiveKState, batch_size: int
         return 0
     if settings.fixed_k:
         return settings.max_k
-    k = paying_k(state.acceptance, settings.draft_row_cost, settings.max_k)
+    k = paying_k(state.acceptance, settings.draft_cost, settings.max_k)
     if k == 0:
         return 1 if state.num_steps_off >= settings.probe_interval else 0
     return k
 
 
-def paying_k(acceptance: float, draft_row_cost: float, max_k: int) -> int:
+def paying_k(acceptance: float, draft_cost: float, max_k: int) -> int:
     """The k in 1..max_k with the most expected tokens per unit of step cost, or 0 if none
     beats a plain step (one token for a cost of one)."""
     best_k, best_rate = 0, 1.0
@@ -114,7 +114,7 @@ def paying_k(acceptance: float, draft_row_cost: float, max_k: int) -> int:
     for k in range(1, max_k + 1):
         term *= acceptance
         expected += term
-        rate = expected / (1.0 + draft_row_cost * k)
+        rate = expected / (1.0 + draft_cost * k)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k

@@ -29,10 +29,14 @@ A proposal, for one sequence or a batch of them packed into each forward pass:
 2. k - 1 single-token greedy decode steps give d2 ... dk.
 
 A sequence whose blocks run out proposes nothing, and keeps what its cache holds.
+
+Each draft costs the drafter a pass, so the adaptive k weighs it
+(:func:`.speculator.make_speculator`): ``measure_draft_seconds`` times one at start.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +49,9 @@ from backend_engine.models.attention_metadata import AttentionMetadata
 from backend_engine.models.packed_linear import pack_linears
 from backend_engine.worker.model_runner import allocate_kv_caches, engine_dtype
 from model_files.checkpoint import Checkpoint
+
+_SCRATCH_CONTEXT = 64  # tokens before the timed draft's (a short conversation's worth)
+_NUM_TIMED = 7
 
 
 @dataclass
@@ -176,6 +183,30 @@ class DraftModelProposer:
             sequence.written_drafts = tuple(proposal.drafts[:-1])
             drafts[proposal.index] = tuple(proposal.drafts)
         return drafts
+
+    @torch.inference_mode()
+    def measure_draft_seconds(self) -> float:
+        """Seconds one draft takes: a one-token greedy pass for one sequence (its row, the
+        output projection and the argmax), on scratch blocks at a short context; the fastest
+        of a few after a warm-up (other work on a shared machine only ever adds time). 0 where
+        the cache has no room. Call it before any request."""
+        scratch = _DraftSequence()
+        context = min(_SCRATCH_CONTEXT, self.max_model_len - 1)
+        if context < 1 or not self._reserve(scratch, context + 1):
+            return 0.0
+        proposal = _Proposal(0, scratch, [0] * (context + 1), context, context, 1)
+        chunk = _Chunk(proposal, [0], context, True)
+        times = []
+        try:
+            for attempt in range(_NUM_TIMED + 2):
+                proposal.drafts.clear()
+                start = time.perf_counter()
+                self._greedy([chunk])
+                if attempt >= 2:
+                    times.append(time.perf_counter() - start)
+        finally:
+            self._free_block_ids.extend(reversed(scratch.block_ids))
+        return min(times)
 
     def forget(self, request_id: str) -> None:
         sequence = self._sequences.pop(request_id, None)

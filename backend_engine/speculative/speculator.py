@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 from backend_engine.config import EngineConfig
 from backend_engine.core.request import Request
 from backend_engine.core.scheduler_output import ScheduledRequest
+from backend_engine.core.step_runner import DraftRowCost
 from backend_engine.outputs import SpeculativeCounts
 from backend_engine.speculative.adaptive_k import (
     AdaptiveKSettings,
@@ -173,21 +174,51 @@ def is_drafting(request: Request) -> bool:
     )
 
 
+@runtime_checkable
+class DraftTimeProbe(Protocol):
+    """A proposer whose drafts cost time of their own (a draft model's passes, one per draft
+    position): it can measure one, before any request."""
+
+    def measure_draft_seconds(self) -> float:
+        """Seconds to propose one draft for one sequence (the fastest of a few tries)."""
+        ...
+
+
 def make_speculator(
-    config: EngineConfig, target_vocab_size: int, num_kv_blocks: int, draft_row_cost: float = 0.0
+    config: EngineConfig,
+    target_vocab_size: int,
+    num_kv_blocks: int,
+    target_cost: DraftRowCost | None = None,
 ) -> Speculator | None:
     """The engine's speculator as configured; None when speculative decoding is off.
 
     ``target_vocab_size``: the target model's, which a draft model must share;
     ``num_kv_blocks``: the target's KV blocks, as many as a draft model's cache gets;
-    ``draft_row_cost``: what scoring a draft costs the target (``AdaptiveKSettings``)."""
+    ``target_cost``: what scoring a draft costs the target, measured by its runner (None: not
+    measured, so free). A draft's cost (``AdaptiveKSettings.draft_cost``) is
+    ``config.speculative_draft_cost`` if set, else that row cost plus, for a proposer with
+    passes of its own (a draft model), its time per draft over the target's one-token step."""
     if config.speculative_proposer is None:
         return None
+    proposer = _make_proposer(config, target_vocab_size, num_kv_blocks)
+    draft_cost = config.speculative_draft_cost
+    if draft_cost is None:
+        draft_cost = target_cost.row_cost if target_cost is not None else 0.0
+        if (
+            isinstance(proposer, DraftTimeProbe)
+            and target_cost is not None
+            and target_cost.step_seconds > 0.0
+        ):
+            draft_cost += proposer.measure_draft_seconds() / target_cost.step_seconds
     settings = AdaptiveKSettings(
         max_k=config.num_speculative_tokens,
         crossover_batch_size=config.speculative_crossover_batch_size,
-        draft_row_cost=draft_row_cost,
+        draft_cost=draft_cost,
     )
+    return Speculator(proposer, settings)
+
+
+def _make_proposer(config: EngineConfig, target_vocab_size: int, num_kv_blocks: int) -> Proposer:
     proposer: Proposer
     if config.speculative_proposer == "draft":
         # Imported here: the draft model brings torch, which the engine's loop never imports.
@@ -196,4 +227,4 @@ def make_speculator(
         proposer = DraftModelProposer(config, target_vocab_size, num_kv_blocks)
     else:
         proposer = NgramProposer(config.speculative_ngram_min, config.speculative_ngram_max)
-    return Speculator(proposer, settings)
+    return proposer

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from backend_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from backend_engine.core.step_runner import StepRunner
+from backend_engine.core.step_runner import DraftRowCost, StepRunner
 from backend_engine.sampling_params import SamplingParams
 
 NUM_TIMED = 7  # interleaved pairs of timed steps
@@ -25,13 +25,14 @@ CONTEXT_TOKENS = 64  # tokens before the step's (a short conversation's worth of
 
 def measure_draft_row_cost(
     runner: StepRunner, num_drafts: int, block_size: int, num_blocks: int
-) -> float:
-    """``(t(1 + num_drafts rows) - t(1 row)) / (num_drafts * t(1 row))``, 0 or more."""
+) -> DraftRowCost:
+    """``(t(1 + num_drafts rows) - t(1 row)) / (num_drafts * t(1 row))``, 0 or more, and
+    ``t(1 row)`` (both 0 where there is no room to measure)."""
     num_rows = num_drafts + 1
     context = min(CONTEXT_TOKENS, max(num_blocks * block_size - num_rows, 0))
     num_needed = -(-(context + num_rows) // block_size)
     if num_drafts < 1 or num_needed > num_blocks:
-        return 0.0
+        return DraftRowCost(row_cost=0.0, step_seconds=0.0)
     table = list(range(num_needed))
     params = SamplingParams(temperature=0.0, max_tokens=1)
 
@@ -64,4 +65,4 @@ def measure_draft_row_cost(
         drafted_times.append(timed(drafted))
     runner.release("draft-row-cost")
     one, more = min(plain_times), min(drafted_times)
-    return max((more - one) / (num_drafts * one), 0.0)
+    return DraftRowCost(row_cost=max((more - one) / (num_drafts * one), 0.0), step_seconds=one)

@@ -26,7 +26,7 @@ import torch
 from backend_engine.config import EngineConfig
 from backend_engine.core.kv_cache_manager import BlockCopy
 from backend_engine.core.scheduler import ScheduledRequest, SchedulerOutput
-from backend_engine.core.step_runner import RunnerOutput, SampledToken
+from backend_engine.core.step_runner import DraftRowCost, RunnerOutput, SampledToken
 from backend_engine.model_loader.weights import resolve_dtype
 from backend_engine.models import load_model
 from backend_engine.models.attention_metadata import AttentionMetadata
@@ -170,7 +170,7 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def measure_draft_row_cost(self, num_drafts: int) -> float:
+    def measure_draft_row_cost(self, num_drafts: int) -> DraftRowCost:
         """Speculative decoding's cost of a draft row here (:mod:`.draft_row_cost`); call it
         before any request (it writes scratch KV slots)."""
         num_blocks = int(self.kv_caches[0][0].shape[0]) if self.kv_caches else 0

@@ -33,7 +33,7 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "speculative_ngram_min": (["--speculative-ngram-min", "3"], 3),
     "speculative_ngram_max": (["--speculative-ngram-max", "5"], 5),
     "speculative_crossover_batch_size": (["--speculative-crossover-batch-size", "2"], 2),
-    "speculative_draft_row_cost": (["--speculative-draft-row-cost", "0.5"], 0.5),
+    "speculative_draft_cost": (["--speculative-draft-cost", "0.5"], 0.5),
     "block_size": (["--block-size", "32"], 32),
     "kv_cache_memory_bytes": (["--kv-cache-memory-bytes", "1048576"], 1 << 20),
     "num_kv_blocks": (["--num-kv-blocks", "100"], 100),

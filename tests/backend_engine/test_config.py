@@ -32,7 +32,7 @@ def test_speculative_decoding_is_off_unless_a_proposer_is_set() -> None:
     assert config.speculative_proposer is None
     assert config.speculative_draft_model is None
     ngram = EngineConfig(model="m", speculative_proposer="ngram", num_speculative_tokens=1)
-    assert (ngram.speculative_ngram_min, ngram.speculative_ngram_max) == (2, 4)
+    assert (ngram.speculative_ngram_min, ngram.speculative_ngram_max) == (1, 4)
     draft = EngineConfig(model="m", speculative_proposer="draft", speculative_draft_model="d")
     assert draft.speculative_draft_model == "d"
     same = EngineConfig(model="m", speculative_ngram_min=3, speculative_ngram_max=3)
@@ -57,15 +57,15 @@ def test_speculative_decoding_is_off_unless_a_proposer_is_set() -> None:
             "1 <= speculative_ngram_min <= speculative_ngram_max, got 5 and 3",
         ),
         ({"speculative_ngram_min": 0}, "1 <= speculative_ngram_min"),
-        ({"speculative_ngram_max": 1}, "got 2 and 1"),  # below the default minimum
+        ({"speculative_ngram_max": 0}, "got 1 and 0"),  # below the default minimum
         ({"num_speculative_tokens": 0}, "num_speculative_tokens must be at least 1, got 0"),
         (
             {"speculative_crossover_batch_size": 0},
             "speculative_crossover_batch_size must be at least 1, got 0",
         ),
         (
-            {"speculative_draft_row_cost": -0.1},
-            "speculative_draft_row_cost must be 0 or more, got -0.1",
+            {"speculative_draft_cost": -0.1},
+            "speculative_draft_cost must be 0 or more, got -0.1",
         ),
     ],
 )

@@ -33,7 +33,7 @@ SPECULATIVE: dict[str, Any] = {
     "speculative_ngram_min": 1,
     "num_speculative_tokens": 4,
     "speculative_crossover_batch_size": 64,
-    "speculative_draft_row_cost": 0.0,  # drafts free: k follows acceptance alone
+    "speculative_draft_cost": 0.0,  # drafts free: k follows acceptance alone
 }
 
 

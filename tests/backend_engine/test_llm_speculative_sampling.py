@@ -60,7 +60,7 @@ def speculating(checkpoint: Path) -> LLM:
         "speculative_proposer": "ngram",
         "speculative_ngram_min": 1,
         "speculative_crossover_batch_size": 100_000,  # every step speculates
-        "speculative_draft_row_cost": 0.0,  # drafts free: k follows acceptance alone
+        "speculative_draft_cost": 0.0,  # drafts free: k follows acceptance alone
     }
     return LLM(
         model=str(checkpoint),

@@ -34,7 +34,7 @@ def test_copy_heavy_chats_give_the_same_tokens(
     speculative: dict[str, Any] = {
         "speculative_proposer": "ngram",
         "num_speculative_tokens": 4,
-        "speculative_draft_row_cost": 0.0,  # drafts free: the as-stored target speculates too
+        "speculative_draft_cost": 0.0,  # drafts free: the as-stored target speculates too
     }
     llm = LLM(str(smollm2_gguf), dequantize=dequantize, **speculative)
     speculator = llm.engine.speculator

@@ -23,7 +23,7 @@ SETTINGS = AdaptiveKSettings(
     ema_weight=0.5,
     probe_interval=3,
 )
-COSTLY = replace(SETTINGS, draft_row_cost=0.7)  # a quantized model's integer kernels here
+COSTLY = replace(SETTINGS, draft_cost=0.7)  # a quantized model's integer kernels here
 
 
 def test_starts_from_the_prior() -> None:
@@ -140,7 +140,7 @@ def test_rejects_more_accepted_than_proposed() -> None:
     [
         ({"max_k": 0}, "max_k must be at least 1"),
         ({"crossover_batch_size": 0}, "crossover_batch_size must be at least 1"),
-        ({"draft_row_cost": -0.1}, "draft_row_cost must be 0 or more"),
+        ({"draft_cost": -0.1}, "draft_cost must be 0 or more"),
         ({"initial_acceptance": -0.1}, r"initial_acceptance must be in \[0, 1\]"),
         ({"prior_weight": 0.0}, "prior_weight must be positive"),
         ({"ema_weight": 0.0}, r"ema_weight must be in \(0, 1\]"),

@@ -29,8 +29,14 @@ PROMPTS = [random_prompt(37, seed=1), random_prompt(20, seed=2), random_prompt(5
 
 
 def make_llm(model: Path, drafter: Path | None = None, **options: object) -> LLM:
+    # Drafts free unless a test says otherwise: k follows acceptance alone (the drafter here
+    # is as big as the target, whose drafts the measured cost would rightly never pay for).
     speculative: dict[str, object] = (
-        {"speculative_proposer": "draft", "speculative_draft_model": str(drafter)}
+        {
+            "speculative_proposer": "draft",
+            "speculative_draft_model": str(drafter),
+            "speculative_draft_cost": 0.0,
+        }
         if drafter is not None
         else {}
     )
@@ -39,8 +45,7 @@ def make_llm(model: Path, drafter: Path | None = None, **options: object) -> LLM
         dtype="float32",
         block_size=BLOCK_SIZE,
         num_speculative_tokens=K,
-        **speculative,  # type: ignore[arg-type]
-        **options,  # type: ignore[arg-type]
+        **{**speculative, **options},  # type: ignore[arg-type]
     )
 
 
@@ -93,6 +98,19 @@ def test_seeded_sampling_is_reproducible(target: Path) -> None:
     assert greedy_tokens(llm, PROMPTS, SEEDED) == first
     assert greedy_tokens(llm, PROMPTS, replace(SEEDED, seed=78)) != first
     assert llm.engine.stats().speculative["draft"].num_accepted_tokens > 0
+
+
+def test_the_measured_cost_of_a_draft_includes_the_drafters_pass(target: Path) -> None:
+    # The target drafting for itself: a draft costs its row in the target's step plus a
+    # whole pass of the same model, about one step more; the scratch blocks are given back.
+    llm = make_llm(target, drafter=target, speculative_draft_cost=None)
+    speculator = llm.engine.speculator
+    assert speculator is not None
+    assert speculator.settings.draft_cost > 0.3
+    proposer = proposer_of(llm)
+    assert proposer.num_used_blocks == 0
+    assert proposer.measure_draft_seconds() > 0.0
+    assert proposer.num_used_blocks == 0
 
 
 def test_a_drafter_with_another_vocabulary_is_refused(

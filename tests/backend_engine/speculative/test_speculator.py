@@ -19,7 +19,7 @@ from backend_engine.speculative.speculator import NgramProposer, Speculator, mak
 SETTINGS = AdaptiveKSettings(
     max_k=4,
     crossover_batch_size=4,
-    draft_row_cost=0.7,
+    draft_cost=0.7,
     initial_acceptance=0.9,
     prior_weight=1.0,
     ema_weight=0.5,

@@ -35,14 +35,16 @@ class RowTimedRunner:
 def test_the_cost_is_a_draft_rows_time_over_a_one_token_steps() -> None:
     runner = RowTimedRunner()
     cost = measure_draft_row_cost(runner, num_drafts=4, block_size=16, num_blocks=8)
-    assert 0.35 < cost < 0.65  # 0.5, give or take the sleeps' overshoot
+    assert 0.35 < cost.row_cost < 0.65  # 0.5, give or take the sleeps' overshoot
+    assert BASE_S <= cost.step_seconds < 3 * BASE_S
     assert set(runner.rows) == {1, 5}
     assert runner.released == ["draft-row-cost"]
 
 
 def test_no_room_for_the_scratch_step_measures_nothing() -> None:
     runner = RowTimedRunner()
-    assert measure_draft_row_cost(runner, num_drafts=4, block_size=2, num_blocks=2) == 0.0
+    cost = measure_draft_row_cost(runner, num_drafts=4, block_size=2, num_blocks=2)
+    assert (cost.row_cost, cost.step_seconds) == (0.0, 0.0)
     assert runner.rows == []
 
 
@@ -52,7 +54,7 @@ def test_an_engine_measures_it_on_its_model_before_any_request(
     llm = LLM(model=str(demo_checkpoint()), num_kv_blocks=64, speculative_proposer="ngram")
     speculator = llm.engine.speculator
     assert speculator is not None
-    assert 0.0 <= speculator.settings.draft_row_cost < 10.0
+    assert 0.0 <= speculator.settings.draft_cost < 10.0
     kv_cache = llm.engine.kv_cache
     assert kv_cache.num_free_blocks == kv_cache.num_blocks
     assert not kv_cache.pool.cached_hashes  # the scratch step offered nothing to the cache
@@ -63,8 +65,8 @@ def test_a_configured_cost_is_taken_as_it_is(demo_checkpoint: Callable[..., Path
         model=str(demo_checkpoint()),
         num_kv_blocks=64,
         speculative_proposer="ngram",
-        speculative_draft_row_cost=0.25,
+        speculative_draft_cost=0.25,
     )
     speculator = llm.engine.speculator
     assert speculator is not None
-    assert speculator.settings.draft_row_cost == 0.25
+    assert speculator.settings.draft_cost == 0.25
