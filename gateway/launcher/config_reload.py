@@ -14,6 +14,10 @@ do for keys), and the ConfigMap would then disagree with what runs.
       else            -> swap in the new `rollouts:` table whole (LiveRollouts.replace)
       anything else changed since start-up -> log that it needs a restart (not applied)
 
+Each rollout whose weights a reload changed is written to the audit log (`audit_rollouts`:
+action ``rollout.weights_changed``, actor ``config-file:<file name>``, the weights before and
+after), once per gateway replica that applied it: every replica reads the file on its own.
+
 Polling, not inotify: a ConfigMap volume updates by swapping a symlink, which a watch on the
 file misses, and a read of a small file per second costs nothing. The kubelet takes up to
 about a minute to update the volume, so every replica applies an edit within a minute or so
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,18 +37,32 @@ import yaml
 
 from gateway.rollouts import LiveRollouts, RolloutTable, check_rollouts, parse_rollouts
 from gateway.settings import GatewaySettings
+from gateway.storage import audit_log
+from gateway.storage.database import Database
+from gateway.storage.models import utc_now
 
 logger = logging.getLogger(__name__)
 
 CONFIG_POLL_INTERVAL_S = 1.0
 
+OnApplied = Callable[[RolloutTable, RolloutTable], None]  # (before, after), once applied
+
 
 class RolloutReloader:
     """Applies the ``rollouts:`` of ``path`` to ``live`` whenever the file changes."""
 
-    def __init__(self, path: Path, live: LiveRollouts, settings: GatewaySettings) -> None:
+    def __init__(
+        self,
+        path: Path,
+        live: LiveRollouts,
+        settings: GatewaySettings,
+        on_applied: OnApplied | None = None,
+    ) -> None:
+        """``on_applied``: told of each new table applied (the audit log); its failure is
+        logged and changes nothing."""
         self._path = path
         self._live = live
+        self._on_applied = on_applied
         self._models = frozenset(settings.models)
         self._aliases = frozenset(settings.routing.aliases if settings.routing else ())
         self._seen = self._read_bytes()
@@ -56,6 +74,7 @@ class RolloutReloader:
         if text is None or text == self._seen:
             return False
         self._seen = text
+        before = self._live.table
         try:
             raw = _load(text)
             table = parse_rollouts(raw.get("rollouts"))
@@ -79,6 +98,11 @@ class RolloutReloader:
             )
         if is_new:
             logger.warning("config reload: rollouts now %s", _describe(table))
+            if self._on_applied is not None:
+                try:
+                    self._on_applied(before, table)
+                except Exception:  # the new weights are in force either way
+                    logger.exception("config reload: recording the change failed")
         return is_new
 
     def _read_bytes(self) -> bytes | None:
@@ -95,9 +119,10 @@ def watching_rollouts(
     live: LiveRollouts,
     settings: GatewaySettings,
     interval_s: float = CONFIG_POLL_INTERVAL_S,
+    on_applied: OnApplied | None = None,
 ) -> Iterator[RolloutReloader]:
     """A thread polls ``path`` every ``interval_s`` until the block ends."""
-    reloader = RolloutReloader(path, live, settings)
+    reloader = RolloutReloader(path, live, settings, on_applied)
     stopping = threading.Event()
 
     def poll() -> None:
@@ -114,6 +139,30 @@ def watching_rollouts(
     finally:
         stopping.set()
         thread.join(timeout=5)
+
+
+def audit_rollouts(database: Database, path: Path) -> OnApplied:
+    """Write each rollout whose weights changed to the audit log, in one transaction."""
+    actor = f"config-file:{path.name}"
+
+    def record(before: RolloutTable, after: RolloutTable) -> None:
+        old, new = _weights(before), _weights(after)
+        now = utc_now()
+        with database.transaction() as session:
+            for name in sorted(name for name in new if new[name] != old.get(name)):
+                audit_log.record_change(
+                    session,
+                    actor=actor,
+                    action="rollout.weights_changed",
+                    target_type="rollout",
+                    target_id=name,
+                    tenant_id=None,
+                    before={"weights": old[name]} if name in old else None,
+                    after={"weights": new[name]},
+                    now=now,
+                )
+
+    return record
 
 
 def _load(text: bytes) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
 
     from gateway.app import build_gateway
     from gateway.launcher.bounded_http import ConnectionLimits, protocol_with
-    from gateway.launcher.config_reload import watching_rollouts
+    from gateway.launcher.config_reload import audit_rollouts, watching_rollouts
     from gateway.launcher.draining_server import DrainingServer, uvicorn_timeout_s
     from gateway.launcher.engine_processes import EngineSupervisor
 
@@ -151,8 +151,12 @@ def run(options: ServeOptions, say: Echo = echo) -> None:
             sock.listen(config.backlog)
             with ExitStack() as watch, EngineSupervisor(plan.engines, plan.log_dir) as engines:
                 if options.config is not None:  # its rollouts change without a restart
+                    context = app.state.gateway
+                    audit = audit_rollouts(context.database, options.config)
                     watch.enter_context(
-                        watching_rollouts(options.config, app.state.gateway.rollouts, settings)
+                        watching_rollouts(
+                            options.config, context.rollouts, settings, on_applied=audit
+                        )
                     )
                 if plan.engines:
                     names = ", ".join(spec.name for spec in plan.engines)

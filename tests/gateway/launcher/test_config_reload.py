@@ -19,11 +19,13 @@ import pytest
 import yaml
 
 from gateway.api.completions import VERSION_HEADER
-from gateway.launcher.config_reload import RolloutReloader, watching_rollouts
+from gateway.launcher.config_reload import RolloutReloader, audit_rollouts, watching_rollouts
 from gateway.rollouts import LiveRollouts, parse_rollouts, resolve_version
 from gateway.settings import GatewaySettings
 from gateway.storage import migrate
 from gateway.storage.api_keys import hash_key
+from gateway.storage.audit_log import audit_page
+from gateway.storage.database import Database
 from tests.support.polling import wait_until
 from tests.support.stand_in_stack import stand_in_engine, tenant_key
 
@@ -212,3 +214,22 @@ def _version(port: int, key: str, user: str) -> str:
     assert response.status_code == 200, response.text
     assert response.json()["model"] == "large"
     return response.headers[VERSION_HEADER]
+
+
+def test_applied_weights_are_written_to_the_audit_log(tmp_path: Path, db: Database) -> None:
+    path = tmp_path / "tollway.yaml"
+    write(path, config(UPSTREAMS, {"large-v1": 95, "large-v2": 5}))
+    settings = GatewaySettings.from_yaml(path)
+    live = LiveRollouts(settings.rollouts)
+    watcher = RolloutReloader(path, live, settings, audit_rollouts(db, path))
+    write(path, config(UPSTREAMS, {"large-v1": 50, "large-v2": 50}))
+    assert watcher.check()
+    write(path, config(UPSTREAMS, {"large-v1": 50, "large-v3": 1}))  # refused: not applied
+    assert not watcher.check()
+    with db.session() as session:
+        page = audit_page(session, tenant_id=None, start=None, end=None, cursor=None, limit=10)
+    [entry] = page.records
+    assert (entry.action, entry.actor) == ("rollout.weights_changed", "config-file:tollway.yaml")
+    assert (entry.target_type, entry.target_id, entry.tenant_id) == ("rollout", "large", None)
+    assert entry.before == {"weights": {"large-v1": 95, "large-v2": 5}}
+    assert entry.after == {"weights": {"large-v1": 50, "large-v2": 50}}
