@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.api.admin_inputs import is_storable
 from gateway.api.admin_schemas import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from gateway.api.tenant_api import check_window, parse_int, parse_time, refuse_unknown_params
 from gateway.errors import invalid_request
@@ -97,12 +98,15 @@ class AdminRecordsApi:
         check_window(start, end)
         cursor = parse_int(params, "cursor", 0, 2**63 - 1)
         limit = parse_int(params, "limit", 1, MAX_PAGE_SIZE) or DEFAULT_PAGE_SIZE
+        tenant_id = params.get("tenant_id") or None
+        if tenant_id is not None and not is_storable(tenant_id):
+            return _json(AuditLog(data=[], next_cursor=None))  # no tenant has such an id
 
         def read() -> audit_log.AuditPage:
             with self._db.session() as session:
                 return audit_log.audit_page(
                     session,
-                    tenant_id=params.get("tenant_id") or None,
+                    tenant_id=tenant_id,
                     start=start,
                     end=end,
                     cursor=cursor,
@@ -143,12 +147,15 @@ class AdminRecordsApi:
             )
         cursor = parse_int(params, "cursor", 0, 2**63 - 1)
         limit = parse_int(params, "limit", 1, MAX_PAGE_SIZE) or DEFAULT_PAGE_SIZE
+        tenant_id = params.get("tenant_id") or None
+        if tenant_id is not None and not is_storable(tenant_id):
+            return _json(AlertEventList(data=[], next_cursor=None))  # no tenant has such an id
 
         def read() -> alert_outbox.AlertPage:
             with self._db.session() as session:
                 return alert_outbox.alert_page(
                     session,
-                    tenant_id=params.get("tenant_id") or None,
+                    tenant_id=tenant_id,
                     state=state,
                     cursor=cursor,
                     limit=limit,

@@ -213,3 +213,14 @@ async def test_bad_listing_parameters_are_400s(
     response = await client.get("/admin/audit-log", params=params)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("path", ["/admin/audit-log", "/admin/alert-events"])
+async def test_a_tenant_filter_no_database_can_hold_finds_nothing(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    """PostgreSQL's text refuses NUL: such a filter must answer an empty page, not a 500."""
+    await ok(client.post("/admin/tenants", json={"id": "acme"}), 201)
+    response = await client.get(f"{path}?tenant_id=acme%00")
+    assert response.status_code == 200, response.text
+    assert response.json()["data"] == []
