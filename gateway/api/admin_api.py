@@ -65,6 +65,8 @@ from gateway.api.admin_schemas import (
     TenantList,
     TenantUpdate,
 )
+from gateway.api.budget_admin_api import BudgetAdminApi
+from gateway.api.budget_standing import standings_of
 from gateway.api.tenant_api import (
     budget_status,
     parse_summary_window,
@@ -111,6 +113,7 @@ def admin_routes(
         )
     api = _AdminApi(db, ledger, now, auth_epochs, admin_credential_id(key_hash))
     records = AdminRecordsApi(db)
+    budgets = BudgetAdminApi(db, ledger, now, auth_epochs, audit=api._audit)
     guard = admin_guard(key_hash, keys or KeyCache(db, auth_epochs or MemoryAuthEpochs(), ttl_s=0))
 
     table: list[tuple[str, str, Endpoint]] = [
@@ -124,6 +127,12 @@ def admin_routes(
         ("/admin/tenants/{tenant_id}/keys", "POST", api.create_key),
         ("/admin/tenants/{tenant_id}/keys", "GET", api.list_keys),
         ("/admin/keys/{key_id}", "DELETE", api.revoke_key),
+        ("/admin/keys/{key_id}/budget", "GET", budgets.get_key_budget),
+        ("/admin/keys/{key_id}/budget", "PUT", budgets.put_key_budget),
+        ("/admin/keys/{key_id}/budget", "DELETE", budgets.delete_key_budget),
+        ("/admin/tenants/{tenant_id}/users/{user}/budget", "GET", budgets.get_user_budget),
+        ("/admin/tenants/{tenant_id}/users/{user}/budget", "PUT", budgets.put_user_budget),
+        ("/admin/tenants/{tenant_id}/users/{user}/budget", "DELETE", budgets.delete_user_budget),
         ("/admin/usage", "GET", api.usage),
         ("/admin/usage/summary", "GET", api.usage_summary),
         ("/admin/audit-log", "GET", records.audit_log),
@@ -323,15 +332,16 @@ class _AdminApi:
         return _json(_tenant_view(info).quota)
 
     async def tenant_budget(self, request: Request) -> Response:
-        """A tenant's budget in the current window (as the tenant sees it on /v1/budget).
+        """A tenant's budget in the current window (as the tenant sees it on /v1/budget),
+        with its own budgets in ``budgets`` (a key's or end user's: their budget routes).
         ---
         {params: [TenantId], 200: Budget, errors: [404]}
         """
         tenant_id = path_id(request, "tenant_id", "tenant")
         info = await self._transaction(lambda s: _live_tenant(s, tenant_id))
-        status = await budget_status(
-            self._db, self._ledger, info.id, tenant_quota(info), self._now()
-        )
+        quota, now = tenant_quota(info), self._now()
+        status = await budget_status(self._db, self._ledger, info.id, quota, now)
+        status.budgets = await standings_of(self._db, self._ledger, info.id, quota, None, None, now)
         return _json(status)
 
     async def create_key(self, request: Request) -> Response:

@@ -34,6 +34,8 @@ from gateway.api.admin_schemas import (
     TenantList,
     TenantUpdate,
 )
+from gateway.api.budget_admin_api import ScopedBudgetSettings
+from gateway.api.budget_standing import BudgetStanding
 from gateway.api.completion_schemas import REQUEST_MODELS as COMPLETION_REQUESTS
 from gateway.api.completion_schemas import RESPONSE_MODELS as COMPLETION_RESPONSES
 from gateway.api.tenant_api import DEFAULT_PAGE_SIZE, USAGE_FORMATS, Budget, UsageList, UsageSummary
@@ -154,6 +156,7 @@ _REF = "#/components/schemas/{model}"
 _COMPLETION_BODY_NAMES = [model.__name__ for model in COMPLETION_REQUESTS]
 _BODY_MODELS: list[type[BaseModel]] = [
     TenantCreate,
+    ScopedBudgetSettings,
     TenantUpdate,
     Quota,
     ApiKeyCreate,
@@ -171,6 +174,7 @@ _RESPONSE_MODELS: list[type[BaseModel]] = [
     UsageList,
     UsageSummary,
     Budget,
+    BudgetStanding,
     AuditLog,
     AlertEventList,
 ]
@@ -182,6 +186,10 @@ _PARAMETERS = {
         "model", "path", {"type": "string"}, "A model, rollout or routing alias (may hold '/')"
     ),
     "KeyId": _param("key_id", "path", _PATH_ID, "The key's id (key_...)"),
+    "User": _param("user", "path", _PATH_ID, "An end user: a request's user field"),
+    "EndUser": _param(
+        "user", "query", {"type": "string"}, "Also this end user's budget (a request's user)"
+    ),
     "TenantFilter": _param("tenant_id", "query", {"type": "string"}, "Only this tenant"),
     "OwnTenant": _param(
         "tenant_id", "query", {"type": "string"}, "Optional; any tenant but the caller's: 403"

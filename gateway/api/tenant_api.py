@@ -49,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from gateway.api.budget_standing import BudgetStanding, standings_of
 from gateway.api.iso_datetime import parse_iso_datetime
 from gateway.auth.bearer_keys import authenticate_request
 from gateway.errors import ApiError, invalid_request
@@ -64,6 +65,7 @@ from gateway.storage.usage_store import (
     sum_tokens,
     summarize_usage,
 )
+from openai_protocol.field_rules import MAX_USER_CHARS
 from policies.budget_period import BudgetWindow, budget_window
 from policies.decision import Rejection
 from policies.quota import BUDGET_PERIODS, BudgetPeriod, TenantQuota
@@ -106,7 +108,9 @@ class UsageList(BaseModel):
 
 
 class Budget(BaseModel):
-    """The caller's token budget in the current window; ``limit``/``remaining`` null: unlimited."""
+    """The caller's token budget in the current window; ``limit``/``remaining`` null: unlimited.
+    ``budgets``: every budget that applies (the tenant's tokens and money, the key's, and the
+    end user's named by ``?user=``), each as admission sees it."""
 
     object: Literal["budget"] = "budget"
     tenant_id: str
@@ -117,6 +121,7 @@ class Budget(BaseModel):
     used: int
     reserved: int
     remaining: int | None
+    budgets: list[BudgetStanding] = []
 
 
 class ModelTotals(BaseModel):
@@ -416,14 +421,26 @@ def tenant_routes(
         return await usage_response(db, caller.tenant_id, parse_usage_query(request.query_params))
 
     async def budget(request: Request) -> Response:
-        """The caller's token budget, used, reserved and remaining in the current window.
+        """The caller's token budget, used, reserved and remaining in the current window,
+        and every budget that applies to it (its key's; an end user's with ``?user=``).
         ---
-        {params: [OwnTenant], 200: Budget, errors: [400, 403]}
+        {params: [OwnTenant, EndUser], 200: Budget, errors: [400, 403]}
         """
         caller = await authenticate_request(db, request)
-        refuse_unknown_params(request.query_params, frozenset({"tenant_id"}))
-        _refuse_other_tenant(request.query_params, caller.tenant_id)
-        status = await budget_status(db, ledger, caller.tenant_id, caller.quota, now())
+        params = request.query_params
+        refuse_unknown_params(params, frozenset({"tenant_id", "user"}))
+        _refuse_other_tenant(params, caller.tenant_id)
+        end_user = params.get("user")
+        if end_user is not None and not 0 < len(end_user) <= MAX_USER_CHARS:
+            raise invalid_request(
+                f"Invalid 'user': 1 to {MAX_USER_CHARS} characters, as a request's user.",
+                param="user",
+            )
+        at = now()
+        status = await budget_status(db, ledger, caller.tenant_id, caller.quota, at)
+        status.budgets = await standings_of(
+            db, ledger, caller.tenant_id, caller.quota, caller.key_id, end_user, at
+        )
         return JSONResponse(status.model_dump(mode="json"))
 
     return [

@@ -111,6 +111,7 @@ def admin_requests(app: Starlette) -> list[tuple[str, str]]:
     for route in app.routes:
         if isinstance(route, Route) and route.path.startswith("/admin"):
             path = route.path.replace("{tenant_id}", "acme").replace("{key_id}", "key_1")
+            path = path.replace("{user}", "alice")
             paths += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
     return paths
 
@@ -124,7 +125,7 @@ async def test_every_admin_route_refuses_a_missing_or_wrong_key(
 ) -> None:
     await create(client, "acme")
     requests = admin_requests(app)
-    assert len(requests) == 14
+    assert len(requests) == 20
     for method, path in requests:
         headers = {"Authorization": authorization} if authorization else {}
         client.headers.pop("Authorization", None)
@@ -662,7 +663,7 @@ async def test_the_openapi_document_lists_every_endpoint(
         for method in route.methods or ()
         if method != "HEAD"
     }
-    assert len(expected) == 16
+    assert len(expected) == 22
     assert set(operations) == expected
     for (path, method), operation in operations.items():
         assert operation["summary"]

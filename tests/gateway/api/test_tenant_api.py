@@ -200,6 +200,21 @@ async def test_budget_is_rebuilt_from_usage_then_read_from_the_ledger(
         "used": 300,  # six records of 30 + 20 this month; last month's does not count
         "reserved": 0,
         "remaining": 700,
+        "budgets": [  # every budget that applies: here only the tenant's tokens
+            {
+                "object": "budget.standing",
+                "scope": "tenant",
+                "subject": None,
+                "unit": "tokens",
+                "limit": 1000,
+                "period": "month",
+                "window_start": "2025-03-01T00:00:00Z",
+                "window_end": "2025-04-01T00:00:00Z",
+                "used": 300,
+                "reserved": 0,
+                "remaining": 700,
+            }
+        ],
     }
     assert await ledger.is_known("a", "month:2025-03")
 
