@@ -9,7 +9,7 @@ never among them: `record_change` drops any field named like one (`SECRET_FIELDS
 depth, so a view that grows such a field later still cannot leak it here.
 
 Actions are ``<target>.<verb>``: ``tenant.created``, ``tenant.updated``, ``tenant.deleted``,
-``quota.replaced``, ``key.created``, ``key.revoked``, ``budget.set``, ``budget.deleted``,
+``quota.replaced``, ``key.created``, ``key.revoked``, ``budget.set``, ``budget.clear``,
 ``rollout.weights_changed``.
 """
 
