@@ -101,7 +101,7 @@ class WebhookDelivery:
             except Exception:
                 logger.exception("delivering alert webhooks failed; trying again shortly")
                 wait_s = self._settings.poll_interval_s
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError on 3.10
                 await asyncio.wait_for(self._wakeup.wait(), timeout=wait_s)
 
     async def _post(self, event: alert_outbox.DueAlert) -> str | None:
