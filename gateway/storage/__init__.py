@@ -1,6 +1,5 @@
 """Durable storage: tenants, API keys (hashed), usage records, the audit log and the alert
-outbox, via SQLAlchemy 2 + Alembic;
-and the Redis client the shared stores use.
+outbox, via SQLAlchemy 2 + Alembic; and the Redis client the shared stores use.
 
 - ``database.Database``: the engine and sessions for one URL (SQLite default, PostgreSQL).
 - ``tenants``, ``api_keys``, ``usage_store``: repository functions over a ``Session``.
