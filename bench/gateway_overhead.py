@@ -15,6 +15,14 @@
     python -m bench.gateway_overhead --repeats 3 --concurrency 1 32 128
     python -m bench.gateway_overhead --scenarios paced --paced-itl-ms 10
     python -m bench.gateway_overhead --profile /tmp/gw.prof   # CPU profile of the gateway's loop
+    python -m bench.gateway_overhead --budget-levels 3   # also: three budget levels against one
+
+``--budget-levels 3`` adds an arm: the same load through the same gateway with a key of a
+second tenant whose requests must fit three budgets (the tenant's tokens, the key's money,
+the end user's tokens: three balances reserved in the one admission script) instead of the
+tenant's alone; each case runs the two arms back to back and reports their ratio (target:
+within 5%). Every request names an end user (``user``) in both arms, so the one-level arm
+is the hot path of a tenant with no budgets below it.
 
 Six processes share the machine (`bench.gateway_stack`): this one (the aiohttp load
 generator), two stand-in engines (`tests.support.stand_in_engine`, instant and paced; the gateway
@@ -55,6 +63,8 @@ from tests.support.stand_in_engine import MODEL
 LITELLM_RPS = {False: 118.0, True: 45.0}
 LITELLM_CPU_MS = {False: 7.0, True: 21.0}
 TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS, TARGET_SPEEDUP = 1.0, 5.0, 10.0
+TARGET_THREE_LEVELS = 0.05  # three budget levels cost at most 5% more than one
+BENCH_USER = "bench-user"
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,7 @@ def request_body(model: str, is_stream: bool, max_tokens: int) -> bytes:
         "messages": [{"role": "user", "content": "Say hello to the benchmark in a few words."}],
         "max_tokens": max_tokens,
         "stream": is_stream,
+        "user": BENCH_USER,  # the three-level arm's end user; no budget of its own otherwise
     }
     if is_stream:
         body["stream_options"] = {"include_usage": True}
@@ -296,31 +307,88 @@ def report(
 
 # --- main --------------------------------------------------------------------------------------
 
-# (is_stream, concurrency) -> [direct, floor proxy, gateway] runs
-Results = dict[tuple[bool, int], tuple[list[LoadResult], list[LoadResult], list[LoadResult]]]
+
+def report_budget_levels(one: list[LoadResult], three: list[LoadResult]) -> None:
+    """The three-level arm against the one-level arm of the same case."""
+    rps_1, rps_3 = med(one, lambda r: r.rps), med(three, lambda r: r.rps)
+    num = len(one[0].latencies_ms)
+    cpu_1 = med(one, lambda r: r.cpu_s / num * 1000)
+    cpu_3 = med(three, lambda r: r.cpu_s / len(r.latencies_ms) * 1000)
+    (p50_1, p99_1), (p50_3, p99_3) = p50_p99(one), p50_p99(three)
+    slower = max(rps_1 / rps_3 - 1, cpu_3 / cpu_1 - 1)
+    verdict = "met" if slower <= TARGET_THREE_LEVELS else "MISSED"
+    print(
+        f"  3 budget levels vs 1: requests/s {rps_3:.0f} vs {rps_1:.0f} ({rps_3 / rps_1:.3f}x), "
+        f"CPU/request {cpu_3:.3f} vs {cpu_1:.3f} ms ({cpu_3 / cpu_1:.3f}x), p50 {p50_3:.2f} vs "
+        f"{p50_1:.2f} ms, p99 {p99_3:.2f} vs {p99_1:.2f} ms | within "
+        f"{TARGET_THREE_LEVELS:.0%} {verdict}"
+    )
+
+
+# (is_stream, concurrency) -> [direct, floor proxy, gateway, gateway with 3 budget levels] runs
+Results = dict[
+    tuple[bool, int],
+    tuple[list[LoadResult], list[LoadResult], list[LoadResult], list[LoadResult]],
+]
 
 
 def run_scenario(
-    stack: Stack, scenario: Scenario, cases: list[tuple[bool, int]], repeats: int
+    stack: Stack,
+    scenario: Scenario,
+    cases: list[tuple[bool, int]],
+    repeats: int,
+    three_levels_key: str | None = None,
 ) -> Results:
     """Each case ``(is_stream, concurrency)`` straight to the scenario's engine, then through
-    the floor proxy, then through the gateway, ``repeats`` times."""
+    the floor proxy, then through the gateway (and, with ``three_levels_key``, through the
+    gateway again with that key's three budget levels), ``repeats`` times."""
     model = scenario.engine.model
     headers = {"authorization": f"Bearer {stack.api_key}", "content-type": "application/json"}
     pids = (stack.gateway_pid, stack.redis_pid)
     floor_pids = (stack.floor_pid, stack.redis_pid)
     path = "/v1/chat/completions"
-    results: Results = {case: ([], [], []) for case in cases}
+    results: Results = {case: ([], [], [], []) for case in cases}
     for _ in range(repeats):
         for is_stream, concurrency in cases:
             body = request_body(model, is_stream, scenario.max_tokens)
             num, spread_s = scenario.num_requests, scenario.spread_s
             load = (headers, body, is_stream, concurrency, num, spread_s)
-            direct, floor, through = results[(is_stream, concurrency)]
+            direct, floor, through, through_3 = results[(is_stream, concurrency)]
             direct.append(asyncio.run(measure(stack.engine_urls[model] + path, *load, None)))
             floor.append(asyncio.run(measure(stack.floor_url + path, *load, floor_pids)))
             through.append(asyncio.run(measure(stack.gateway_url + path, *load, pids)))
+            if three_levels_key is not None:
+                headers_3 = {**headers, "authorization": f"Bearer {three_levels_key}"}
+                load_3 = (headers_3, *load[1:])
+                through_3.append(asyncio.run(measure(stack.gateway_url + path, *load_3, pids)))
     return results
+
+
+def make_three_level_key(database_url: str) -> str:
+    """A key of a second tenant whose requests fit three budgets, none of them binding: the
+    tenant's tokens (its quota, as the bench tenant's), the key's money and the end user's
+    tokens."""
+    from bench.gateway_stack import QUOTA
+    from gateway.storage.api_keys import create_key
+    from gateway.storage.database import Database
+    from gateway.storage.scoped_budgets import put_budget
+    from gateway.storage.tenants import create_tenant
+    from policies.scoped_budgets import ScopedBudget
+
+    database = Database(database_url)
+    try:
+        with database.transaction() as session:
+            create_tenant(session, "bench-3", name="bench-3", tier="standard", quota=QUOTA)
+            created = create_key(session, "bench-3")
+            put_budget(
+                session, "bench-3", ScopedBudget("key", "micros", 10**15, "month", created.info.id)
+            )
+            put_budget(
+                session, "bench-3", ScopedBudget("user", "tokens", 10**15, "month", BENCH_USER)
+            )
+        return created.key
+    finally:
+        database.dispose()
 
 
 def main() -> None:
@@ -349,6 +417,14 @@ def main() -> None:
         help="start all clients at once (they then stay in step: bursts of CONCURRENCY "
         "requests, one per answer time) instead of spread over one answer time",
     )
+    parser.add_argument(
+        "--budget-levels",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="3: also run every case with a key whose requests fit three budgets (tenant, "
+        "key, end user) and report it against the tenant's budget alone",
+    )
     args = parser.parse_args()
 
     scenarios = [
@@ -374,7 +450,8 @@ def main() -> None:
     scenarios = [s for s in scenarios if s.name in args.scenarios]
     cases = [(m == "stream", c) for m in args.modes for c in args.concurrency]
     with gateway_stack([s.engine for s in scenarios], args.profile) as stack:
-        results = [run_scenario(stack, s, cases, args.repeats) for s in scenarios]
+        key_3 = make_three_level_key(stack.database_url) if args.budget_levels == 3 else None
+        results = [run_scenario(stack, s, cases, args.repeats, key_3) for s in scenarios]
 
     print(f"command: {command_line()}")
     print(
@@ -384,8 +461,11 @@ def main() -> None:
     )
     for scenario, scenario_results in zip(scenarios, results, strict=True):
         print(f"\n{scenario.header()}")
-        for (is_stream, concurrency), (direct, floor, through) in scenario_results.items():
+        for (is_stream, concurrency), runs in scenario_results.items():
+            direct, floor, through, through_3 = runs
             report(scenario, is_stream, concurrency, direct, floor, through)
+            if through_3:
+                report_budget_levels(through, through_3)
     print(
         f"\ntargets: added p50 < {TARGET_ADDED_P50_MS:g} ms, p99 < {TARGET_ADDED_P99_MS:g} ms "
         f"(at 32-128 in flight, meaningful against the paced engine); instant engine: "
