@@ -11,7 +11,8 @@ event stream (`gateway.upstream.replica_router`, for replica choice, and for the
 small/large routing reads, `gateway.upstream.pool_load`; the tasks connect in the
 background, a request never waits for them; a replica that leaves is no longer followed).
 With budget alerts configured it starts their webhook delivery, which reads the outbox at
-once: events a stopped gateway left undelivered are sent first (`gateway.alerts`). On
+once: events a stopped gateway left undelivered are sent first (`gateway.alerts`). The
+admins' console is its own app mounted at ``/ui`` (`gateway.console`). On
 shutdown it stops those and the alerts' delivery, closes the upstream pool (its discovery
 and health checks, then its client), Redis, the usage writer (flushing what it can; the
 rest stays in its spill file) and the tracer provider, in that order.
@@ -30,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from gateway.accounting.settlement import Accountant
 from gateway.admission.admission_store import AdmissionStore
@@ -54,6 +55,8 @@ from gateway.api.tenant_api import tenant_routes
 from gateway.auth.bearer_keys import bearer_matches
 from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
+from gateway.console.console_app import MOUNT_PATH, build_console
+from gateway.console.console_context import FleetSources
 from gateway.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.ledger.balance_rebuild import BalanceRebuild
 from gateway.ledger.budget_ledger import BudgetLedger
@@ -211,6 +214,17 @@ def build_gateway(
         readiness_route(readiness),
         *management_routes(
             settings, database, ledger, epochs, keys, also_described=completion_routes
+        ),
+        Mount(
+            MOUNT_PATH,
+            app=build_console(
+                settings,
+                database,
+                epochs,
+                fleet=FleetSources(
+                    upstreams.replica_set, replica_router.index, metrics.registry, rollouts
+                ),
+            ),
         ),
         *(extra_routes or []),
     ]
