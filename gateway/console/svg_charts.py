@@ -114,13 +114,11 @@ def top_series(values: Mapping[str, Sequence[int]], limit: int = len(PALETTE) - 
 
 
 def _nice_ceiling(value: int) -> int:
-    """1, 2 or 5 times a power of ten, at least ``value`` (and at least 4, for the ticks)."""
-    if value <= 4:
-        return 4
+    """The axis' top: 1, 2, 4, 5 or 8 times a power of ten, at least ``value`` (and 4)."""
     scale = 1
     while True:
-        for step in (1, 2, 5):
-            if step * scale >= value:
+        for step in (1, 2, 4, 5, 8):
+            if step * scale >= max(4, value):
                 return step * scale
         scale *= 10
 

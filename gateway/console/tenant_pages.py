@@ -42,7 +42,7 @@ from policies.scoped_budgets import format_money
 
 logger = logging.getLogger(__name__)
 TENANTS_PER_PAGE = 50
-ACTOR = "admin key (console)"
+ACTOR = "admin-key (console)"
 T = TypeVar("T")
 
 
