@@ -6,6 +6,7 @@ the restart. On SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import base64
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -174,3 +175,20 @@ async def test_after_the_last_attempt_the_event_is_failed_and_kept(
     record = event(database, event_id)
     assert (record.num_attempts, record.last_error) == (3, "HTTP 500")
     assert len(receiver.deliveries) == 3
+
+
+async def test_an_unreachable_receiver_keeps_the_event_pending(database: Database) -> None:
+    """Nothing listens at the URL: each attempt fails to connect, the error is kept on the
+    event, and it stays pending for the next attempt."""
+    with socket.socket() as probe:  # a port that was free a moment ago, now closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    event_id = await cross_half(database)
+    alerts = settings(f"http://127.0.0.1:{port}/hook", retry_first_delay_s=60, retry_max_delay_s=60)
+    async with delivering(database, alerts):
+        await eventually(lambda: event(database, event_id).num_attempts == 1, WAIT_S)
+        await eventually(lambda: event(database, event_id).last_error is not None, WAIT_S)
+    record = event(database, event_id)
+    assert record.state == "pending"
+    assert record.last_error is not None
+    assert record.last_error.startswith("ConnectError")
