@@ -1,12 +1,15 @@
-"""Admission's second step: a plan counted against the tenant's rate limits and budget.
+"""Admission's second step: a plan counted against the tenant's rate limits and budgets.
 
 One call of the `AdmissionStore` (in process, or one Redis script) hits the rate-limit window
-and reserves the plan's tokens at once, after checking that the key's tenant did not change
-since the key was cached (`AuthChanged`: the caller reads the key again and plans afresh). A
-budget balance the store does not know is rebuilt from the usage records first
-(`BalanceRebuild`). The policies then turn what was counted into headers or a refusal::
+and reserves against every budget that applies at once, after checking that the key's tenant
+did not change since the key was cached (`AuthChanged`: the caller reads the key again and
+plans afresh). The budgets are the tenant's (its quota's tokens and money), its key's and
+its end user's (`ScopedBudgetLookup`, cached under the same auth epoch); each reserves the
+plan's worst case in its unit (`policies.scoped_budgets`). A budget balance the store does
+not know is rebuilt from the usage records first (`BalanceRebuild`), one at a time. The
+policies then turn what was counted into headers or a refusal::
 
-    rate limits (429 + Retry-After) -> budget reservation (429)
+    rate limits (429 + Retry-After) -> budget reservation (429 naming the budget that refused)
 
 Redis unreachable (every call bounded by ``redis_timeout_s``): with ``redis_failure_mode:
 closed`` this step answers 503 ``service_unavailable``; with ``open`` the request is admitted
