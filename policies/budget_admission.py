@@ -18,7 +18,9 @@ admitted.
 
 `fits_budget` is that inequality, and the in-process ledger (``gateway/ledger/memory_ledger.py``)
 calls it; the Redis ledger's Lua spells it again. One table of cases,
-``tests/policies/budget_cases.py``, runs against this policy and both ledgers.
+``tests/policies/budget_cases.py``, runs against this policy and both ledgers. Budgets below
+the tenant and budgets in money (``policies/scoped_budgets.py``) keep the same invariant, each
+in its unit, and refuse with the same words (`budget_rejection`), naming the budget.
 """
 
 from __future__ import annotations
