@@ -191,6 +191,10 @@ class RedisAdmissionStore:
 
 def _reservation(ask: AdmissionAsk, reservation_id: str, expires_at: float) -> Reservation:
     """What the script holds for ``ask``: the tenant's token budget first where asked."""
+    if ask.budget is not None and not ask.more_budgets:  # the common case: one balance
+        return Reservation(
+            reservation_id, ask.tenant_id, ask.budget.period_key, ask.tokens, expires_at
+        )
     holds = [Hold(h.account, h.period_key, h.amount) for h in ask.more_budgets]
     if ask.budget is not None:
         holds.insert(0, Hold(TENANT_TOKENS, ask.budget.period_key, ask.tokens))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from gateway.ledger.budget_ledger import (
@@ -256,7 +256,8 @@ class RedisBudgetLedger:
         self._release = client.register_script(_RELEASE)
         self._balance = client.register_script(_BALANCE)
         self._rebuild = client.register_script(_REBUILD)
-        self._settle_keys: dict[tuple[str, tuple[Hold, ...]], list[str]] = {}
+        # (tenant, (account, period key, ...)) -> the keys of those balances
+        self._settle_keys: dict[tuple[str, tuple[object, ...]], list[str]] = {}
 
     async def reserve(
         self, tenant_id: str, period_key: str, limit: int, tokens: int, ttl_s: float
@@ -296,7 +297,10 @@ class RedisBudgetLedger:
     ) -> None:
         check_used_tokens(used_tokens)
         check_used_tokens(used_micros)
-        charges = [charged(hold, used_tokens, used_micros) for hold in reservation.holds]
+        if reservation.more:
+            charges = [charged(hold, used_tokens, used_micros) for hold in reservation.holds]
+        else:  # the common case, kept to one hold's work
+            charges = [used_micros if reservation.account.unit == "micros" else used_tokens]
         await self._settle(self._keys_of(reservation), [*self._finish_args(reservation), *charges])
 
     async def release(self, reservation: Reservation) -> None:
@@ -328,7 +332,10 @@ class RedisBudgetLedger:
 
     def _keys_of(self, reservation: Reservation) -> list[str]:
         """The keys of the reservation's balances, built once per set of balances."""
-        key = (reservation.tenant_id, tuple(replace(h, amount=0) for h in reservation.holds))
+        balances: tuple[object, ...] = (reservation.account, reservation.period_key)
+        if reservation.more:
+            balances += tuple((h.account, h.period_key) for h in reservation.more)
+        key = (reservation.tenant_id, balances)
         keys = self._settle_keys.get(key)
         if keys is None:
             if len(self._settle_keys) >= _MAX_CACHED_KEYS:
