@@ -1,6 +1,8 @@
 """The console's reads: every one windowed in time and served by an index of
 ``usage_records`` (tenant+time, time, tenant+end user+time, key+time), so a page costs the
-rows of its window, not the table.
+rows of its window, not the table. On PostgreSQL the time index carries the summed columns
+(migration 0007), so a window's sums are an index-only scan. The Usage page's chart and
+table come folded from `usage_rollup`; `usage_series` gives every series (the CSV).
 
 Sums here are the usage records' own: ``tokens`` is ``prompt_tokens + completion_tokens``
 (what a token budget settles) and ``cost_micros`` the recorded price (what a money budget
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
-from sqlalchemy import BigInteger, ColumnElement, Integer, cast, func, select
+from sqlalchemy import BigInteger, ColumnElement, Integer, cast, func, select, text
 from sqlalchemy.orm import Session
 
 from gateway.storage.models import ApiKeyRow, UsageRecord
@@ -27,7 +29,7 @@ from policies.scoped_budgets import BudgetScope, BudgetUnit, ScopedBudget
 
 SeriesBy = Literal["model", "tenant"]
 NO_MODEL = "(refused before a model)"
-EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+AGGREGATE_WORK_MEM = "64MB"
 
 
 @dataclass(frozen=True)
@@ -111,20 +113,25 @@ def usage_series(
     """Sums per bucket and model (or tenant) over ``[start, end)``, ``tenant_id``'s only if
     given; ordered by bucket, then series."""
     size = int(bucket.total_seconds())
-    bucket_index = _bucket_index(session, size).label("bucket")
+    bucket_index = bucket_index_of(session, size).label("bucket")
     series = (UsageRecord.tenant_id if by == "tenant" else UsageRecord.served_model).label("series")
     query = (
         select(bucket_index, series, *_sum_columns())
         .where(UsageRecord.created_at >= start, UsageRecord.created_at < end)
         .group_by(bucket_index, series)
-        .order_by(bucket_index, series)
     )
     if tenant_id is not None:
         query = query.where(UsageRecord.tenant_id == tenant_id)
+    hash_aggregate_in_memory(session)
     points = []
+    starts: dict[int, datetime] = {}
     for row in session.execute(query):
-        at = datetime.fromtimestamp(int(row.bucket) * size, tz=timezone.utc)
-        points.append(UsagePoint(at, row.series or NO_MODEL, _totals(row[2:])))
+        index, name, sums = int(row[0]), row[1], row[2:]
+        at = starts.get(index)
+        if at is None:
+            at = starts[index] = datetime.fromtimestamp(index * size, tz=timezone.utc)
+        points.append(UsagePoint(at, name or NO_MODEL, _totals(sums)))
+    points.sort(key=lambda point: (point.bucket_start, point.series))
     return points
 
 
@@ -231,9 +238,20 @@ def budget_used(
     return int(session.scalar(query) or 0)
 
 
-def _bucket_index(session: Session, size: int) -> ColumnElement[Any]:
+def hash_aggregate_in_memory(session: Session) -> None:
+    """Let PostgreSQL group a window in memory. It cannot estimate how many (bucket, series)
+    groups a window holds, guesses one per record, finds that too big for the default
+    ``work_mem`` (4 MB) and sorts the window on disk instead: twice the time for a month. The
+    real table is small (about 6 MB for 1,000 tenants over 30 days); this transaction only."""
     if session.get_bind().dialect.name == "postgresql":
-        epoch = func.extract("epoch", UsageRecord.created_at)
+        session.execute(text(f"SET LOCAL work_mem = '{AGGREGATE_WORK_MEM}'"))
+
+
+def bucket_index_of(session: Session, size: int) -> ColumnElement[Any]:
+    if session.get_bind().dialect.name == "postgresql":
+        # date_part is double precision; extract() is numeric since PostgreSQL 14, and
+        # numeric arithmetic on every row of a month's window costs a third more time.
+        epoch = func.date_part("epoch", UsageRecord.created_at)
         return cast(func.floor(epoch / size), BigInteger)
     return cast(func.strftime("%s", UsageRecord.created_at), Integer) / size
 

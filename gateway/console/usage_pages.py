@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -27,15 +26,15 @@ from gateway.console.console_context import ConsoleContext
 from gateway.console.page_queries import (
     DEFAULT_USAGE_WINDOW,
     USAGE_WINDOWS,
-    ZERO,
     SeriesBy,
     UsagePoint,
     UsageTotals,
     UsageWindow,
     usage_series,
 )
-from gateway.console.svg_charts import Series, legend, stacked_bars, top_series
+from gateway.console.svg_charts import Series, legend, stacked_bars
 from gateway.console.tenant_overview import TenantOverview, tenant_overview
+from gateway.console.usage_rollup import NUM_CHART_SERIES, OTHERS, UsageRollup, usage_rollup
 from gateway.storage.tenants import get_tenant
 
 T = TypeVar("T")
@@ -47,15 +46,16 @@ CSV_COLUMNS = (
 
 @dataclass(frozen=True)
 class UsageReport:
-    """A window's usage: per bucket and series, and the totals per series and overall."""
+    """A window's usage as the page shows it: the charts (top series and the rest, per
+    bucket), the table (the top series by cost, then the rest in one row) and the totals."""
 
     window: UsageWindow
     by: SeriesBy
     start: datetime
     end: datetime
-    buckets: list[datetime]
-    points: list[UsagePoint]
     totals_by_series: list[tuple[str, UsageTotals]]
+    rest: UsageTotals
+    num_rest: int  # how many series the rest row sums
     total: UsageTotals
     tokens_chart: Markup
     cost_chart: Markup
@@ -78,7 +78,7 @@ class UsagePages:
     async def usage_csv(self, request: Request) -> Response:
         await self._context.guard.admin(request)
         window, by, tenant_id = self._query(request, allow_tenant=True)
-        return _csv(await self._report(window, by, tenant_id), tenant_id)
+        return _csv(window, *await self._points(window, by, tenant_id), tenant_id)
 
     async def own_page(self, request: Request) -> Response:
         session = await self._context.guard.session(request)
@@ -97,7 +97,8 @@ class UsagePages:
         if session.is_admin or session.tenant_id is None:
             raise ConsoleDenied(404, "The admin has no tenant view: see Usage.")
         window, _, _ = self._query(request, allow_tenant=False)
-        return _csv(await self._report(window, "model", session.tenant_id), session.tenant_id)
+        points = await self._points(window, "model", session.tenant_id)
+        return _csv(window, *points, session.tenant_id)
 
     def _query(
         self, request: Request, *, allow_tenant: bool
@@ -122,13 +123,25 @@ class UsagePages:
     ) -> UsageReport:
         start, end = window.bounds(self._context.now())
 
+        def read(db: Session) -> UsageRollup:
+            if tenant_id is not None and get_tenant(db, tenant_id, include_deleted=True) is None:
+                raise ConsoleDenied(404, f"No tenant {tenant_id!r}.")
+            return usage_rollup(db, start, end, window.bucket, by, tenant_id)
+
+        return usage_report(window, by, start, end, await self._read(read))
+
+    async def _points(
+        self, window: UsageWindow, by: SeriesBy, tenant_id: str | None
+    ) -> tuple[datetime, list[UsagePoint]]:
+        """Every series in every bucket (the CSV's rows), and the window's start."""
+        start, end = window.bounds(self._context.now())
+
         def read(db: Session) -> list[UsagePoint]:
             if tenant_id is not None and get_tenant(db, tenant_id, include_deleted=True) is None:
                 raise ConsoleDenied(404, f"No tenant {tenant_id!r}.")
             return usage_series(db, start, end, window.bucket, by, tenant_id)
 
-        points = await self._read(read)
-        return usage_report(window, by, start, end, points)
+        return start, await self._read(read)
 
     async def _overview(self, tenant_id: str) -> TenantOverview:
         now = self._context.now()
@@ -146,7 +159,7 @@ class UsagePages:
 
 
 def usage_report(
-    window: UsageWindow, by: SeriesBy, start: datetime, end: datetime, points: Sequence[UsagePoint]
+    window: UsageWindow, by: SeriesBy, start: datetime, end: datetime, rollup: UsageRollup
 ) -> UsageReport:
     buckets = []
     at = start
@@ -154,73 +167,49 @@ def usage_report(
         buckets.append(at)
         at += window.bucket
     position = {at: i for i, at in enumerate(buckets)}
-    tokens: dict[str, list[int]] = defaultdict(lambda: [0] * len(buckets))
-    cost: dict[str, list[int]] = defaultdict(lambda: [0] * len(buckets))
-    sums: dict[str, UsageTotals] = defaultdict(lambda: ZERO)
-    for point in points:
+    names = [name for name, _ in rollup.table[:NUM_CHART_SERIES]]
+    if rollup.num_series > NUM_CHART_SERIES:
+        names.append(OTHERS)
+    tokens = {name: [0] * len(buckets) for name in names}
+    cost = {name: [0] * len(buckets) for name in names}
+    for point in rollup.points:
         i = position.get(point.bucket_start)
-        if i is not None:
+        if i is not None and point.series in tokens:
             tokens[point.series][i] += point.totals.tokens
             cost[point.series][i] += point.totals.cost_micros
-        sums[point.series] = _add(sums[point.series], point.totals)
-    token_series = top_series(tokens)
-    order = [one.name for one in token_series]
-    cost_series = _in_order(top_series(cost, limit=len(tokens)), order)
-    total = ZERO
-    for totals in sums.values():
-        total = _add(total, totals)
     what = "tenant" if by == "tenant" else "model"
     return UsageReport(
         window=window,
         by=by,
         start=start,
         end=end,
-        buckets=buckets,
-        points=list(points),
-        totals_by_series=sorted(
-            sums.items(), key=lambda item: (-item[1].cost_micros, -item[1].tokens, item[0])
+        totals_by_series=rollup.table,
+        rest=rollup.rest,
+        num_rest=rollup.num_series - len(rollup.table),
+        total=rollup.total,
+        tokens_chart=stacked_bars(
+            buckets, [Series(n, tokens[n]) for n in names], label=f"Tokens by {what}", unit="tokens"
         ),
-        total=total,
-        tokens_chart=stacked_bars(buckets, token_series, label=f"Tokens by {what}", unit="tokens"),
         cost_chart=stacked_bars(
-            buckets, cost_series, label=f"Cost (micros) by {what}", unit="micros"
+            buckets, [Series(n, cost[n]) for n in names], label=f"Cost by {what}", unit="micros"
         ),
-        chart_legend=legend(order),
+        chart_legend=legend(names),
     )
 
 
-def _in_order(series: list[Series], order: list[str]) -> list[Series]:
-    """The cost chart's series in the tokens chart's order (its colours), the rest summed."""
-    by_name = {one.name: one for one in series}
-    shown = [by_name[name] for name in order if name in by_name]
-    rest = [one for one in series if one.name not in order]
-    if rest:
-        width = len(rest[0].values)
-        shown.append(Series("others", [sum(one.values[i] for one in rest) for i in range(width)]))
-    return shown
-
-
-def _add(a: UsageTotals, b: UsageTotals) -> UsageTotals:
-    return UsageTotals(
-        a.num_requests + b.num_requests,
-        a.prompt_tokens + b.prompt_tokens,
-        a.cached_tokens + b.cached_tokens,
-        a.completion_tokens + b.completion_tokens,
-        a.cost_micros + b.cost_micros,
-    )
-
-
-def _csv(report: UsageReport, tenant_id: str | None) -> Response:
+def _csv(
+    window: UsageWindow, start: datetime, points: list[UsagePoint], tenant_id: str | None
+) -> Response:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    for point in report.points:
+    for point in points:
         t = point.totals
         writer.writerow(
             [point.bucket_start.isoformat(), _csv_text(point.series), t.num_requests,
              t.prompt_tokens, t.cached_tokens, t.completion_tokens, t.tokens, t.cost_micros]
         )  # fmt: skip
-    name = f"usage-{tenant_id or 'all'}-{report.window.name}-{report.start:%Y%m%dT%H%M}.csv"
+    name = f"usage-{tenant_id or 'all'}-{window.name}-{start:%Y%m%dT%H%M}.csv"
     return Response(
         out.getvalue(),
         media_type="text/csv; charset=utf-8",

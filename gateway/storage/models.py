@@ -146,7 +146,19 @@ class UsageRecord(Base):
     __tablename__ = "usage_records"
     __table_args__ = (
         Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),
-        Index("ix_usage_records_created_at", "created_at"),
+        # Covering the console's sums over a window on PostgreSQL (migration 0007).
+        Index(
+            "ix_usage_records_created_at",
+            "created_at",
+            postgresql_include=[
+                "tenant_id",
+                "served_model",
+                "prompt_tokens",
+                "cached_tokens",
+                "completion_tokens",
+                "cost_micros",
+            ],
+        ),
         # Spend per end user and per key over a window (migration 0005).
         Index(
             "ix_usage_records_tenant_id_end_user_created_at", "tenant_id", "end_user", "created_at"
