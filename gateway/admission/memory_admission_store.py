@@ -36,6 +36,8 @@ class MemoryAdmissionStore:
         epoch = self._epochs.current_now(ask.tenant_id)
         if epoch != ask.auth_epoch:
             return AuthChanged(epoch)
+        if not ask.more_budgets:  # the tenant's token budget alone, or none
+            return await self._admit_tenant_tokens(ask)
         asks = ask.hold_asks(_NO_BUDGET_PERIOD)
         asked = [(index, hold) for index, hold in enumerate(asks) if hold.limit >= 0]
         for index, hold in asked:
@@ -54,3 +56,24 @@ class MemoryAdmissionStore:
         if isinstance(held, Reservation):
             return Counted(window, held)
         return Counted(window, balance=held.balance, refused_by=asked[held.index][0])
+
+    async def _admit_tenant_tokens(self, ask: AdmissionAsk) -> AdmissionResult:
+        """`admit` with at most one balance: the same steps, without the bookkeeping of many."""
+        budget = ask.budget
+        if budget is not None and not await self._ledger.is_known(ask.tenant_id, budget.period_key):
+            return BalanceUnknown()
+        window = None
+        if ask.has_rate_limit:
+            window = await self._rate_limits.hit(
+                ask.tenant_id, ask.tokens, ask.rpm_limit, ask.tpm_limit, ask.now
+            )
+            if not window.is_admitted:
+                return Counted(window)
+        if budget is None:
+            return Counted(window)
+        reservation = await self._ledger.reserve(
+            ask.tenant_id, budget.period_key, budget.limit, ask.tokens, budget.ttl_s
+        )
+        if reservation is not None:
+            return Counted(window, reservation)
+        return Counted(window, balance=await self._ledger.balance(ask.tenant_id, budget.period_key))

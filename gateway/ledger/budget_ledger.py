@@ -71,6 +71,8 @@ class BudgetAccount:
 
     @classmethod
     def of(cls, budget: ScopedBudget) -> BudgetAccount:
+        if budget.scope == "tenant" and budget.unit == "tokens":
+            return TENANT_TOKENS  # one object: dict keys compare it by identity, fast
         return cls(budget.scope, budget.subject, budget.unit)
 
 

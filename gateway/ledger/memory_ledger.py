@@ -26,6 +26,7 @@ from gateway.ledger.budget_ledger import (
     Reservation,
     charged,
     check_asks,
+    check_reserve_args,
     check_used_tokens,
 )
 from policies.budget_admission import fits_budget
@@ -33,6 +34,16 @@ from policies.budget_admission import fits_budget
 # The expiry heap is rebuilt from the live reservations once it holds this many entries
 # more than twice their number (entries of finished reservations wait there for their expiry).
 _HEAP_SLACK = 64
+
+# A tenant's token balance is keyed as it always was, without the account (hashing one costs
+# more than the rest of the key); every other balance names its account.
+_AccountKey = tuple[str, str] | tuple[str, str, BudgetAccount]
+
+
+def _key(tenant_id: str, account: BudgetAccount, period_key: str) -> _AccountKey:
+    if account is TENANT_TOKENS or account == TENANT_TOKENS:
+        return tenant_id, period_key
+    return tenant_id, period_key, account
 
 
 @dataclass
@@ -73,6 +84,11 @@ class _Account:
             self.expiry_heap = [(e, rid) for rid, (_, e) in self.live.items()]
             heapq.heapify(self.expiry_heap)
 
+    def hold(self, reservation_id: str, amount: int, expires_at: float) -> None:
+        self.live[reservation_id] = (amount, expires_at)
+        self.reserved += amount
+        heapq.heappush(self.expiry_heap, (expires_at, reservation_id))
+
     def finish(self, reservation_id: str) -> bool:
         """Drop the reservation; True if this call finished it (live, or expired and still
         remembered), False if it was finished before (or is unknown to this ledger)."""
@@ -97,22 +113,29 @@ class MemoryBudgetLedger:
             raise ValueError(f"settled_retention_s must be > 0, got {settled_retention_s}")
         self._clock = clock
         self._settled_retention_s = settled_retention_s
-        self._accounts: dict[tuple[str, BudgetAccount, str], _Account] = {}
+        self._accounts: dict[_AccountKey, _Account] = {}
 
     def _account(
         self, tenant_id: str, account: BudgetAccount, period_key: str, now: float
     ) -> _Account:
-        balance = self._accounts.setdefault((tenant_id, account, period_key), _Account())
+        balance = self._accounts.setdefault(_key(tenant_id, account, period_key), _Account())
         balance.purge(now, self._settled_retention_s)
         return balance
 
     async def reserve(
         self, tenant_id: str, period_key: str, limit: int, tokens: int, ttl_s: float
     ) -> Reservation | None:
-        held = await self.reserve_all(
-            tenant_id, [HoldAsk(TENANT_TOKENS, period_key, limit, tokens)], ttl_s
-        )
-        return held if isinstance(held, Reservation) else None
+        check_reserve_args(limit, tokens, ttl_s)
+        now = self._clock()
+        balance = self._account(tenant_id, TENANT_TOKENS, period_key, now)
+        if not fits_budget(
+            used=balance.used, reserved=balance.reserved, request_tokens=tokens, limit=limit
+        ):
+            return None
+        reservation_id = uuid.uuid4().hex
+        expires_at = now + ttl_s
+        balance.hold(reservation_id, tokens, expires_at)
+        return Reservation(reservation_id, tenant_id, period_key, tokens, expires_at)
 
     async def reserve_all(
         self, tenant_id: str, asks: Sequence[HoldAsk], ttl_s: float
@@ -131,9 +154,7 @@ class MemoryBudgetLedger:
         reservation_id = uuid.uuid4().hex
         expires_at = now + ttl_s
         for ask, balance in zip(asks, balances, strict=True):
-            balance.live[reservation_id] = (ask.amount, expires_at)
-            balance.reserved += ask.amount
-            heapq.heappush(balance.expiry_heap, (expires_at, reservation_id))
+            balance.hold(reservation_id, ask.amount, expires_at)
         first, more = asks[0], asks[1:]
         return Reservation(
             reservation_id,
@@ -151,9 +172,16 @@ class MemoryBudgetLedger:
         check_used_tokens(used_tokens)
         check_used_tokens(used_micros)
         now = self._clock()
+        tenant_id, reservation_id = reservation.tenant_id, reservation.reservation_id
+        if not reservation.more:  # the common case, kept to one balance's work
+            account = reservation.account
+            balance = self._account(tenant_id, account, reservation.period_key, now)
+            if balance.finish(reservation_id):
+                balance.used += used_micros if account.unit == "micros" else used_tokens
+            return
         for hold in reservation.holds:
-            balance = self._account(reservation.tenant_id, hold.account, hold.period_key, now)
-            if balance.finish(reservation.reservation_id):
+            balance = self._account(tenant_id, hold.account, hold.period_key, now)
+            if balance.finish(reservation_id):
                 balance.used += charged(hold, used_tokens, used_micros)
 
     async def release(self, reservation: Reservation) -> None:
@@ -165,7 +193,7 @@ class MemoryBudgetLedger:
     async def balance(
         self, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
     ) -> Balance:
-        balance = self._accounts.get((tenant_id, account, period_key))
+        balance = self._accounts.get(_key(tenant_id, account, period_key))
         if balance is None:
             return Balance(used=0, reserved=0)
         balance.purge(self._clock(), self._settled_retention_s)
@@ -189,5 +217,5 @@ class MemoryBudgetLedger:
     async def is_known(
         self, tenant_id: str, period_key: str, account: BudgetAccount = TENANT_TOKENS
     ) -> bool:
-        balance = self._accounts.get((tenant_id, account, period_key))
+        balance = self._accounts.get(_key(tenant_id, account, period_key))
         return balance is not None and balance.is_known
