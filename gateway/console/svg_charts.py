@@ -47,7 +47,7 @@ def stacked_bars(
         f"<title>{escape(label)}</title>",
     ]
     for step in range(5):
-        value = top * step // 4
+        value = top * step / 4
         y = _TOP + plot_h - plot_h * step / 4
         parts.append(
             f'<line x1="{_LEFT}" x2="{CHART_WIDTH - 8}" y1="{y:.1f}" y2="{y:.1f}" '
@@ -123,11 +123,11 @@ def _nice_ceiling(value: int) -> int:
         scale *= 10
 
 
-def _short(value: int) -> str:
+def _short(value: float) -> str:
     for size, suffix in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
         if value >= size:
             return f"{value / size:g}{suffix}"
-    return str(value)
+    return f"{value:g}"
 
 
 def _tick_indices(num_buckets: int, num_ticks: int = 6) -> list[int]:
