@@ -38,6 +38,7 @@ from gateway.console.tenant_overview import TenantOverview, stored_quota, tenant
 from gateway.storage import api_keys, audit_log, scoped_budgets, tenants
 from gateway.storage.models import ApiKeyRow
 from policies.budget_period import budget_window
+from policies.quota import TenantQuota
 from policies.scoped_budgets import format_money
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,9 @@ class TenantPages:
         now = self._context.now()
 
         def create(db: Session) -> tenants.TenantInfo:
+            quota = TenantQuota(tier=body.tier).to_dict()  # as the admin API stores one
             info = tenants.create_tenant(
-                db, body.id, name=body.name, tier=body.tier, quota={}, now=now
+                db, body.id, name=body.name, tier=body.tier, quota=quota, now=now
             )
             self._audit(db, "tenant.created", "tenant", info.id, info.id, None, _tenant(info), now)
             return info

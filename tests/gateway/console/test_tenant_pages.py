@@ -14,6 +14,7 @@ from sqlalchemy import select
 from gateway.storage import api_keys, scoped_budgets, tenants
 from gateway.storage.models import AuditEntry, UsageStatus
 from gateway.storage.usage_store import UsageEntry, insert_usage
+from policies.quota import TenantQuota
 from tests.gateway.console.console_client import ADMIN_KEY, Console, console
 
 QUOTA = {
@@ -76,7 +77,7 @@ def test_quota_errors_are_shown_beside_their_fields_and_nothing_is_saved(ui: Con
     with ui.database.session() as session:
         stored = tenants.get_tenant(session, "acme")
     assert stored is not None
-    assert stored.quota == {}
+    assert stored.quota == TenantQuota().to_dict()  # as created: nothing saved
 
 
 def test_a_money_budget_and_a_key_budget_show_their_bars(ui: Console) -> None:
