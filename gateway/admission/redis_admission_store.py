@@ -36,6 +36,7 @@ from gateway.auth.epochs import auth_epoch_key
 from gateway.ledger.budget_ledger import (
     TENANT_TOKENS,
     Balance,
+    BudgetAccount,
     Hold,
     Reservation,
     check_asks,
@@ -127,6 +128,7 @@ class RedisAdmissionStore:
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
         self._keys: dict[tuple[str, str], list[str]] = {}  # the script's keys, built once
+        self._more_keys: dict[tuple[str, str, BudgetAccount], list[str]] = {}
 
     def _keys_of(self, tenant_id: str, period_key: str) -> list[str]:
         keys = self._keys.get((tenant_id, period_key))
@@ -137,6 +139,16 @@ class RedisAdmissionStore:
             keys += rate_limit_keys(tenant_id)
             self._keys[tenant_id, period_key] = keys
         return keys
+
+    def _balance_keys(self, tenant_id: str, period_key: str, account: BudgetAccount) -> list[str]:
+        """The four keys of a balance beside the tenant's tokens, built once."""
+        cached = self._more_keys.get((tenant_id, period_key, account))
+        if cached is None:
+            if len(self._more_keys) >= _MAX_CACHED_KEYS:
+                self._more_keys.clear()
+            cached = BudgetKeys.of(tenant_id, period_key, account).as_list()
+            self._more_keys[tenant_id, period_key, account] = cached
+        return cached
 
     async def admit(self, ask: AdmissionAsk) -> AdmissionResult:
         check_hit_args(ask.tokens, ask.rpm_limit, ask.tpm_limit)
@@ -164,7 +176,7 @@ class RedisAdmissionStore:
         if more:
             keys = list(keys)
             for hold in more:
-                keys += BudgetKeys.of(ask.tenant_id, hold.period_key, hold.account).as_list()
+                keys += self._balance_keys(ask.tenant_id, hold.period_key, hold.account)
                 args += [hold.limit, hold.amount]
         try:
             reply: list[Any] = await self._admit(keys, args)
