@@ -172,6 +172,9 @@ def test_an_admin_budgets_a_tenant_and_watches_its_key_spend(
     assert ui.bar_percent("user", "micros") > 0
     ui.save("tenant")
 
+    ui.open("/ui/tenants")
+    assert "Acme Corp" in ui.text("tenants")
+    ui.save("tenants")
     ui.open("/ui/usage?window=1h")
     chart = browser.find_element(By.ID, "tokens-chart")
     assert chart.find_elements(By.CSS_SELECTOR, "rect")  # a bar for this hour's tokens
@@ -216,6 +219,7 @@ def test_an_admin_budgets_a_tenant_and_watches_its_key_spend(
         f"{name}.png"
         for name in (
             "sign-in",
+            "tenants",
             "tenant-new-key",
             "tenant",
             "usage",
