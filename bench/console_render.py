@@ -8,10 +8,11 @@
 The records are spread uniformly over the last ``--days`` (90) days, tenants drawn with a
 long tail (a few busy, most quiet), five models, 50 end users a tenant, two keys a tenant
 (one with a money budget) and an end-user budget for each tenant, bulk-loaded with COPY into
-the migrated schema, then VACUUM ANALYZEd (as autovacuum leaves an append-only table). Each page is requested through the console app itself
-(`build_console` over the database, Starlette's TestClient: routing, session check, queries,
-template and SVG, no network), once to warm up, then ``--repeats`` times; the median and
-the slowest are reported with how many records the page's window holds.
+the migrated schema, then VACUUM ANALYZEd (as autovacuum leaves an append-only table).
+Each page is requested through the console app itself (`build_console` over the database,
+Starlette's TestClient: routing, session check, queries, template and SVG, no network),
+once to warm up, then ``--repeats`` times; the median, the slowest and the page's size are
+reported.
 """
 
 from __future__ import annotations
