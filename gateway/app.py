@@ -12,7 +12,8 @@ small/large routing reads, `gateway.upstream.pool_load`; the tasks connect in th
 background, a request never waits for them; a replica that leaves is no longer followed).
 With budget alerts configured it starts their webhook delivery, which reads the outbox at
 once: events a stopped gateway left undelivered are sent first (`gateway.alerts`). The
-admins' console is its own app mounted at ``/ui`` (`gateway.console`). On
+admins' console is its own app mounted at ``/ui`` (`gateway.console`), its sessions signed
+with ``console.session_secret`` (valid on every replica that shares it). On
 shutdown it stops those and the alerts' delivery, closes the upstream pool (its discovery
 and health checks, then its client), Redis, the usage writer (flushing what it can; the
 rest stays in its spill file) and the tracer provider, in that order.
@@ -57,6 +58,8 @@ from gateway.auth.epochs import AuthEpochs, MemoryAuthEpochs, RedisAuthEpochs
 from gateway.auth.key_cache import KeyCache
 from gateway.console.console_app import MOUNT_PATH, build_console
 from gateway.console.console_context import FleetSources
+from gateway.console.console_settings import ConsoleSettings
+from gateway.console_section import ConsoleSection
 from gateway.errors import EXCEPTION_HANDLERS, ApiError
 from gateway.ledger.balance_rebuild import BalanceRebuild
 from gateway.ledger.budget_ledger import BudgetLedger
@@ -224,6 +227,7 @@ def build_gateway(
                 fleet=FleetSources(
                     upstreams.replica_set, replica_router.index, metrics.registry, rollouts
                 ),
+                settings=console_settings(settings.console),
             ),
         ),
         *(extra_routes or []),
@@ -262,6 +266,18 @@ def management_routes(
         logger.warning("admin_key_hash is not set: the admin API is off")
     described = [*also_described, *routes]
     return [*routes, openapi_route(described, models=sorted(settings.known_models))]
+
+
+def console_settings(section: ConsoleSection) -> ConsoleSettings:
+    """The console's settings from the gateway's ``console:``: its session secret, shared by
+    every replica given the same one; without one, a secret of this process's own."""
+    if section.session_secret is None:
+        logger.warning(
+            "console.session_secret is not set: console sessions are valid only on this "
+            "gateway replica and until it restarts (set TOLLWAY_CONSOLE_SESSION_SECRET)"
+        )
+        return ConsoleSettings()
+    return ConsoleSettings(session_secret=section.session_secret.encode("utf-8"))
 
 
 def token_counters(models: Mapping[str, ModelSettings]) -> dict[str, TokenCounter]:

@@ -45,6 +45,8 @@
     alerts:                           # budget alerts by signed webhook (gateway/alert_settings.py)
       webhook_url: https://hooks.example.com/tollway
       thresholds: [50, 80, 100]
+    console:                          # the admins' console at /ui (gateway/console_section.py)
+      session_secret: null            # the same on every replica; null: one per process
 
 Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PORT``,
 ``TOLLWAY_DATA_DIR``, ``TOLLWAY_DATABASE_URL``, ``TOLLWAY_REDIS_URL``,
@@ -55,7 +57,9 @@ Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PO
 ``TOLLWAY_HEALTH_CHECK_INTERVAL_S``, ``TOLLWAY_EJECTION_FAILURES``,
 ``TOLLWAY_EJECTION_BACKOFF_S``, ``TOLLWAY_EJECTION_BACKOFF_MAX_S``, ``TOLLWAY_DRAIN_DELAY_S``,
 ``TOLLWAY_DRAIN_GRACE_S``, ``TOLLWAY_HEADER_TIMEOUT_S``, ``TOLLWAY_BODY_TIMEOUT_S``,
-``TOLLWAY_MAX_CONNECTIONS`` (an empty value sets an optional field to null).
+``TOLLWAY_MAX_CONNECTIONS`` (an empty value sets an optional field to null); and in their
+sections ``TOLLWAY_ALERT_WEBHOOK_URL``, ``TOLLWAY_ALERT_WEBHOOK_SECRET`` and
+``TOLLWAY_CONSOLE_SESSION_SECRET``.
 
 Engine replicas (see docs/operations.md): an upstream is ``http(s)://host:port``,
 ``unix:/path.sock`` or ``dns://host:port``, a name resolved at start-up and every
@@ -110,6 +114,7 @@ from typing import Any
 import yaml
 
 from gateway.alert_settings import AlertSettings, parse_alert_settings
+from gateway.console_section import ConsoleSection, parse_console_section
 from gateway.defaults import (
     DEFAULT_AUTH_UNKNOWN_KEY_TTL_S,
     DEFAULT_BODY_TIMEOUT_S,
@@ -171,7 +176,8 @@ _OPTIONAL_FIELDS = (
     "otel_endpoint",
 )
 REDIS_FAILURE_MODES = ("closed", "open")
-_TOP_LEVEL = {*_ENV_FIELDS.values(), "models", "routing", "rollouts", "alerts"}
+_SECTIONS = ("models", "routing", "rollouts", "alerts", "console")
+_TOP_LEVEL = {*_ENV_FIELDS.values(), *_SECTIONS}
 _MODEL_FIELDS = {
     "upstreams", "context_window", "checkpoint", "prices", "upstream_model", "replica_policy",
 }  # fmt: skip
@@ -288,6 +294,7 @@ class GatewaySettings:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     alerts: AlertSettings | None = None  # None: no budget alerts
+    console: ConsoleSection = field(default_factory=ConsoleSection)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -398,9 +405,7 @@ class GatewaySettings:
             raise ValueError(
                 f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP_LEVEL))}"
             )
-        values: dict[str, Any] = {
-            k: v for k, v in data.items() if k not in ("models", "routing", "rollouts", "alerts")
-        }
+        values: dict[str, Any] = {k: v for k, v in data.items() if k not in _SECTIONS}
         for var, name in _ENV_FIELDS.items():
             if var in env:
                 values[name] = env[var] if env[var] != "" else None
@@ -409,7 +414,15 @@ class GatewaySettings:
         routing = _routing(data.get("routing"))
         rollouts = parse_rollouts(data.get("rollouts"))
         alerts = parse_alert_settings(data.get("alerts"), env)
-        return cls(models=models, routing=routing, rollouts=rollouts, alerts=alerts, **kwargs)
+        console = parse_console_section(data.get("console"), env)
+        return cls(
+            models=models,
+            routing=routing,
+            rollouts=rollouts,
+            alerts=alerts,
+            console=console,
+            **kwargs,
+        )
 
 
 def _is_unix(url: str) -> bool:

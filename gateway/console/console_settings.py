@@ -1,9 +1,10 @@
 """The console's settings: one frozen value, built when the gateway app is.
 
-The session secret signs the console's cookies and CSRF tokens. By default each gateway
-process draws its own at start-up, so a session lasts as long as the process and is valid
-only on the replica that issued it; several replicas behind one address need the same secret
-passed in (``build_gateway``'s caller).
+The session secret signs the console's cookies and CSRF tokens. ``build_gateway`` takes it
+from the gateway's ``console.session_secret`` (`gateway.console_section`), the same on every
+replica, so a session issued by one is valid on all. Without one, each gateway process draws
+its own here at start-up: a session then lasts as long as the process and is valid only on
+the replica that issued it.
 """
 
 from __future__ import annotations
