@@ -13,7 +13,8 @@ background, a request never waits for them; a replica that leaves is no longer f
 With budget alerts configured it starts their webhook delivery, which reads the outbox at
 once: events a stopped gateway left undelivered are sent first (`gateway.alerts`). The
 admins' console is its own app mounted at ``/ui`` (`gateway.console`), its sessions signed
-with ``console.session_secret`` (valid on every replica that shares it). On
+with ``console.session_secret`` (valid on every replica that shares it), its sign-in
+attempts counted in Redis when there is one (an allowance every replica shares). On
 shutdown it stops those and the alerts' delivery, closes the upstream pool (its discovery
 and health checks, then its client), Redis, the usage writer (flushing what it can; the
 rest stays in its spill file) and the tracer provider, in that order.
@@ -228,6 +229,7 @@ def build_gateway(
                     upstreams.replica_set, replica_router.index, metrics.registry, rollouts
                 ),
                 settings=console_settings(settings.console),
+                redis=redis,
             ),
         ),
         *(extra_routes or []),

@@ -26,12 +26,13 @@ from gateway.console.console_session import SessionCodec
 from gateway.console.console_settings import ConsoleSettings
 from gateway.console.ops_pages import OpsPages
 from gateway.console.response_headers import SecurityHeaders
-from gateway.console.sign_in_pages import SIGN_IN_PATH, SignInPages
+from gateway.console.sign_in_pages import SIGN_IN_PATH, SignInPages, sign_in_attempts
 from gateway.console.tenant_pages import TenantPages
 from gateway.console.usage_pages import UsagePages
 from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.storage.models import utc_now
+from gateway.storage.redis_client import RedisCommands
 
 MOUNT_PATH = "/ui"
 
@@ -43,10 +44,13 @@ def build_console(
     *,
     fleet: FleetSources | None = None,
     settings: ConsoleSettings | None = None,
+    redis: RedisCommands | None = None,
     now: Callable[[], datetime] = utc_now,
 ) -> Starlette:
     """The console app (mount it at `MOUNT_PATH`). ``fleet``: the gateway's live replica
-    state and metrics (None: the Fleet page is empty). ``now``: the clock (tests)."""
+    state and metrics (None: the Fleet page is empty). ``redis``: the gateway's, where
+    sign-in attempts are counted for every replica (None: in this process). ``now``: the
+    clock (tests)."""
     settings = settings or ConsoleSettings()
     codec = SessionCodec(settings.session_secret, settings.session_ttl_s)
     context = ConsoleContext(
@@ -60,7 +64,7 @@ def build_console(
         fleet=fleet,
         now=now,
     )
-    sign_in, tenants = SignInPages(context), TenantPages(context)
+    sign_in, tenants = SignInPages(context, sign_in_attempts(redis)), TenantPages(context)
     usage, ops = UsagePages(context), OpsPages(context)
     stylesheet = resources.files("gateway.console").joinpath("static/console.css").read_bytes()
 

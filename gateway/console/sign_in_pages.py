@@ -4,9 +4,12 @@ Sign-in takes the admin key (compared by SHA-256 in constant time, as the admin 
 a tenant's API key (looked up by hash; the session then holds the key's id and its tenant,
 the tenant's own view). The key travels only in the POSTed form: never in a URL, a cookie or
 a log line. The form's CSRF token is tied to a nonce cookie set with the form, since there is
-no session yet. Attempts are limited per client address (`MemoryRateLimitStore`, the
-gateway's sliding window, with `check_rate_limit` deciding and naming the ``Retry-After``):
-each address gets ``sign_in_attempts_per_minute`` tries, right or wrong.
+no session yet. Attempts are limited per client address (the gateway's sliding window, with
+`check_rate_limit` deciding and naming the ``Retry-After``): each address gets
+``sign_in_attempts_per_minute`` tries, right or wrong, counted in Redis when the gateway has
+one (`RedisRateLimitStore`: every replica shares the allowance, so more replicas give an
+address no more tries) and in process otherwise. Redis failing refuses sign-in (503) rather
+than let attempts go uncounted.
 """
 
 from __future__ import annotations
@@ -28,19 +31,32 @@ from gateway.console.console_session import (
     new_nonce,
 )
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.ratelimit.rate_limit_store import RateLimitStore, RateLimitUnavailable
+from gateway.ratelimit.redis_store import RedisRateLimitStore
 from gateway.storage import api_keys
+from gateway.storage.redis_client import RedisCommands
 from policies.decision import Rejection
 from policies.rate_limit import check_rate_limit
 
 logger = logging.getLogger(__name__)
 KEY_FIELD = "api_key"
 SIGN_IN_PATH = "/ui/sign-in"
+ATTEMPTS_WINDOW_S = 60.0
+ATTEMPTS_KEY_PREFIX = "tollway:console:sign-in"
+
+
+def sign_in_attempts(redis: RedisCommands | None) -> RateLimitStore:
+    """Where sign-in attempts are counted: in Redis, shared by the replicas, when there is
+    one; else in this process."""
+    if redis is None:
+        return MemoryRateLimitStore(window_s=ATTEMPTS_WINDOW_S)
+    return RedisRateLimitStore(redis, ATTEMPTS_KEY_PREFIX, window_s=ATTEMPTS_WINDOW_S)
 
 
 class SignInPages:
-    def __init__(self, context: ConsoleContext) -> None:
+    def __init__(self, context: ConsoleContext, attempts: RateLimitStore) -> None:
         self._context = context
-        self._attempts = MemoryRateLimitStore(window_s=60.0)
+        self._attempts = attempts
 
     async def form(self, request: Request) -> Response:
         return self._form(request, error=None, status_code=200)
@@ -111,7 +127,15 @@ class SignInPages:
     async def _count_attempt(self, request: Request) -> None:
         limit = self._context.settings.sign_in_attempts_per_minute
         now = self._context.now().timestamp()
-        report = await self._attempts.hit(f"sign-in:{_client(request)}", 0, limit, None, now)
+        try:
+            report = await self._attempts.hit(_client(request), 0, limit, None, now)
+        except RateLimitUnavailable:
+            logger.warning("console sign-in refused: its attempts could not be counted")
+            raise ConsoleDenied(
+                503,
+                "Sign-in is unavailable for a moment (its attempts cannot be counted): retry.",
+                headers={"Retry-After": "1"},
+            ) from None
         decision = check_rate_limit(report, rpm=limit, tpm=None, request_tokens=0, now=now)
         if isinstance(decision, Rejection):
             raise ConsoleDenied(

@@ -9,7 +9,7 @@ counting exactly ``window_s`` after it was recorded). ``hit`` is one atomic chec
 and only if it fits is the hit recorded. A refused hit changes nothing, so a client that
 retries in a loop cannot lock itself out. Implementations: ``memory_store`` (one gateway)
 and ``redis_window``'s Lua ``hit``, which the admission script runs (counts shared by all
-replicas).
+replicas) and ``redis_store`` runs alone (`RateLimitStore` both stores satisfy).
 
 The store only counts; turning a ``WindowState`` into a decision, ``Retry-After`` and the
 ``x-ratelimit-*`` headers is the policy's job (``policies/rate_limit.py``), e.g.::
@@ -26,6 +26,7 @@ Redis).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 DEFAULT_WINDOW_S = 60.0
 
@@ -54,6 +55,24 @@ class WindowState:
     newest_at: float | None
     requests_fit_at: float | None
     tokens_fit_at: float | None
+
+
+class RateLimitStore(Protocol):
+    """One atomic check-and-record of a hit in ``tenant_id``'s window (any subject's: the
+    console counts sign-in attempts per client address)."""
+
+    async def hit(
+        self,
+        tenant_id: str,
+        tokens: int,
+        rpm_limit: int | None,
+        tpm_limit: int | None,
+        now: float,
+    ) -> WindowState: ...
+
+
+class RateLimitUnavailable(Exception):
+    """The store could not count a hit (its Redis is unreachable or too slow)."""
 
 
 def check_hit_args(tokens: int, rpm_limit: int | None, tpm_limit: int | None) -> None:

@@ -1,7 +1,8 @@
 """The console behind several gateway replicas: two apps built by `build_gateway` from the same
 settings (one database) take each other's sign-in forms, session cookies and CSRF tokens, as
 replicas behind one load balancer must; with different session secrets, each refuses the
-other's."""
+other's. Sharing Redis, they share one address's sign-in allowance; without it, each counts
+its own."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import build_gateway
 from gateway.console.console_session import SESSION_COOKIE, SIGN_IN_COOKIE
+from gateway.console.console_settings import DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
 from tests.gateway.console.console_client import ADMIN_KEY, CSRF
@@ -120,3 +123,45 @@ def test_replicas_with_different_secrets_refuse_each_others_sessions(
         )
         assert (refused.status_code, refused.headers["location"]) == (303, "/ui/sign-in")
         assert a.get("/ui/tenants/acme").status_code == 404
+
+
+def attempt(client: TestClient) -> int:
+    """One sign-in attempt with a wrong key: its status (401 while the allowance lasts)."""
+    token = csrf_of(client, "/ui/sign-in")
+    answer = client.post(
+        "/ui/sign-in", data={"api_key": "wrong", "csrf_token": token}, follow_redirects=False
+    )
+    return answer.status_code
+
+
+@pytest.mark.parametrize("shares_redis", [True, False])
+def test_sign_in_attempts_are_counted_across_replicas_sharing_redis(
+    sqlite_db_url: str, tmp_path: Path, shares_redis: bool, request: pytest.FixtureRequest
+) -> None:
+    more = {"redis_url": request.getfixturevalue("redis_url")} if shares_redis else {}
+    settings = [
+        replica_settings(sqlite_db_url, tmp_path / name, console={"session_secret": SECRET}, **more)
+        for name in ("a", "b")
+    ]
+    limit = DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE
+    with replicas(*settings) as (a, b):
+        statuses = [attempt(a if i % 2 else b) for i in range(limit)]
+        assert statuses == [401] * limit
+        refused = [attempt(a), attempt(b)]  # one address, the allowance spent across both
+        assert refused == ([429, 429] if shares_redis else [401, 401])
+
+
+def test_sign_in_is_refused_while_redis_cannot_count_attempts(
+    sqlite_db_url: str, tmp_path: Path
+) -> None:
+    settings = replica_settings(
+        sqlite_db_url, tmp_path / "a", redis_url=f"unix://{tmp_path}/no-redis.sock"
+    )
+    with replicas(settings) as (a,):
+        token = csrf_of(a, "/ui/sign-in")
+        answer = a.post(
+            "/ui/sign-in", data={"api_key": ADMIN_KEY, "csrf_token": token}, follow_redirects=False
+        )
+        assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+        assert "cannot be counted" in answer.text
+        assert SESSION_COOKIE not in answer.cookies
