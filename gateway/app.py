@@ -142,7 +142,7 @@ def build_gateway(
     retries = LedgerRetries(ledger)
     delivery = watch = None
     if settings.alerts is not None:
-        delivery = WebhookDelivery(database, settings.alerts)
+        delivery = WebhookDelivery(database, settings.alerts, metrics=metrics)
         watch = BudgetWatch(database, settings.alerts.thresholds, on_new_events=delivery.wake)
     accountant = Accountant(settings, ledger, writer, metrics, retries, alerts=watch)
     rollouts = LiveRollouts(settings.rollouts)  # replaced whole by a config reload

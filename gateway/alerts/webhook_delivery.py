@@ -15,6 +15,10 @@ Every attempt of an event sends the same body and the same ``webhook-id``; the s
 retries too. A receiver that answered 2xx to a delivery whose reply was lost gets it again:
 it drops a ``webhook-id`` it has seen. An error is logged and kept on the event (its
 ``last_error``), never raised into the gateway; the database failing only delays delivery.
+
+With the gateway's metrics, every attempt is counted by outcome (delivered, refused,
+unreachable), every event given up on too, and each pass ends by reading how many events
+the outbox still holds pending (the gauge ``tollway_gateway_alert_events_pending``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.alert_settings import AlertSettings
 from gateway.alerts.webhook_signature import signed_headers
+from gateway.observability.metrics import GatewayMetrics
 from gateway.storage import alert_outbox
 from gateway.storage.database import Database
 
@@ -49,9 +54,12 @@ class WebhookDelivery:
         *,
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
-        """``client``: the HTTP client to post with (tests pass a transport; None: our own)."""
+        """``client``: the HTTP client to post with (tests pass a transport; None: our own).
+        ``metrics``: where attempts and the pending events are counted (None: nowhere)."""
         self._database = database
+        self._metrics = metrics
         self._settings = settings
         self._client = client
         self._owns_client = client is None
@@ -88,6 +96,9 @@ class WebhookDelivery:
         for event in claimed:
             error = await self._post(event)
             await run_in_threadpool(self._mark, event, error)
+        if self._metrics is not None:
+            pending = await run_in_threadpool(self._num_pending)
+            self._metrics.alert_events_pending.set(pending)
         return len(claimed)
 
     async def _run(self) -> None:
@@ -119,10 +130,17 @@ class WebhookDelivery:
                 timeout=self._settings.timeout_s,
             )
         except httpx.HTTPError as exc:
+            self._count_attempt("unreachable")
             return f"{type(exc).__name__}: {exc}"
         if 200 <= response.status_code < 300:
+            self._count_attempt("delivered")
             return None
+        self._count_attempt("refused")
         return f"HTTP {response.status_code}"
+
+    def _count_attempt(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.child(self._metrics.alert_delivery_attempts, outcome).inc()
 
     def _claim(self, now: datetime, lease_s: float) -> list[alert_outbox.DueAlert]:
         with self._database.transaction() as session:
@@ -142,6 +160,8 @@ class WebhookDelivery:
                 session, event.event_id, error=error, retry_at=retry_at
             )
         if retry_at is None:
+            if self._metrics is not None:
+                self._metrics.alert_events_failed.inc()
             logger.error(
                 "alert %s was not delivered after %d attempts (%s): marked failed",
                 event.event_id,
@@ -156,6 +176,10 @@ class WebhookDelivery:
                 error,
                 retry_at.isoformat(),
             )
+
+    def _num_pending(self) -> int:
+        with self._database.transaction() as session:
+            return alert_outbox.num_pending(session)
 
     def _seconds_to_next_due(self) -> float:
         with self._database.transaction() as session:

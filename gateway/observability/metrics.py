@@ -103,6 +103,25 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.alert_delivery_attempts = Counter(
+            "tollway_gateway_alert_delivery_attempts",
+            "Budget alert webhook deliveries this gateway attempted, by outcome: delivered "
+            "(2xx), refused (another status) or unreachable (no answer in time).",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.alert_events_failed = Counter(
+            "tollway_gateway_alert_events_failed",
+            "Budget alert events this gateway gave up on after their last attempt (failed).",
+            registry=self.registry,
+        )
+        self.alert_events_pending = Gauge(
+            "tollway_gateway_alert_events_pending",
+            "Budget alert events waiting in the outbox (shared: every replica reports all of "
+            "them), as of this gateway's last delivery pass.",
+            registry=self.registry,
+        )
+
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     @overload

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -174,6 +174,12 @@ def next_due_at(session: Session) -> datetime | None:
     """When the earliest pending event is due (None: nothing pending)."""
     query = select(AlertEvent.next_attempt_at).where(AlertEvent.state == "pending")
     return session.scalar(query.order_by(AlertEvent.next_attempt_at).limit(1))
+
+
+def num_pending(session: Session) -> int:
+    """Events not yet delivered nor given up (every replica's: the outbox is shared)."""
+    query = select(func.count()).select_from(AlertEvent).where(AlertEvent.state == "pending")
+    return int(session.scalar(query) or 0)
 
 
 def alert_page(
