@@ -14,6 +14,10 @@ landed would otherwise each see only their own share and together skip a level b
 "Once per budget period" across gateway replicas is the alert outbox's unique key (budget,
 period, threshold), not this function: two replicas may both see a crossing, one event is
 kept.
+
+A budget may name its own thresholds (`check_budget_thresholds`: stored with it, written as
+the admin typed them, so they must already be ascending and unique); one that names none uses
+the ``alerts:`` settings' default.
 """
 
 from __future__ import annotations
@@ -42,6 +46,33 @@ def check_thresholds(percents: Iterable[object]) -> tuple[int, ...]:
     if not checked:
         raise ValueError("alert thresholds must name at least one percent, e.g. [50, 80, 100]")
     return tuple(sorted(checked))
+
+
+def check_budget_thresholds(percents: object) -> tuple[int, ...]:
+    """A budget's own thresholds: a list of whole percents in 1..1000, ascending and unique
+    (``[50, 80, 100]``); ``ValueError`` starting with the field's name, ``alert_thresholds``,
+    so a 400 can point at it. Unlike `check_thresholds` nothing is sorted or merged: a list
+    out of order is more likely a typo than a wish."""
+    hint = (
+        f"a list of whole percents in 1..{MAX_THRESHOLD_PERCENT}, ascending and unique, "
+        "e.g. [50, 80, 100]"
+    )
+    if isinstance(percents, str | bytes) or not isinstance(percents, list | tuple):
+        raise ValueError(f"alert_thresholds must be {hint}, got {percents!r}")
+    if not percents:
+        raise ValueError(f"alert_thresholds must name at least one percent: {hint}")
+    previous = 0
+    for percent in percents:
+        if (
+            isinstance(percent, bool)
+            or not isinstance(percent, int)
+            or not 1 <= percent <= MAX_THRESHOLD_PERCENT
+        ):
+            raise ValueError(f"alert_thresholds must be {hint}; {percent!r} is not")
+        if percent <= previous:
+            raise ValueError(f"alert_thresholds must be {hint}; {percent} follows {previous}")
+        previous = percent
+    return tuple(percents)
 
 
 def threshold_level(limit: int, percent: int) -> int:

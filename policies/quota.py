@@ -3,7 +3,8 @@ stored as JSON through `to_dict` / `from_dict`.
 
 Every limit is optional: ``None`` means unlimited (or "all models" for
 ``allowed_models``). Counts must be positive integers; use ``allowed_models=frozenset()``
-to lock a tenant out entirely.
+to lock a tenant out entirely. ``alert_thresholds`` are the tenant's own budgets' alert
+thresholds (percents of each limit, ascending); ``None`` uses the ``alerts:`` default.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
+
+from policies.budget_alerts import check_budget_thresholds
 
 BudgetPeriod = Literal["day", "month", "total"]
 PriorityClass = Literal["interactive", "batch"]
@@ -46,6 +49,7 @@ class TenantQuota:
     priority: PriorityClass = "interactive"
     tier: str = "standard"
     allow_fallback_to_small: bool = False
+    alert_thresholds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in _OPTIONAL_COUNTS:
@@ -79,6 +83,9 @@ class TenantQuota:
             bad = [m for m in self.allowed_models if not isinstance(m, str) or not m.strip()]
             if bad:
                 raise ValueError(f"allowed_models must hold non-empty names, got {bad!r}")
+        if self.alert_thresholds is not None:
+            thresholds = check_budget_thresholds(self.alert_thresholds)
+            object.__setattr__(self, "alert_thresholds", thresholds)
         if (
             self.default_max_output_tokens is not None
             and self.max_output_tokens is not None
@@ -90,10 +97,13 @@ class TenantQuota:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``allowed_models`` becomes a sorted list (or null)."""
+        """JSON-ready: ``allowed_models`` becomes a sorted list (or null), the thresholds a
+        list."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.allowed_models is not None:
             data["allowed_models"] = sorted(self.allowed_models)
+        if self.alert_thresholds is not None:
+            data["alert_thresholds"] = list(self.alert_thresholds)
         return data
 
     @classmethod

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 from policies.budget_admission import budget_rejection, fits_budget, reservation_tokens
+from policies.budget_alerts import check_budget_thresholds
 from policies.budget_period import BudgetWindow
 from policies.decision import Rejection
 from policies.quota import BUDGET_PERIODS, BudgetPeriod, TenantQuota
@@ -53,13 +54,15 @@ class PriceList(Protocol):
 @dataclass(frozen=True)
 class ScopedBudget:
     """One budget: ``limit`` in ``unit`` over ``period``. ``subject`` names whose it is (an
-    API key's id, an end user's id; empty for the tenant's)."""
+    API key's id, an end user's id; empty for the tenant's). ``alert_thresholds``: its own
+    alert thresholds (percents of ``limit``, ascending); None: the settings' default."""
 
     scope: BudgetScope
     unit: BudgetUnit
     limit: int
     period: BudgetPeriod
     subject: str = ""
+    alert_thresholds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.scope not in BUDGET_SCOPES:
@@ -74,6 +77,9 @@ class ScopedBudget:
             )
         if (self.scope == "tenant") != (self.subject == ""):
             raise ValueError("a tenant's budget names no subject; a key's or user's names one")
+        if self.alert_thresholds is not None:
+            thresholds = check_budget_thresholds(self.alert_thresholds)
+            object.__setattr__(self, "alert_thresholds", thresholds)
 
     def describe(self) -> str:
         """``the API key's budget of 5.00 (5000000 micros)``, ``your tenant's budget of 100
@@ -97,12 +103,18 @@ class BudgetCheck:
 
 
 def tenant_budgets(quota: TenantQuota) -> list[ScopedBudget]:
-    """The tenant's own budgets, tokens first: none, one or both."""
+    """The tenant's own budgets, tokens first: none, one or both (with the quota's alert
+    thresholds)."""
     budgets = []
+    period, thresholds = quota.budget_period, quota.alert_thresholds
     if quota.budget_tokens is not None:
-        budgets.append(ScopedBudget("tenant", "tokens", quota.budget_tokens, quota.budget_period))
+        budgets.append(
+            ScopedBudget("tenant", "tokens", quota.budget_tokens, period, "", thresholds)
+        )
     if quota.budget_micros is not None:
-        budgets.append(ScopedBudget("tenant", "micros", quota.budget_micros, quota.budget_period))
+        budgets.append(
+            ScopedBudget("tenant", "micros", quota.budget_micros, period, "", thresholds)
+        )
     return budgets
 
 

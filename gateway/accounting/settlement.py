@@ -35,7 +35,8 @@ loses the record: it is tried again in the background (``settle_retries``).
 With budget alerts on (``alerts:``), a settle that charged something then reads each
 budget's balance and hands it to `gateway.alerts.budget_watch` (thresholds crossed become
 outbox events). The budgets checked are those the request was held against, with their
-limits (`Admission.budgets`: the tenant's, its key's, its end user's). Alerts never fail a
+limits and their own alert thresholds when they name any (`Admission.budgets`: the
+tenant's, its key's, its end user's). Alerts never fail a
 request: an error is logged.
 """
 
@@ -222,17 +223,18 @@ class Accountant:
     async def _check_alerts(
         self, alerts: BudgetWatch, reservation: Reservation, budgets: Sequence[ScopedBudget]
     ) -> None:
-        limits = {BudgetAccount.of(budget): budget.limit for budget in budgets}
+        by_account = {BudgetAccount.of(budget): budget for budget in budgets}
         for hold in reservation.holds:
-            limit = limits.get(hold.account)
-            if limit is None:
+            budget = by_account.get(hold.account)
+            if budget is None:
                 continue
             account, tenant_id = hold.account, reservation.tenant_id
             try:
                 balance = await self._ledger.balance(tenant_id, hold.period_key, account)
                 await alerts.check(
                     BudgetRef(tenant_id, account.scope, account.subject, account.unit),
-                    BudgetReading(hold.period_key, limit, balance.used),
+                    BudgetReading(hold.period_key, budget.limit, balance.used),
+                    budget.alert_thresholds,  # None: the settings' default
                 )
             except Exception:  # an alert must never fail the request
                 logger.exception(

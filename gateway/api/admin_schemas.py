@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from policies.budget_alerts import MAX_THRESHOLD_PERCENT, check_budget_thresholds
 from policies.quota import BudgetPeriod, PriorityClass, TenantQuota
 
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -81,6 +82,26 @@ Count = Annotated[int, Field(ge=1, le=MAX_COUNT), BeforeValidator(_integral)]
 ModelName = Annotated[str, Field(min_length=1, pattern=NON_BLANK_PATTERN)]
 
 
+def _ascending_unique(percents: object) -> object:
+    """Checked whole, before the items, so a 400 names the field (not one item of it); 50.0
+    is 50, as for every integer here. Ascending is the one rule the schema cannot state."""
+    if isinstance(percents, list):
+        percents = [_integral(percent) for percent in percents]
+    return list(check_budget_thresholds(percents))
+
+
+AlertThresholds = Annotated[
+    list[Annotated[int, Field(ge=1, le=MAX_THRESHOLD_PERCENT)]],
+    Field(
+        min_length=1,
+        description="A budget's own alert thresholds, percents of its limit, ascending and "
+        "unique (e.g. [50, 80, 100]); null: the alerts settings' default.",
+        json_schema_extra={"uniqueItems": True},
+    ),
+    BeforeValidator(_ascending_unique),
+]
+
+
 class Quota(BaseModel):
     """A tenant's limits (null: unlimited). The tier is the tenant's, set with PATCH."""
 
@@ -103,6 +124,7 @@ class Quota(BaseModel):
     allowed_models: list[ModelName] | None = None  # null: every model; []: none
     priority: PriorityClass = DEFAULTS.priority
     allow_fallback_to_small: bool = DEFAULTS.allow_fallback_to_small
+    alert_thresholds: AlertThresholds | None = None  # the tenant's budgets'
 
 
 class QuotaSettings(Quota):

@@ -5,7 +5,9 @@ cleared (a tenant's own budgets are its quota's ``budget_tokens`` / ``budget_mic
     GET | PUT | DELETE  /admin/tenants/{tenant_id}/users/{user}/budget
 
 ``PUT`` takes ``{"unit": "tokens" | "micros", "limit": n, "period": "day" | "month" |
-"total"}`` and replaces the budget whole; a body that is not one is a 400 naming the field.
+"total", "alert_thresholds": [50, 80, 100] | null}`` and replaces the budget whole; a body
+that is not one is a 400 naming the field (thresholds: whole percents in 1..1000, ascending,
+unique; null or absent: the ``alerts:`` settings' default).
 ``GET`` and ``PUT`` answer where the budget stands (`BudgetStanding`: limit, used, reserved,
 remaining in the current window). ``{user}`` is the request's ``user`` field as a path
 segment: a user whose id holds a ``/`` cannot be named here (an encoded one is a 400).
@@ -29,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.admin_inputs import not_found, path_id, read_model
-from gateway.api.admin_schemas import MAX_COUNT, Deleted
+from gateway.api.admin_schemas import MAX_COUNT, AlertThresholds, Deleted
 from gateway.api.budget_standing import BudgetStanding, budget_standing
 from gateway.auth.epochs import AuthEpochs
 from gateway.errors import ApiError, change_not_announced, invalid_request
@@ -64,6 +66,7 @@ class ScopedBudgetSettings(BaseModel):
     unit: BudgetUnit
     limit: Annotated[int, Field(ge=0, le=MAX_COUNT), BeforeValidator(_integral)]
     period: BudgetPeriod = "month"
+    alert_thresholds: AlertThresholds | None = None
 
 
 class ScopedBudgetView(ScopedBudgetSettings):
@@ -185,7 +188,8 @@ class BudgetAdminApi:
         self, request: Request, tenant_id: str, scope: BudgetScope, subject: str
     ) -> Response:
         body = await read_model(request, ScopedBudgetSettings)
-        budget = ScopedBudget(scope, body.unit, body.limit, body.period, subject)
+        thresholds = None if body.alert_thresholds is None else tuple(body.alert_thresholds)
+        budget = ScopedBudget(scope, body.unit, body.limit, body.period, subject, thresholds)
         now = self._now()
 
         def write() -> None:
@@ -257,6 +261,7 @@ def _view(budget: ScopedBudget | None) -> ScopedBudgetView | None:
         period=budget.period,
         scope=budget.scope,
         subject=budget.subject,
+        alert_thresholds=None if budget.alert_thresholds is None else list(budget.alert_thresholds),
     )
 
 

@@ -27,7 +27,7 @@ from policies.scoped_budgets import BudgetScope, BudgetUnit, ScopedBudget, tenan
 class BudgetStanding(BaseModel):
     """One budget in its current window: ``unit`` tokens, or micros (millionths of the
     currency the models are priced in); ``subject``: the key's id or the end user (null for
-    the tenant's own)."""
+    the tenant's own); ``alert_thresholds``: its own (null: the ``alerts:`` default)."""
 
     object: Literal["budget.standing"] = "budget.standing"
     scope: BudgetScope
@@ -40,6 +40,7 @@ class BudgetStanding(BaseModel):
     used: int
     reserved: int
     remaining: int
+    alert_thresholds: list[int] | None = None
 
 
 async def budget_standing(
@@ -61,6 +62,7 @@ async def budget_standing(
         used=balance.used,
         reserved=balance.reserved,
         remaining=balance.remaining(budget.limit),
+        alert_thresholds=None if budget.alert_thresholds is None else list(budget.alert_thresholds),
     )
 
 

@@ -4,7 +4,8 @@ key to create.
 
 The rules are the admin API's own: a tenant's id and names go through its pydantic schemas
 (`TenantCreate`, `ApiKeyCreate`), a quota through `TenantQuota`, a budget through
-`ScopedBudget`. Money is typed in currency units (``12.50``) and kept in micros.
+`ScopedBudget`. Money is typed in currency units (``12.50``) and kept in micros; alert
+thresholds as percents separated by commas (``50, 80, 100``; blank: the default).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gateway.api.admin_schemas import MAX_COUNT, ApiKeyCreate, TenantCreate
+from policies.budget_alerts import MAX_THRESHOLD_PERCENT, check_budget_thresholds
 from policies.quota import BUDGET_PERIODS, BudgetPeriod, TenantQuota
 from policies.scoped_budgets import MICROS_PER_UNIT, ScopedBudget
 
 QUOTA_COUNT_FIELDS = ("budget_tokens", "rpm", "tpm", "max_output_tokens", "max_prompt_tokens")
 MONEY_FIELD = "budget_money"
+THRESHOLDS_FIELD = "alert_thresholds"
 MAX_SUBJECT_LENGTH = 256
 
 
@@ -50,7 +53,7 @@ def quota_from_form(
     form: Mapping[str, str], stored: TenantQuota
 ) -> tuple[TenantQuota | None, FormResult]:
     """The stored quota with the editor's fields replaced; blank means no limit."""
-    names = (*QUOTA_COUNT_FIELDS, MONEY_FIELD, "budget_period")
+    names = (*QUOTA_COUNT_FIELDS, MONEY_FIELD, "budget_period", THRESHOLDS_FIELD)
     values = {name: form.get(name, "").strip() for name in names}
     errors: dict[str, str] = {}
     changes: dict[str, Any] = {}
@@ -65,6 +68,9 @@ def quota_from_form(
         errors["budget_period"] = f"Choose one of {', '.join(BUDGET_PERIODS)}."
     else:
         changes["budget_period"] = values["budget_period"]
+    changes[THRESHOLDS_FIELD], error = _thresholds(values[THRESHOLDS_FIELD])
+    if error:
+        errors[THRESHOLDS_FIELD] = error
     if errors:
         return None, FormResult(values, errors)
     try:
@@ -80,7 +86,7 @@ def budget_from_form(
     form: Mapping[str, str], key_ids: frozenset[str]
 ) -> tuple[ScopedBudget | None, FormResult]:
     """A key's budget (``scope=key``, ``subject`` one of ``key_ids``) or an end user's."""
-    names = ("scope", "key_id", "end_user", "unit", "amount", "period")
+    names = ("scope", "key_id", "end_user", "unit", "amount", "period", THRESHOLDS_FIELD)
     values = {name: form.get(name, "").strip() for name in names}
     errors: dict[str, str] = {}
     scope = values["scope"]
@@ -111,6 +117,9 @@ def budget_from_form(
         errors["amount"] = error
     if values["period"] not in BUDGET_PERIODS:
         errors["period"] = f"Choose one of {', '.join(BUDGET_PERIODS)}."
+    thresholds, error = _thresholds(values[THRESHOLDS_FIELD])
+    if error:
+        errors[THRESHOLDS_FIELD] = error
     if errors or amount is None:
         return None, FormResult(values, errors)
     budget = ScopedBudget(
@@ -119,6 +128,7 @@ def budget_from_form(
         limit=amount,
         period=_period(values["period"]),
         subject=subject,
+        alert_thresholds=thresholds,
     )
     return budget, FormResult(values)
 
@@ -156,6 +166,23 @@ def _count(text: str, *, required: bool = False) -> tuple[int | None, str | None
     if not 1 <= value <= MAX_COUNT:
         return None, f"Enter {hint} (at most {MAX_COUNT})."
     return value, None
+
+
+def _thresholds(text: str) -> tuple[tuple[int, ...] | None, str | None]:
+    """Percents separated by commas or spaces, as `check_budget_thresholds` takes them."""
+    if not text:
+        return None, None
+    hint = (
+        f"Enter whole percents in 1..{MAX_THRESHOLD_PERCENT}, ascending and unique, such as "
+        "50, 80, 100 (or blank for the default)."
+    )
+    parts = text.replace(",", " ").split()
+    if not all(part.isdigit() for part in parts):
+        return None, hint
+    try:
+        return check_budget_thresholds([int(part) for part in parts]), None
+    except ValueError:
+        return None, hint
 
 
 def _money(text: str, *, required: bool = False) -> tuple[int | None, str | None]:

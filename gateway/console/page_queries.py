@@ -212,6 +212,7 @@ def scoped_budgets_of(session: Session, tenant_id: str) -> list[ScopedBudget]:
             limit=row.amount,
             period=_period(row.period),
             subject=row.subject,
+            alert_thresholds=None if row.alert_thresholds is None else tuple(row.alert_thresholds),
         )
         for row in rows
     ]

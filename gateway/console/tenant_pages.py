@@ -302,7 +302,17 @@ def _quota_values(overview: TenantOverview) -> dict[str, str]:
         for name in ("budget_tokens", "rpm", "tpm", "max_output_tokens", "max_prompt_tokens")
     }
     money = "" if quota.budget_micros is None else format_money(quota.budget_micros)
-    return {**values, "budget_money": money, "budget_period": quota.budget_period}
+    return {
+        **values,
+        "budget_money": money,
+        "budget_period": quota.budget_period,
+        "alert_thresholds": thresholds_text(quota.alert_thresholds),
+    }
+
+
+def thresholds_text(thresholds: tuple[int, ...] | None) -> str:
+    """``50, 80, 100`` as the forms take them; blank for the default."""
+    return "" if thresholds is None else ", ".join(str(p) for p in thresholds)
 
 
 def _tenant(info: tenants.TenantInfo) -> dict[str, Any]:
@@ -331,4 +341,7 @@ def _budget(budget: Any) -> dict[str, Any]:
         "unit": budget.unit,
         "limit": budget.limit,
         "period": budget.period,
+        "alert_thresholds": None
+        if budget.alert_thresholds is None
+        else list(budget.alert_thresholds),
     }

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -208,7 +209,9 @@ class UsageRecord(Base):
 class ScopedBudget(Base):
     """A budget below the tenant (migration 0005): on an API key (``scope="key"``, ``subject``
     its id) or on an end user (``scope="user"``, ``subject`` the request's ``user``), in
-    ``tokens`` or ``micros`` over a period. A tenant's own budget stays in its quota."""
+    ``tokens`` or ``micros`` over a period. A tenant's own budget stays in its quota.
+    ``alert_thresholds`` (migration 0008): its own alert percents as a JSON list, ascending;
+    null: the ``alerts:`` settings' default."""
 
     __tablename__ = "scoped_budgets"
     __table_args__ = (
@@ -227,6 +230,7 @@ class ScopedBudget(Base):
     period: Mapped[str] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    alert_thresholds: Mapped[list[int] | None] = mapped_column(JSON)
 
 
 class AuditEntry(Base):

@@ -3,9 +3,10 @@
 A row (``scoped_budgets``, migration 0005) is a `ScopedBudget` keyed by ``(tenant_id, scope,
 subject)``: scope ``key`` names a key's id, scope ``user`` an end user (the request's
 ``user``, which only means something within its tenant). A tenant's own budgets stay in its
-quota. Functions take a ``Session`` and leave the transaction to the caller, as the other
-repositories do; the admin API bumps the tenant's auth epoch after it commits a change, so
-every gateway's `gateway.admission.scoped_budget_lookup` reads it again.
+quota; a budget's own alert thresholds are kept with it (migration 0008; null: the
+``alerts:`` default). Functions take a ``Session`` and leave the transaction to the caller,
+as the other repositories do; the admin API bumps the tenant's auth epoch after it commits a
+change, so every gateway's `gateway.admission.scoped_budget_lookup` reads it again.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def put_budget(session: Session, tenant_id: str, budget: ScopedBudget) -> Scoped
         )
         session.add(row)
     row.unit, row.amount, row.period, row.updated_at = budget.unit, budget.limit, budget.period, now
+    thresholds = budget.alert_thresholds
+    row.alert_thresholds = None if thresholds is None else list(thresholds)
     session.flush()
     return _budget_of(row)
 
@@ -83,4 +86,5 @@ def _budget_of(row: ScopedBudgetRow) -> ScopedBudget:
         limit=row.amount,
         period=cast(BudgetPeriod, row.period),
         subject=row.subject,
+        alert_thresholds=None if row.alert_thresholds is None else tuple(row.alert_thresholds),
     )

@@ -1,7 +1,8 @@
 """Budget alerts end to end, without torch: a real gateway in front of the stand-in engine,
 on the in-process ledger and on Redis, posting to a local webhook receiver. A request whose
 settle crosses a threshold gets its event delivered, signed; an event left undelivered when
-the gateway stops is delivered by the next gateway on the same database, with no request."""
+the gateway stops is delivered by the next gateway on the same database, with no request. A
+budget that names its own thresholds (set through the admin API) fires at those alone."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 from gateway.alerts.webhook_signature import verify
 from gateway.settings import GatewaySettings
 from gateway.storage.api_keys import hash_key
+from gateway.storage.database import Database
+from gateway.storage.models import ApiKeyRow
 from tests.support.polling import wait_until
 from tests.support.stand_in_engine import MODEL
 from tests.support.stand_in_stack import (
@@ -82,8 +85,10 @@ def settings(
     )
 
 
-def chat(base: str, key: str) -> None:
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": NUM_CHUNKS}
+def chat(base: str, key: str, user: str | None = None) -> None:
+    body: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": NUM_CHUNKS}
+    if user is not None:
+        body["user"] = user
     response = httpx.post(
         f"{base}/v1/chat/completions",
         json=body,
@@ -149,3 +154,54 @@ def test_an_event_left_undelivered_is_delivered_after_a_gateway_restart(
     assert receiver.event_ids() == [event["id"]] * (num_refused + 1)
     assert receiver.deliveries[-1].status == 200
     assert len(engine.requests) == 1  # delivered by the restart, not by another request
+
+
+def key_id_of(database_url: str, tenant_id: str) -> str:
+    database = Database(database_url)
+    try:
+        with database.session() as session:
+            [row] = session.query(ApiKeyRow).filter(ApiKeyRow.tenant_id == tenant_id).all()
+            return row.id
+    finally:
+        database.dispose()
+
+
+def test_a_key_budget_with_its_own_thresholds_fires_at_them_alone(
+    engine: TappedEngine,
+    receiver: WebhookReceiver,
+    sqlite_db_url: str,
+    tmp_path: Path,
+    ledger_overrides: dict[str, Any],
+) -> None:
+    """The key's budget alerts at 25% and not at the settings' 50%. The end user's budget,
+    at 50% alone, is the barrier: a settle checks the key's budget before the user's, so
+    once the user's 50% event is in, the key's check of the same settle is done."""
+    tenant_id, key = tenant_key(sqlite_db_url)  # no tenant budget: the key's and user's
+    key_id = key_id_of(sqlite_db_url, tenant_id)
+    limit = 4 * TOKENS_PER_REQUEST  # one request is 25% of it, two 50%
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    budgets = {
+        f"/admin/keys/{key_id}/budget": [25],
+        f"/admin/tenants/{tenant_id}/users/alice/budget": [50],
+    }
+    with gateway(settings(engine, receiver, tmp_path, sqlite_db_url, ledger_overrides)) as base:
+        for path, thresholds in budgets.items():
+            body = {"unit": "tokens", "limit": limit, "alert_thresholds": thresholds}
+            put = httpx.put(f"{base}{path}", json=body, headers=admin)
+            assert put.status_code == 200, put.text
+            assert put.json()["alert_thresholds"] == thresholds
+        chat(base, key, user="alice")
+        wait_until(lambda: receiver.deliveries, WAIT_S, "the key's 25% alert is delivered")
+        chat(base, key, user="alice")  # 50%: the user's threshold, and the settings' default
+        wait_until(lambda: len(admin_events(base)) == 2, WAIT_S, "the user's 50% alert")
+        wait_until(lambda: {e["state"] for e in admin_events(base)} == {"delivered"}, WAIT_S)
+        events = admin_events(base)
+    crossed = sorted(
+        (e["payload"]["data"]["budget"]["level"], e["payload"]["data"]["threshold_percent"])
+        for e in events
+    )
+    assert crossed == [("key", 25), ("user", 50)]  # no key 50: its own thresholds alone
+    key_event = next(e for e in events if e["payload"]["data"]["budget"]["level"] == "key")
+    data = key_event["payload"]["data"]
+    assert data["budget"] == {"level": "key", "id": key_id}
+    assert (data["used"], data["limit"]) == (TOKENS_PER_REQUEST, limit)

@@ -127,7 +127,12 @@ async def test_a_key_budget_is_set_read_shown_to_the_key_and_cleared(
 
     audit = (await client.get("/admin/audit-log")).json()["data"]
     assert [(e["action"], e["target_type"], e["target_id"], e["after"]) for e in audit] == [
-        ("budget.set", "key_budget", key_id, {**body, "scope": "key", "subject": key_id})
+        (
+            "budget.set",
+            "key_budget",
+            key_id,
+            {**body, "scope": "key", "subject": key_id, "alert_thresholds": None},
+        )
     ]
 
     deleted = await client.delete(path)
@@ -179,6 +184,14 @@ async def test_an_end_users_budget_in_money_and_on_v1_budget_with_user(
         ({"unit": "tokens", "limit": 2**53}, "limit"),
         ({"unit": "tokens", "limit": 5, "period": "week"}, "period"),
         ({"unit": "tokens", "limit": 5, "scope": "key"}, "scope"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": [80, 50]}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": [50, 50]}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": [0, 50]}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": [1001]}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": [50.5]}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": ["50"]}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": []}, "alert_thresholds"),
+        ({"unit": "tokens", "limit": 5, "alert_thresholds": 50}, "alert_thresholds"),
     ],
 )
 async def test_an_invalid_budget_is_a_400_naming_the_field(
@@ -200,3 +213,46 @@ async def test_a_user_id_too_long_for_a_request_is_a_400(
         error_of(await client.put(path, json={"unit": "tokens", "limit": 1}), 400)["param"]
         == "user"
     )
+
+
+async def test_a_budgets_alert_thresholds_are_stored_shown_and_audited(
+    client: httpx.AsyncClient, key: tuple[str, str]
+) -> None:
+    key_id, _ = key
+    path = f"/admin/keys/{key_id}/budget"
+    body = {"unit": "tokens", "limit": 1000, "alert_thresholds": [25, 90, 1000]}
+    put = await client.put(path, json=body)
+    assert put.status_code == 200, put.text
+    assert put.json()["alert_thresholds"] == [25, 90, 1000]
+    assert (await client.get(path)).json()["alert_thresholds"] == [25, 90, 1000]
+    cleared = await client.put(path, json={"unit": "tokens", "limit": 1000})
+    assert cleared.json()["alert_thresholds"] is None  # the settings' default again
+    audit = (await client.get("/admin/audit-log")).json()["data"]
+    assert [e["after"]["alert_thresholds"] for e in audit] == [None, [25, 90, 1000]]
+
+
+@pytest.mark.parametrize("thresholds", [[100, 50], [50, 50], [0], [2000], [], "50"])
+async def test_a_tenants_alert_thresholds_are_checked_in_its_quota(
+    client: httpx.AsyncClient, key: tuple[str, str], thresholds: Any
+) -> None:
+    path = "/admin/tenants/acme/quota"
+    error = error_of(await client.put(path, json={"alert_thresholds": thresholds}), 400)
+    assert (error["type"], error["param"]) == ("invalid_request_error", "alert_thresholds")
+    assert "alert_thresholds" in error["message"]
+    created = await client.post(
+        "/admin/tenants", json={"id": "beta", "quota": {"alert_thresholds": thresholds}}
+    )
+    assert error_of(created, 400)["param"] == "quota.alert_thresholds"
+
+
+async def test_a_tenants_alert_thresholds_are_kept_with_its_quota(
+    client: httpx.AsyncClient, key: tuple[str, str]
+) -> None:
+    body = {"budget_tokens": 100, "alert_thresholds": [10, 75]}
+    put = await client.put("/admin/tenants/acme/quota", json=body)
+    assert put.status_code == 200, put.text
+    assert put.json()["alert_thresholds"] == [10, 75]
+    tenant = (await client.get("/admin/tenants/acme")).json()
+    assert tenant["quota"]["alert_thresholds"] == [10, 75]
+    budget = (await client.get("/admin/tenants/acme/budget")).json()
+    assert {b["alert_thresholds"] == [10, 75] for b in budget["budgets"]} == {True}

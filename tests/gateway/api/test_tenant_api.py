@@ -213,6 +213,7 @@ async def test_budget_is_rebuilt_from_usage_then_read_from_the_ledger(
                 "used": 300,
                 "reserved": 0,
                 "remaining": 700,
+                "alert_thresholds": None,
             }
         ],
     }

@@ -151,3 +151,48 @@ def test_a_revoked_key_shows_as_revoked(ui: Console) -> None:
     assert 'class="state">revoked' in row
     assert "Revoke</button>" not in row
     assert ui.epochs.current_now("acme") != before  # every gateway's key cache is told
+
+
+def test_alert_thresholds_are_set_with_a_budget_and_with_the_quota(ui: Console) -> None:
+    ui.post(f"{PAGE}/keys", {"name": "ci"}, page=PAGE)
+    with ui.database.session() as session:
+        key_id = api_keys.list_keys(session, "acme")[0].id
+    budget = {
+        "scope": "key", "key_id": key_id, "unit": "tokens", "amount": "1000", "period": "day",
+        "alert_thresholds": "25, 75,100",
+    }  # fmt: skip
+    assert ui.post(f"{PAGE}/budgets", budget, page=PAGE).status_code == 303
+    quota = {**QUOTA, "budget_tokens": "500", "alert_thresholds": "90"}
+    assert ui.post(f"{PAGE}/quota", quota, page=PAGE).status_code == 303
+    with ui.database.session() as session:
+        stored = scoped_budgets.get_budget(session, "acme", "key", key_id)
+        tenant = tenants.get_tenant(session, "acme")
+    assert stored is not None
+    assert stored.alert_thresholds == (25, 75, 100)
+    assert tenant is not None
+    assert tenant.quota["alert_thresholds"] == [90]
+    page = ui.client.get(PAGE).text
+    shown = re.findall(r'class="alert-thresholds">([^<]*)<', page)
+    assert shown == ["90%", "25%, 75%, 100%"]  # the tenant's, then the key's
+    assert 'name="alert_thresholds" value="90"' in page  # the quota editor shows them
+
+
+@pytest.mark.parametrize("typed", ["80, 50", "50, 50", "0", "1001", "fifty", "50%"])
+def test_bad_alert_thresholds_are_shown_beside_the_field(ui: Console, typed: str) -> None:
+    budget = {
+        "scope": "user", "end_user": "alice", "unit": "tokens", "amount": "10", "period": "day",
+        "alert_thresholds": typed,
+    }  # fmt: skip
+    for path, form in (
+        (f"{PAGE}/budgets", budget),
+        (f"{PAGE}/quota", {**QUOTA, "alert_thresholds": typed}),
+    ):
+        refused = ui.post(path, form, page=PAGE)
+        assert refused.status_code == 400
+        assert 'id="error-alert_thresholds"' in refused.text
+        assert "ascending and unique" in refused.text
+    with ui.database.session() as session:
+        assert scoped_budgets.get_budget(session, "acme", "user", "alice") is None
+        stored = tenants.get_tenant(session, "acme")
+    assert stored is not None
+    assert stored.quota == TenantQuota().to_dict()

@@ -106,6 +106,9 @@ def rules_beyond_the_schema(case: schemathesis.Case) -> list[str]:
     quota = body.get("quota") if isinstance(body.get("quota"), dict) else body
     if quota.get("default_max_output_tokens") and quota.get("max_output_tokens"):
         broken.append("default_max_output_tokens <= max_output_tokens")
+    thresholds = quota.get("alert_thresholds")
+    if isinstance(thresholds, list) and thresholds != sorted(thresholds):
+        broken.append("alert_thresholds ascending")
     return broken
 
 
