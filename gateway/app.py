@@ -163,6 +163,7 @@ def build_gateway(
                 retries=retries,
                 scoped=ScopedBudgetLookup(database, ttl_s=settings.auth_cache_ttl_s),
                 prices=lambda version: settings.models[version].prices,
+                currency=settings.currency,
             ),
             keys,
         ),
@@ -259,10 +260,15 @@ def management_routes(
     ledger and auth epochs (bumped by every change to keys and quotas). ``keys`` tells the
     admin API a tenant's key (403) from an unknown one (401). ``also_described``: more routes
     for ``/openapi.json`` (the completion endpoints)."""
-    routes = tenant_routes(database, ledger)
+    routes = tenant_routes(database, ledger, currency=settings.currency)
     if settings.admin_key_hash is not None:
         routes += admin_routes(
-            database, settings.admin_key_hash, ledger, auth_epochs=epochs, keys=keys
+            database,
+            settings.admin_key_hash,
+            ledger,
+            auth_epochs=epochs,
+            keys=keys,
+            currency=settings.currency,
         )
     else:
         logger.warning("admin_key_hash is not set: the admin API is off")

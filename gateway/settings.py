@@ -17,6 +17,7 @@
     auth_stale_ttl_s: 600         # database unreachable: verified keys keep working this long
     auth_unknown_key_ttl_s: 5     # a key made around the admin API waits at most this; 0: no filter
     max_body_bytes: 1048576
+    currency: USD                 # the code prices and money budgets are in (ISO 4217)
     otel_endpoint: null           # null: no span export
     log_prompts: false
     dns_refresh_s: 5              # how often a dns:// upstream is resolved again
@@ -57,8 +58,8 @@ Environment variables override the scalar fields: ``TOLLWAY_HOST``, ``TOLLWAY_PO
 ``TOLLWAY_HEALTH_CHECK_INTERVAL_S``, ``TOLLWAY_EJECTION_FAILURES``,
 ``TOLLWAY_EJECTION_BACKOFF_S``, ``TOLLWAY_EJECTION_BACKOFF_MAX_S``, ``TOLLWAY_DRAIN_DELAY_S``,
 ``TOLLWAY_DRAIN_GRACE_S``, ``TOLLWAY_HEADER_TIMEOUT_S``, ``TOLLWAY_BODY_TIMEOUT_S``,
-``TOLLWAY_MAX_CONNECTIONS`` (an empty value sets an optional field to null); and in their
-sections ``TOLLWAY_ALERT_WEBHOOK_URL``, ``TOLLWAY_ALERT_WEBHOOK_SECRET`` and
+``TOLLWAY_MAX_CONNECTIONS``, ``TOLLWAY_CURRENCY`` (an empty value sets an optional field to
+null); and in their sections ``TOLLWAY_ALERT_WEBHOOK_URL``, ``TOLLWAY_ALERT_WEBHOOK_SECRET`` and
 ``TOLLWAY_CONSOLE_SESSION_SECRET``.
 
 Engine replicas (see docs/operations.md): an upstream is ``http(s)://host:port``,
@@ -138,6 +139,7 @@ from gateway.replica_settings import DNS_SCHEME, DnsUpstream, EjectionRule, Repl
 from gateway.rollouts import RolloutTable, check_rollouts, parse_rollouts, version_names
 from policies.model_routing import ModelPair, RoutingPolicy
 from policies.replica_choice import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES, ReplicaPolicy
+from policies.scoped_budgets import DEFAULT_CURRENCY, check_currency
 
 _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_HOST": "host",
@@ -155,6 +157,7 @@ _ENV_FIELDS: dict[str, str] = {
     "TOLLWAY_REDIS_CONNECT_TIMEOUT_S": "redis_connect_timeout_s",
     "TOLLWAY_REDIS_TIMEOUT_S": "redis_timeout_s",
     "TOLLWAY_REDIS_FAILURE_MODE": "redis_failure_mode",
+    "TOLLWAY_CURRENCY": "currency",
     "TOLLWAY_AUTH_STALE_TTL_S": "auth_stale_ttl_s",
     "TOLLWAY_AUTH_UNKNOWN_KEY_TTL_S": "auth_unknown_key_ttl_s",
     "TOLLWAY_DNS_REFRESH_S": "dns_refresh_s",
@@ -293,6 +296,8 @@ class GatewaySettings:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # The currency ``prices`` and money budgets are in: how money is named wherever it is shown.
+    currency: str = DEFAULT_CURRENCY
     alerts: AlertSettings | None = None  # None: no budget alerts
     console: ConsoleSection = field(default_factory=ConsoleSection)
 
@@ -336,6 +341,7 @@ class GatewaySettings:
             value = getattr(self, name)
             if not 0 < value <= 60:
                 raise ValueError(f"{name} must be in (0, 60] seconds, got {value}")
+        check_currency(self.currency)
         if self.redis_failure_mode not in REDIS_FAILURE_MODES:
             raise ValueError(
                 f"redis_failure_mode must be closed (answer 503 while Redis is down) or open "

@@ -90,7 +90,7 @@ def budget_rejection(
     window: BudgetWindow | None,
 ) -> Rejection:
     """The 429 ``insufficient_quota`` of a request ``amount`` does not fit: ``what`` names
-    the budget (``your token budget``, ``the API key's budget of 5.00 (5000000 micros)``)."""
+    the budget (``your token budget``, ``the API key's budget of 5.00 USD (5000000 micros)``)."""
     period = f" for {window.key}" if window is not None else ""
     unit = " micros" if in_micros else ""
     if amount > limit:

@@ -15,11 +15,13 @@ A money reservation prices the whole prompt at the input price because cache hit
 only once the engine answers; the settlement then charges cached input at ``cached_input``,
 as the usage record does (`PriceList.cost_micros` is the one pricing rule). A refusal names
 the first budget, in the order tenant, key, end user, that the request does not fit, with its
-level and unit, so a client can tell which budget to raise or wait for.
+level and unit, so a client can tell which budget to raise or wait for. Money is named in
+the currency the prices are in (the gateway's ``currency`` setting, passed in: ``5.00 USD``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
@@ -35,6 +37,8 @@ BudgetUnit = Literal["tokens", "micros"]
 BUDGET_SCOPES: tuple[BudgetScope, ...] = get_args(BudgetScope)
 BUDGET_UNITS: tuple[BudgetUnit, ...] = get_args(BudgetUnit)
 MICROS_PER_UNIT = 1_000_000
+DEFAULT_CURRENCY = "USD"
+_CURRENCY_CODE = re.compile(r"[A-Z]{3}")
 
 _LEVEL_NAMES: dict[BudgetScope, str] = {
     "tenant": "your tenant's",
@@ -81,11 +85,11 @@ class ScopedBudget:
             thresholds = check_budget_thresholds(self.alert_thresholds)
             object.__setattr__(self, "alert_thresholds", thresholds)
 
-    def describe(self) -> str:
-        """``the API key's budget of 5.00 (5000000 micros)``, ``your tenant's budget of 100
-        tokens``: how a refusal names it."""
+    def describe(self, currency: str) -> str:
+        """``the API key's budget of 5.00 USD (5000000 micros)``, ``your tenant's budget of
+        100 tokens``: how a refusal names it."""
         if self.unit == "micros":
-            amount = f"{format_money(self.limit)} ({self.limit} micros)"
+            amount = f"{money_text(self.limit, currency)} ({self.limit} micros)"
         else:
             amount = f"{self.limit} tokens"
         return f"{_LEVEL_NAMES[self.scope]} budget of {amount}"
@@ -138,7 +142,7 @@ def settlement_amount(
     return prices.cost_micros(prompt_tokens, cached_tokens, completion)
 
 
-def admit_budgets(checks: Sequence[BudgetCheck]) -> Rejection | None:
+def admit_budgets(checks: Sequence[BudgetCheck], currency: str) -> Rejection | None:
     """None if the request fits every budget; else the 429 of the first it does not fit."""
     for check in checks:
         if not fits_budget(
@@ -147,14 +151,15 @@ def admit_budgets(checks: Sequence[BudgetCheck]) -> Rejection | None:
             request_tokens=check.amount,
             limit=check.budget.limit,
         ):
-            return budget_refusal(check)
+            return budget_refusal(check, currency)
     return None
 
 
-def budget_refusal(check: BudgetCheck) -> Rejection:
-    """The 429 ``insufficient_quota`` naming the budget ``check`` does not fit."""
+def budget_refusal(check: BudgetCheck, currency: str) -> Rejection:
+    """The 429 ``insufficient_quota`` naming the budget ``check`` does not fit (money in
+    ``currency``, the code the prices are in)."""
     return budget_rejection(
-        what=check.budget.describe(),
+        what=check.budget.describe(currency),
         in_micros=check.budget.unit == "micros",
         used=check.used,
         reserved=check.reserved,
@@ -170,3 +175,19 @@ def format_money(micros: int) -> str:
     text = f"{units}.{rest:06d}".rstrip("0")
     whole, _, fraction = text.partition(".")
     return f"{whole}.{fraction.ljust(2, '0')}"
+
+
+def money_text(micros: int, currency: str) -> str:
+    """Micros as an amount in ``currency``: ``5.00 USD``."""
+    return f"{format_money(micros)} {currency}"
+
+
+def check_currency(code: object) -> str:
+    """``code`` if it is a currency code as ISO 4217 spells one (three uppercase letters,
+    ``USD``, ``EUR``); else ``ValueError`` naming the setting."""
+    if not isinstance(code, str) or not _CURRENCY_CODE.fullmatch(code):
+        raise ValueError(
+            f"currency must be a three-letter uppercase currency code such as USD or EUR "
+            f"(the one the models' prices are in), got {code!r}"
+        )
+    return code

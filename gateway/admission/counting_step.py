@@ -52,6 +52,7 @@ from policies import Rejection, budget_window, check_rate_limit
 from policies.budget_period import BudgetWindow
 from policies.quota import BudgetPeriod
 from policies.scoped_budgets import (
+    DEFAULT_CURRENCY,
     BudgetCheck,
     PriceList,
     ScopedBudget,
@@ -80,11 +81,13 @@ class CountingStep:
         monotonic: Callable[[], float] = time.monotonic,
         scoped: ScopedBudgetLookup | None = None,
         prices: Callable[[str], PriceList] | None = None,
+        currency: str = DEFAULT_CURRENCY,
     ) -> None:
         """``is_fail_open``: ``redis_failure_mode: open``. ``clock``: the rate-limit window's
         (unix seconds); ``monotonic``: the Redis warnings' throttle. ``scoped``: where the
         key's and end user's budgets are read (none: the tenant's only); ``prices``: a model
-        version's prices, for money budgets."""
+        version's prices, for money budgets; ``currency``: the code they are in, for a
+        refusal's message."""
         self._store = store
         self._epochs = epochs
         self._rebuild = rebuild
@@ -96,6 +99,7 @@ class CountingStep:
         self._monotonic = monotonic
         self._scoped = scoped
         self._prices = prices
+        self._currency = currency
         self._redis_warned_at = float("-inf")  # one log line a second while Redis is down
         self._num_unlogged = 0
 
@@ -149,7 +153,7 @@ class CountingStep:
             if refused is not None:
                 balance = result.balance
                 check = replace(refused, used=balance.used, reserved=balance.reserved)
-                return plan.refuse(budget_refusal(check))
+                return plan.refuse(budget_refusal(check, self._currency))
         return plan.admit(result.reservation, headers, tuple(budgets))
 
     def _asked(self, budgets: list[ScopedBudget], plan: AdmissionPlan) -> _Asked:

@@ -86,6 +86,7 @@ from gateway.storage.models import ApiKeyRow, utc_now
 from openai_protocol.errors import echoed_id
 from policies.decision import Rejection
 from policies.quota import TenantQuota
+from policies.scoped_budgets import DEFAULT_CURRENCY
 
 logger = logging.getLogger(__name__)
 
@@ -101,19 +102,21 @@ def admin_routes(
     *,
     auth_epochs: AuthEpochs | None = None,
     keys: KeyCache | None = None,
+    currency: str = DEFAULT_CURRENCY,
 ) -> list[BaseRoute]:
     """The ``/admin`` routes; ``admin_key_hash`` is the SHA-256 hex of the admin key.
     ``auth_epochs``: where to announce changes to keys and quotas (none: no key cache).
     ``keys``: the gateway's key cache, which tells a tenant's API key (403) from an unknown
-    key (401); none: a database read per refused request."""
+    key (401); none: a database read per refused request. ``currency``: the code the prices
+    are in, named in the budget views."""
     key_hash = admin_key_hash.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", key_hash):
         raise ValueError(
             "admin_key_hash must be the SHA-256 hex digest (64 characters) of the admin key"
         )
-    api = _AdminApi(db, ledger, now, auth_epochs, admin_credential_id(key_hash))
+    api = _AdminApi(db, ledger, now, auth_epochs, admin_credential_id(key_hash), currency)
     records = AdminRecordsApi(db)
-    budgets = BudgetAdminApi(db, ledger, now, auth_epochs, audit=api._audit)
+    budgets = BudgetAdminApi(db, ledger, now, auth_epochs, audit=api._audit, currency=currency)
     guard = admin_guard(key_hash, keys or KeyCache(db, auth_epochs or MemoryAuthEpochs(), ttl_s=0))
 
     table: list[tuple[str, str, Endpoint]] = [
@@ -151,12 +154,14 @@ class _AdminApi:
         now: Callable[[], datetime],
         auth_epochs: AuthEpochs | None,
         actor: str = "admin-key",
+        currency: str = DEFAULT_CURRENCY,
     ) -> None:
         self._db = db
         self._ledger = ledger
         self._now = now
         self._auth_epochs = auth_epochs
         self._actor = actor  # who the audit log says made each change
+        self._currency = currency
 
     async def _changed(self, tenant_id: str) -> None:
         """Announce a committed change to the tenant's keys or quota."""
@@ -340,8 +345,10 @@ class _AdminApi:
         tenant_id = path_id(request, "tenant_id", "tenant")
         info = await self._transaction(lambda s: _live_tenant(s, tenant_id))
         quota, now = tenant_quota(info), self._now()
-        status = await budget_status(self._db, self._ledger, info.id, quota, now)
-        status.budgets = await standings_of(self._db, self._ledger, info.id, quota, None, None, now)
+        status = await budget_status(self._db, self._ledger, info.id, quota, now, self._currency)
+        status.budgets = await standings_of(
+            self._db, self._ledger, info.id, quota, None, None, now, self._currency
+        )
         return _json(status)
 
     async def create_key(self, request: Request) -> Response:

@@ -9,8 +9,9 @@ cleared (a tenant's own budgets are its quota's ``budget_tokens`` / ``budget_mic
 that is not one is a 400 naming the field (thresholds: whole percents in 1..1000, ascending,
 unique; null or absent: the ``alerts:`` settings' default).
 ``GET`` and ``PUT`` answer where the budget stands (`BudgetStanding`: limit, used, reserved,
-remaining in the current window). ``{user}`` is the request's ``user`` field as a path
-segment: a user whose id holds a ``/`` cannot be named here (an encoded one is a 400).
+remaining in the current window; a money budget's ``currency``). ``{user}`` is the
+request's ``user`` field as a path segment: a user whose id holds a ``/`` cannot be named
+here (an encoded one is a 400).
 
 Like every other admin change, a change bumps the tenant's auth epoch after it is committed,
 so every gateway admits the next request on it (`gateway.admission.scoped_budget_lookup`),
@@ -43,7 +44,7 @@ from openai_protocol.errors import echoed_id
 from openai_protocol.field_rules import MAX_USER_CHARS
 from policies.decision import Rejection
 from policies.quota import BudgetPeriod
-from policies.scoped_budgets import BudgetScope, BudgetUnit, ScopedBudget
+from policies.scoped_budgets import DEFAULT_CURRENCY, BudgetScope, BudgetUnit, ScopedBudget
 
 # (session, action, (target type, target id), tenant id, before, after, now): the audit
 # log's record of a change, written in the change's transaction.
@@ -85,8 +86,10 @@ class BudgetAdminApi:
         now: Callable[[], datetime],
         auth_epochs: AuthEpochs | None,
         audit: AuditHook | None = None,
+        currency: str = DEFAULT_CURRENCY,
     ) -> None:
         self._db = db
+        self._currency = currency
         self._ledger = ledger
         self._now = now
         self._auth_epochs = auth_epochs
@@ -222,7 +225,7 @@ class BudgetAdminApi:
 
     async def _standing(self, tenant_id: str, budget: ScopedBudget) -> Response:
         standing: BudgetStanding = await budget_standing(
-            self._db, self._ledger, tenant_id, budget, self._now()
+            self._db, self._ledger, tenant_id, budget, self._now(), self._currency
         )
         return JSONResponse(standing.model_dump(mode="json"))
 

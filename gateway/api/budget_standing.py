@@ -25,9 +25,10 @@ from policies.scoped_budgets import BudgetScope, BudgetUnit, ScopedBudget, tenan
 
 
 class BudgetStanding(BaseModel):
-    """One budget in its current window: ``unit`` tokens, or micros (millionths of the
-    currency the models are priced in); ``subject``: the key's id or the end user (null for
-    the tenant's own); ``alert_thresholds``: its own (null: the ``alerts:`` default)."""
+    """One budget in its current window: ``unit`` tokens, or micros (millionths of
+    ``currency``, the code the models are priced in; null for a token budget); ``subject``:
+    the key's id or the end user (null for the tenant's own); ``alert_thresholds``: its own
+    (null: the ``alerts:`` default)."""
 
     object: Literal["budget.standing"] = "budget.standing"
     scope: BudgetScope
@@ -41,10 +42,16 @@ class BudgetStanding(BaseModel):
     reserved: int
     remaining: int
     alert_thresholds: list[int] | None = None
+    currency: str | None = None
 
 
 async def budget_standing(
-    db: Database, ledger: BudgetLedger, tenant_id: str, budget: ScopedBudget, now: datetime
+    db: Database,
+    ledger: BudgetLedger,
+    tenant_id: str,
+    budget: ScopedBudget,
+    now: datetime,
+    currency: str,
 ) -> BudgetStanding:
     window = budget_window(budget.period, now)
     account = BudgetAccount.of(budget)
@@ -63,6 +70,7 @@ async def budget_standing(
         reserved=balance.reserved,
         remaining=balance.remaining(budget.limit),
         alert_thresholds=None if budget.alert_thresholds is None else list(budget.alert_thresholds),
+        currency=currency if budget.unit == "micros" else None,
     )
 
 
@@ -74,12 +82,13 @@ async def standings_of(
     key_id: str | None,
     end_user: str | None,
     now: datetime,
+    currency: str,
 ) -> list[BudgetStanding]:
     """Every budget that applies to a request of ``key_id`` naming ``end_user``, in the order
     admission checks them: tenant, key, end user."""
     budgets = tenant_budgets(quota)
     budgets += [b for b in await run_in_threadpool(_scoped, db, tenant_id, key_id, end_user) if b]
-    return [await budget_standing(db, ledger, tenant_id, b, now) for b in budgets]
+    return [await budget_standing(db, ledger, tenant_id, b, now, currency) for b in budgets]
 
 
 def _scoped(

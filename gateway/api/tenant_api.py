@@ -69,6 +69,7 @@ from openai_protocol.field_rules import MAX_USER_CHARS
 from policies.budget_period import BudgetWindow, budget_window
 from policies.decision import Rejection
 from policies.quota import BUDGET_PERIODS, BudgetPeriod, TenantQuota
+from policies.scoped_budgets import DEFAULT_CURRENCY
 
 UsageFormat = Literal["json", "jsonl", "csv"]
 USAGE_FORMATS: tuple[UsageFormat, ...] = ("json", "jsonl", "csv")
@@ -110,7 +111,8 @@ class UsageList(BaseModel):
 class Budget(BaseModel):
     """The caller's token budget in the current window; ``limit``/``remaining`` null: unlimited.
     ``budgets``: every budget that applies (the tenant's tokens and money, the key's, and the
-    end user's named by ``?user=``), each as admission sees it."""
+    end user's named by ``?user=``), each as admission sees it. ``currency``: the code the
+    models' prices, and so every money budget, are in."""
 
     object: Literal["budget"] = "budget"
     tenant_id: str
@@ -121,6 +123,7 @@ class Budget(BaseModel):
     used: int
     reserved: int
     remaining: int | None
+    currency: str
     budgets: list[BudgetStanding] = []
 
 
@@ -366,7 +369,12 @@ def _csv_cell(value: Any) -> str:
 
 
 async def budget_status(
-    db: Database, ledger: BudgetLedger, tenant_id: str, quota: TenantQuota, now: datetime
+    db: Database,
+    ledger: BudgetLedger,
+    tenant_id: str,
+    quota: TenantQuota,
+    now: datetime,
+    currency: str,
 ) -> Budget:
     """The balance of the current window, as admission sees it.
 
@@ -395,6 +403,7 @@ async def budget_status(
         used=balance.used,
         reserved=balance.reserved,
         remaining=None if limit is None else balance.remaining(limit),
+        currency=currency,
     )
 
 
@@ -406,9 +415,14 @@ def used_tokens(db: Database, tenant_id: str, window: BudgetWindow) -> int:
 
 
 def tenant_routes(
-    db: Database, ledger: BudgetLedger, now: Callable[[], datetime] = utc_now
+    db: Database,
+    ledger: BudgetLedger,
+    now: Callable[[], datetime] = utc_now,
+    *,
+    currency: str = DEFAULT_CURRENCY,
 ) -> list[BaseRoute]:
-    """``GET /v1/usage`` and ``GET /v1/budget``, authenticated with the tenant's own API key."""
+    """``GET /v1/usage`` and ``GET /v1/budget``, authenticated with the tenant's own API key;
+    ``currency``: the code the prices are in (the gateway's setting)."""
 
     async def usage(request: Request) -> Response:
         """The caller's own usage records (JSON page, JSONL or CSV).
@@ -437,9 +451,9 @@ def tenant_routes(
                 param="user",
             )
         at = now()
-        status = await budget_status(db, ledger, caller.tenant_id, caller.quota, at)
+        status = await budget_status(db, ledger, caller.tenant_id, caller.quota, at, currency)
         status.budgets = await standings_of(
-            db, ledger, caller.tenant_id, caller.quota, caller.key_id, end_user, at
+            db, ledger, caller.tenant_id, caller.quota, caller.key_id, end_user, at, currency
         )
         return JSONResponse(status.model_dump(mode="json"))
 

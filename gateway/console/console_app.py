@@ -60,7 +60,7 @@ def build_console(
         epochs=epochs,
         codec=codec,
         guard=ConsoleGuard(database, codec, now),
-        templates=template_environment(),
+        templates=template_environment(gateway.currency),
         fleet=fleet,
         now=now,
     )

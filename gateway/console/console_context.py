@@ -25,7 +25,7 @@ from gateway.settings import GatewaySettings
 from gateway.storage.database import Database
 from gateway.upstream.prefix_index import PrefixIndex
 from gateway.upstream.replica_set import ReplicaSet
-from policies.scoped_budgets import format_money
+from policies.scoped_budgets import money_text
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,9 @@ class ConsoleContext:
         return HTMLResponse(page, status_code=status_code, headers=headers)
 
 
-def template_environment() -> jinja2.Environment:
-    """Templates from this package, every value escaped unless marked safe (`Markup`)."""
+def template_environment(currency: str) -> jinja2.Environment:
+    """Templates from this package, every value escaped unless marked safe (`Markup`); money
+    (``| money``) in ``currency``, the code the prices are in, which pages also see."""
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("gateway.console", "templates"),
         autoescape=True,
@@ -76,7 +77,8 @@ def template_environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     environment.globals["budget_bar"] = budget_bar
-    environment.filters["money"] = format_money
+    environment.globals["currency"] = currency
+    environment.filters["money"] = lambda micros: money_text(micros, currency)
     environment.filters["thousands"] = lambda n: f"{n:,}"
     environment.filters["percent"] = lambda x: "–" if x is None else f"{x:.0%}"
     environment.filters["when"] = lambda at: "never" if at is None else f"{at:%Y-%m-%d %H:%M} UTC"

@@ -23,7 +23,7 @@ from gateway.console.page_queries import (
 from gateway.storage.tenants import TenantInfo, get_tenant
 from policies.budget_period import budget_window
 from policies.quota import TenantQuota
-from policies.scoped_budgets import ScopedBudget, format_money, tenant_budgets
+from policies.scoped_budgets import ScopedBudget, money_text, tenant_budgets
 
 NUM_END_USERS_SHOWN = 20
 LEVEL_NAMES = {"tenant": "Tenant", "key": "API key", "user": "End user"}
@@ -43,9 +43,10 @@ class BudgetUse:
     def share(self) -> float:
         return self.used / self.budget.limit if self.budget.limit else 1.0
 
-    def amount(self, value: int) -> str:
+    def amount(self, value: int, currency: str) -> str:
+        """``1.25 USD`` or ``1,000 tokens``: how the budget table shows used and limit."""
         if self.budget.unit == "micros":
-            return format_money(value)
+            return money_text(value, currency)
         return f"{value:,} tokens"
 
 

@@ -3,7 +3,8 @@ cached share, as charts and a table, and the same numbers as CSV; and the tenant
 (its usage, by model, and its budgets), the only page a tenant session reaches.
 
 The numbers are the usage records' sums over the window (`page_queries.usage_series`), so
-the page, its CSV and the records agree by construction; a test holds them to it.
+the page, its CSV and the records agree by construction; a test holds them to it. Money is
+named in the gateway's ``currency`` (the cost chart, the CSV's ``cost_micros_USD``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class UsagePages:
     async def usage_csv(self, request: Request) -> Response:
         await self._context.guard.admin(request)
         window, by, tenant_id = self._query(request, allow_tenant=True)
-        return _csv(window, *await self._points(window, by, tenant_id), tenant_id)
+        points = await self._points(window, by, tenant_id)
+        return _csv(window, *points, tenant_id, self._context.gateway.currency)
 
     async def own_page(self, request: Request) -> Response:
         session = await self._context.guard.session(request)
@@ -98,7 +100,7 @@ class UsagePages:
             raise ConsoleDenied(404, "The admin has no tenant view: see Usage.")
         window, _, _ = self._query(request, allow_tenant=False)
         points = await self._points(window, "model", session.tenant_id)
-        return _csv(window, *points, session.tenant_id)
+        return _csv(window, *points, session.tenant_id, self._context.gateway.currency)
 
     def _query(
         self, request: Request, *, allow_tenant: bool
@@ -128,7 +130,8 @@ class UsagePages:
                 raise ConsoleDenied(404, f"No tenant {tenant_id!r}.")
             return usage_rollup(db, start, end, window.bucket, by, tenant_id)
 
-        return usage_report(window, by, start, end, await self._read(read))
+        rollup = await self._read(read)
+        return usage_report(window, by, start, end, rollup, self._context.gateway.currency)
 
     async def _points(
         self, window: UsageWindow, by: SeriesBy, tenant_id: str | None
@@ -159,7 +162,12 @@ class UsagePages:
 
 
 def usage_report(
-    window: UsageWindow, by: SeriesBy, start: datetime, end: datetime, rollup: UsageRollup
+    window: UsageWindow,
+    by: SeriesBy,
+    start: datetime,
+    end: datetime,
+    rollup: UsageRollup,
+    currency: str,
 ) -> UsageReport:
     buckets = []
     at = start
@@ -191,18 +199,28 @@ def usage_report(
             buckets, [Series(n, tokens[n]) for n in names], label=f"Tokens by {what}", unit="tokens"
         ),
         cost_chart=stacked_bars(
-            buckets, [Series(n, cost[n]) for n in names], label=f"Cost by {what}", unit="micros"
+            buckets,
+            [Series(n, cost[n]) for n in names],
+            label=f"Cost by {what} ({currency})",
+            unit=f"micros {currency}",
         ),
         chart_legend=legend(names),
     )
 
 
 def _csv(
-    window: UsageWindow, start: datetime, points: list[UsagePoint], tenant_id: str | None
+    window: UsageWindow,
+    start: datetime,
+    points: list[UsagePoint],
+    tenant_id: str | None,
+    currency: str,
 ) -> Response:
+    """The rows of `CSV_COLUMNS`, the cost's header naming its currency (``cost_micros_USD``)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(
+        [f"{name}_{currency}" if name == "cost_micros" else name for name in CSV_COLUMNS]
+    )
     for point in points:
         t = point.totals
         writer.writerow(

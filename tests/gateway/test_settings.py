@@ -64,6 +64,8 @@ def test_from_yaml_with_env_overrides(tmp_path: Path) -> None:
         ({"header_timeout_s": 0}, "header_timeout_s must be > 0"),
         ({"body_timeout_s": -1}, "body_timeout_s must be > 0"),
         ({"max_connections": 0}, "max_connections must be at least 1"),
+        ({"currency": "usd"}, "currency must be a three-letter uppercase currency code"),
+        ({"currency": "EURO"}, "currency must be a three-letter uppercase currency code"),
         (
             {
                 "models": {
@@ -162,3 +164,11 @@ def test_connection_limits_have_documented_defaults_and_env_overrides() -> None:
     settings = GatewaySettings.from_dict(data, env=env)
     assert (settings.header_timeout_s, settings.body_timeout_s) == (2.0, 7.5)
     assert settings.max_connections == 64
+
+
+def test_currency_defaults_to_usd_and_is_set_at_the_top_level_or_by_the_environment() -> None:
+    data: dict[str, object] = {"models": {"m": {"upstreams": ["http://x"], "context_window": 64}}}
+    assert GatewaySettings.from_dict(data).currency == "USD"
+    assert GatewaySettings.from_dict({**data, "currency": "EUR"}).currency == "EUR"
+    from_env = GatewaySettings.from_dict(data, env={"TOLLWAY_CURRENCY": "CHF"})
+    assert from_env.currency == "CHF"

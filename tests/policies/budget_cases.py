@@ -558,7 +558,7 @@ def run_scoped_on_policy(case: ScopedCase) -> None:
                 BudgetCheck(budget, b.used, b.reserved, amount)
                 for budget, b, amount in zip(case.budgets, balances, amounts, strict=True)
             ]
-            rejection = admit_budgets(checks)
+            rejection = admit_budgets(checks, "EUR")
             first_unfit = next(
                 (
                     i
@@ -582,7 +582,9 @@ def run_scoped_on_policy(case: ScopedCase) -> None:
             else:
                 assert (rejection.status, rejection.code) == (429, "insufficient_quota")
                 refused = case.budgets[first_unfit or 0]
-                assert refused.describe() in rejection.message, rejection.message
+                assert refused.describe("EUR") in rejection.message, rejection.message
+                if refused.unit == "micros":  # money is named in the prices' currency
+                    assert " EUR (" in rejection.message, rejection.message
         else:
             amounts = held.pop(step.name)
             charges = case.charges(step) if isinstance(step, SettleUsage) else [0] * len(amounts)

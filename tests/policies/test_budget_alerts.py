@@ -4,6 +4,7 @@ import pytest
 
 from policies.budget_alerts import (
     DEFAULT_ALERT_THRESHOLDS,
+    check_budget_thresholds,
     check_thresholds,
     crossed_thresholds,
     threshold_level,
@@ -62,3 +63,11 @@ def test_check_thresholds_sorts_and_refuses_bad_values():
             check_thresholds(bad)
     with pytest.raises(ValueError, match="at least one"):
         check_thresholds([])
+
+
+def test_a_budgets_own_thresholds_must_be_ascending_unique_whole_percents():
+    assert check_budget_thresholds([25]) == (25,)
+    assert check_budget_thresholds((1, 80, 1000)) == (1, 80, 1000)
+    for bad in ([80, 50], [50, 50], [0], [1001], [50.0], [True], ["50"], [], "50", None, 50):
+        with pytest.raises(ValueError, match=r"^alert_thresholds "):
+            check_budget_thresholds(bad)

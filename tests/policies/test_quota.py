@@ -104,3 +104,14 @@ def test_tier_and_flags():
         TenantQuota(tier=" ")
     with pytest.raises(ValueError, match="clamp_max_output must be true or false"):
         TenantQuota(clamp_max_output=1)  # type: ignore[arg-type]
+
+
+def test_alert_thresholds_are_kept_as_a_tuple_and_stored_as_a_list():
+    quota = TenantQuota.from_dict({"budget_tokens": 10, "alert_thresholds": [50, 90]})
+    assert quota.alert_thresholds == (50, 90)
+    assert quota.to_dict()["alert_thresholds"] == [50, 90]
+    assert json.loads(json.dumps(quota.to_dict())) == quota.to_dict()
+    assert TenantQuota.from_dict(quota.to_dict()) == quota
+    assert TenantQuota().alert_thresholds is None  # the alerts: settings' default
+    with pytest.raises(ValueError, match=r"^alert_thresholds "):
+        TenantQuota.from_dict({"alert_thresholds": [90, 50]})

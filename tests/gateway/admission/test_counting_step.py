@@ -26,6 +26,7 @@ from gateway.ledger.budget_ledger import Balance, Reservation
 from gateway.ledger.memory_ledger import MemoryBudgetLedger
 from gateway.observability.metrics import GatewayMetrics
 from gateway.ratelimit.memory_store import MemoryRateLimitStore
+from gateway.settings import Prices
 from gateway.storage.database import Database
 from gateway.storage.models import UsageStatus
 from gateway.storage.usage_store import UsageEntry, insert_usage
@@ -189,3 +190,22 @@ async def test_redis_failures_are_logged_once_a_second_at_most(
     assert len(lines) == 2
     assert lines[0].endswith("(0 more since the last line)")
     assert lines[1].endswith("(2 more since the last line)")
+
+
+async def test_a_money_budgets_refusal_names_the_gateways_currency(
+    ledger: MemoryBudgetLedger, database: Database
+) -> None:
+    epochs = MemoryAuthEpochs()
+    step = CountingStep(
+        MemoryAdmissionStore(ledger, MemoryRateLimitStore(), epochs),
+        epochs,
+        BalanceRebuild(ledger, database),
+        reservation_ttl_s=60,
+        is_fail_open=False,
+        prices=lambda version: Prices(input=1_000_000, output=2_000_000),
+        currency="EUR",
+    )
+    refusal = await step.count(key(budget_micros=5, budget_period="total"), PLAN)
+    assert isinstance(refusal, Refusal)
+    message = refusal.rejection.message
+    assert "You exceeded your tenant's budget of 0.000005 EUR (5 micros)" in message, message

@@ -25,6 +25,7 @@ from gateway.storage.usage_store import UsageEntry, insert_usage
 
 ADMIN_KEY = "admin-" + "y" * 40
 NOW = datetime(2025, 3, 15, 12, 0, tzinfo=timezone.utc)
+CURRENCY = "EUR"  # the gateway's currency setting: named by every money budget's view
 
 
 @pytest.fixture
@@ -41,8 +42,10 @@ def epochs() -> MemoryAuthEpochs:
 async def client(
     db: Database, ledger: MemoryBudgetLedger, epochs: MemoryAuthEpochs
 ) -> AsyncIterator[httpx.AsyncClient]:
-    routes = tenant_routes(db, ledger, now=lambda: NOW)
-    routes += admin_routes(db, hash_key(ADMIN_KEY), ledger, now=lambda: NOW, auth_epochs=epochs)
+    routes = tenant_routes(db, ledger, now=lambda: NOW, currency=CURRENCY)
+    routes += admin_routes(
+        db, hash_key(ADMIN_KEY), ledger, now=lambda: NOW, auth_epochs=epochs, currency=CURRENCY
+    )
     app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
     transport = httpx.ASGITransport(app=app)
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -154,15 +157,21 @@ async def test_an_end_users_budget_in_money_and_on_v1_budget_with_user(
     put = await client.put(path, json={"unit": "micros", "limit": 2_500_000})
     assert put.status_code == 200, put.text
     assert (put.json()["period"], put.json()["used"]) == ("month", 700)  # alice's one record
+    assert put.json()["currency"] == CURRENCY
     account = BudgetAccount("user", "alice", "micros")
     assert await ledger.is_known("acme", "month:2025-03", account)
 
     headers = {"Authorization": f"Bearer {secret}"}
-    for_alice = (await client.get("/v1/budget?user=alice", headers=headers)).json()["budgets"]
-    assert [(b["scope"], b["subject"], b["unit"]) for b in for_alice] == [
-        ("tenant", None, "micros"),
-        ("user", "alice", "micros"),
+    mine = (await client.get("/v1/budget?user=alice", headers=headers)).json()
+    for_alice = mine["budgets"]
+    assert [(b["scope"], b["subject"], b["unit"], b["currency"]) for b in for_alice] == [
+        ("tenant", None, "micros", CURRENCY),
+        ("user", "alice", "micros", CURRENCY),
     ]
+    assert mine["currency"] == CURRENCY
+    tenant = (await client.get("/admin/tenants/acme/budget")).json()
+    assert [b["currency"] for b in tenant["budgets"]] == [CURRENCY]
+    assert tenant["currency"] == CURRENCY
     for_bob = (await client.get("/v1/budget?user=bob", headers=headers)).json()["budgets"]
     assert [b["scope"] for b in for_bob] == ["tenant"]  # bob has no budget of his own
     error = error_of(await client.get("/v1/budget?user=", headers=headers), 400)
@@ -224,6 +233,7 @@ async def test_a_budgets_alert_thresholds_are_stored_shown_and_audited(
     put = await client.put(path, json=body)
     assert put.status_code == 200, put.text
     assert put.json()["alert_thresholds"] == [25, 90, 1000]
+    assert put.json()["currency"] is None  # a token budget names no currency
     assert (await client.get(path)).json()["alert_thresholds"] == [25, 90, 1000]
     cleared = await client.put(path, json={"unit": "tokens", "limit": 1000})
     assert cleared.json()["alert_thresholds"] is None  # the settings' default again

@@ -200,6 +200,7 @@ async def test_budget_is_rebuilt_from_usage_then_read_from_the_ledger(
         "used": 300,  # six records of 30 + 20 this month; last month's does not count
         "reserved": 0,
         "remaining": 700,
+        "currency": "USD",  # the prices' (the gateway's currency setting)
         "budgets": [  # every budget that applies: here only the tenant's tokens
             {
                 "object": "budget.standing",
@@ -214,6 +215,7 @@ async def test_budget_is_rebuilt_from_usage_then_read_from_the_ledger(
                 "reserved": 0,
                 "remaining": 700,
                 "alert_thresholds": None,
+                "currency": None,  # a token budget's
             }
         ],
     }

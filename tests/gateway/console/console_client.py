@@ -70,10 +70,11 @@ class Console:
         )
 
 
-def gateway_settings(database_url: str) -> GatewaySettings:
+def gateway_settings(database_url: str, currency: str = "USD") -> GatewaySettings:
     return GatewaySettings.from_dict(
         {
             "database_url": database_url,
+            "currency": currency,
             "admin_key_hash": hash_key(ADMIN_KEY),
             "models": {"m": {"upstreams": ["http://127.0.0.1:9"], "context_window": 4096}},
         }
@@ -81,11 +82,13 @@ def gateway_settings(database_url: str) -> GatewaySettings:
 
 
 @contextmanager
-def console(database_url: str, *, base_url: str = "http://testserver") -> Iterator[Console]:
+def console(
+    database_url: str, *, base_url: str = "http://testserver", currency: str = "USD"
+) -> Iterator[Console]:
     database = Database(database_url)
     clock, epochs = Clock(), MemoryAuthEpochs()
     app = build_console(
-        gateway_settings(database_url),
+        gateway_settings(database_url, currency),
         database,
         epochs,
         settings=ConsoleSettings(session_ttl_s=SESSION_TTL_S, sign_in_attempts_per_minute=5),

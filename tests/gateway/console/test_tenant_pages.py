@@ -196,3 +196,24 @@ def test_bad_alert_thresholds_are_shown_beside_the_field(ui: Console, typed: str
         stored = tenants.get_tenant(session, "acme")
     assert stored is not None
     assert stored.quota == TenantQuota().to_dict()
+
+
+def test_money_is_shown_in_the_gateways_currency(sqlite_db_url: str) -> None:
+    with console(sqlite_db_url, currency="EUR") as ui:
+        ui.sign_in(ADMIN_KEY)
+        assert ui.post("/ui/tenants", {"id": "acme", "name": "Acme"}, page="/ui/tenants")
+        saved = ui.post(f"{PAGE}/quota", {**QUOTA, "budget_money": "2.50"}, page=PAGE)
+        assert saved.status_code == 303
+        spend(ui, None, "alice", cost=1_250_000, tokens=400)
+        page = ui.client.get(PAGE).text
+        row = page.split('data-level="tenant" data-unit="micros">', 1)[1].split("</tr>", 1)[0]
+        assert '<td class="used">1.25 EUR</td>' in row
+        assert "<td>2.50 EUR</td>" in row  # the limit
+        assert 'name="budget_money" value="2.50"' in page  # the editor: the number alone
+        assert "Money budget (EUR)" in page
+        end_users = page.split('id="end-users"', 1)[1].split("</table>", 1)[0]
+        assert "1.25 EUR" in end_users
+        assert "1.25 EUR" in ui.client.get("/ui/tenants").text  # spend this month
+        exported = ui.client.get("/ui/usage.csv?window=24h&tenant=acme")
+        assert exported.text.splitlines()[0].endswith(",total_tokens,cost_micros_EUR")
+        assert "Cost by model (EUR)" in ui.client.get("/ui/usage?window=24h").text

@@ -17,6 +17,7 @@ from gateway.console.page_queries import USAGE_WINDOWS
 from gateway.storage import api_keys, tenants
 from gateway.storage.models import UsageRecord, UsageStatus
 from gateway.storage.usage_store import UsageEntry, insert_usage
+from policies.scoped_budgets import format_money
 from tests.gateway.console.console_client import ADMIN_KEY, START, Console, console
 
 MODELS = ("small", "large", None)  # None: refused before a model was chosen
@@ -89,7 +90,13 @@ def record_sums(
 
 def csv_sums(text: str) -> tuple[int, ...]:
     rows = list(csv.DictReader(io.StringIO(text)))
-    names = ("num_requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_micros")
+    names = (
+        "num_requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "cost_micros_USD",
+    )
     for row in rows:
         assert int(row["total_tokens"]) == int(row["prompt_tokens"]) + int(row["completion_tokens"])
     return tuple(sum(int(row[name]) for row in rows) for name in names)
@@ -118,7 +125,7 @@ def test_the_page_shows_the_records_totals(ui: Console) -> None:
     totals = re.sub(r"\s+", " ", page.text.split('id="usage-totals">', 1)[1].split("</p>", 1)[0])
     assert f"<strong>{num_requests:,}</strong> requests" in totals
     assert f"<strong>{prompt + completion:,}</strong> tokens" in totals
-    assert f"<strong>{cost // 1_000_000}.{cost % 1_000_000:06d}".rstrip("0") in totals
+    assert f"<strong>{format_money(cost)} USD</strong>" in totals  # the prices' currency
     assert f"<strong>{cached / prompt:.0%}</strong>" in totals
     assert page.text.count("<svg") >= 2  # the tokens and cost charts
     assert "<script" not in page.text
