@@ -56,7 +56,7 @@ INT4_GROUP_SIZES = (32, 64)
 KV_CACHE_DTYPES = ("auto", "int8")
 SPECULATIVE_PROPOSERS = ("ngram", "draft")
 # The engine's n-gram sizes when ``spawn:`` sets one of the two (min <= max is checked here).
-DEFAULT_SPECULATIVE_NGRAM_MIN = 2
+DEFAULT_SPECULATIVE_NGRAM_MIN = 1
 DEFAULT_SPECULATIVE_NGRAM_MAX = 4
 
 
