@@ -24,9 +24,10 @@ KV_CACHE_DTYPES = ("auto", "int8")
 SPECULATIVE_PROPOSERS = ("ngram", "draft")
 # A step of at least this many sequences proposes nothing: past it a step is bound by compute,
 # not by reading the weights, and scoring drafts costs what they save (measured on this
-# project's 2-core CPU with float32 SmolLM2-135M and n-gram drafts: 1.02x at 4 sequences,
-# 0.95x at 8; docs/benchmarks.md, issue #29).
-DEFAULT_SPECULATIVE_CROSSOVER = 6
+# project's 2-core CPU with float32 SmolLM2-135M and n-gram drafts, copy-heavy prompts: 1.18x
+# at 6 sequences, 1.00-1.14x at 8, 1.02x at 10, 0.95-1.00x at 12, 0.91x at 16;
+# docs/benchmarks.md, issue #29).
+DEFAULT_SPECULATIVE_CROSSOVER = 8
 
 
 HELP = "help"  # each field's one line of help, which `tollway engine --FIELD` shows

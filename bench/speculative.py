@@ -17,7 +17,8 @@ Targets (the model that answers): ``float32`` (the shipped Q4_1 GGUF widened at 
   GPTQ, other bits than the target's).
 
 Measured, per target and arm (medians over ``--repeats``; the arms' engines are all loaded
-and take turns within each repeat, so the machine's drift falls on every arm alike):
+and take turns within each repeat, in reverse order on odd repeats, so the machine's drift
+falls on every arm alike):
 
 - **single stream**, each workload of bench/speculative_prompts.py (copy-heavy: rewrite,
   fix code, extract fields; open chat), greedy, the answer's natural length up to
@@ -165,6 +166,14 @@ def current_counts(llm: LLM) -> SpeculativeCounts | None:
     return next(iter(stats.values())) if stats else None
 
 
+def in_turn(llms: dict[str, LLM], repeat: int) -> list[tuple[str, LLM]]:
+    """The arms in order on even repeats and in reverse on odd ones, so that a machine
+    speeding up or slowing down over a run favours no arm (one arm always first took the
+    drift: as stored, 32 streams read 0.80x with no drafts at all)."""
+    arms = list(llms.items())
+    return arms if repeat % 2 == 0 else arms[::-1]
+
+
 def run_target(args: argparse.Namespace, gguf: str, target: str) -> None:
     dequantize = TARGETS[target]
     print(f"\n## target: {target}")
@@ -179,16 +188,16 @@ def run_target(args: argparse.Namespace, gguf: str, target: str) -> None:
             )
         except Exception as exc:  # an arm that cannot start (no draft proposer) is reported
             print(f"{arm}: cannot start ({type(exc).__name__}: {exc})")
-    # The arms take turns within each repeat: the machine's speed drifts over minutes, and a
-    # ratio of arms run one after the other would carry the drift.
+    # The arms take turns within each repeat (`in_turn`): the machine's speed drifts over
+    # minutes, and a ratio of arms run one after the other would carry the drift.
     streams = f"{args.streams} streams"
     before = {arm: current_counts(llm) for arm, llm in llms.items()}
     for workload, texts in WORKLOADS.items():
         for arm, llm in llms.items():
             single_stream(llm, encode(llm, texts)[:1], 8)  # warm-up
             before[arm] = current_counts(llm)
-        for _ in range(args.repeats):
-            for arm, llm in llms.items():
+        for repeat in range(args.repeats):
+            for arm, llm in in_turn(llms, repeat):
                 run = single_stream(llm, encode(llm, texts), args.max_tokens)
                 rates.setdefault((arm, workload), []).append(run.tokens_per_s)
                 if arm == "off":
@@ -198,8 +207,8 @@ def run_target(args: argparse.Namespace, gguf: str, target: str) -> None:
         for arm, llm in llms.items():
             notes[(arm, workload)] = counts_delta(llm, before[arm])
             before[arm] = current_counts(llm)
-    for _ in range(args.repeats):
-        for arm, llm in llms.items():
+    for repeat in range(args.repeats):
+        for arm, llm in in_turn(llms, repeat):
             rate = concurrent(
                 llm, encode(llm, COPY_HEAVY + OPEN_CHAT), args.streams, args.max_tokens
             )
@@ -235,8 +244,8 @@ def run_crossover(args: argparse.Namespace, gguf: str, target: str) -> None:
     for batch_size in args.batches:
         rates: dict[str, list[float]] = {"off": [], "ngram": []}
         before = current_counts(llms["ngram"])
-        for _ in range(args.repeats):
-            for arm, llm in llms.items():
+        for repeat in range(args.repeats):
+            for arm, llm in in_turn(llms, repeat):
                 rates[arm].append(concurrent(llm, prompts, batch_size, args.max_tokens))
         off, ngram = statistics.median(rates["off"]), statistics.median(rates["ngram"])
         note = counts_delta(llms["ngram"], before)
