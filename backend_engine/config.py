@@ -225,8 +225,7 @@ class EngineConfig:
             )
         if self.speculative_draft_cost is not None and not self.speculative_draft_cost >= 0:
             raise ValueError(
-                "speculative_draft_cost must be 0 or more, "
-                f"got {self.speculative_draft_cost}"
+                f"speculative_draft_cost must be 0 or more, got {self.speculative_draft_cost}"
             )
         if self.speculative_crossover_batch_size < 1:
             raise ValueError(
