@@ -119,7 +119,9 @@ def _operation(path: str, summary: str, spec: dict[Any, Any]) -> dict[str, Any]:
         if event_model is not None:
             content["text/event-stream"] = _event_stream(event_model)
         responses[str(code)] = {"description": HTTPStatus(code).phrase, "content": content}
-    errors = spec.pop("errors", []) + ([401] if "security" in operation else [])
+    errors = set(spec.pop("errors", [])) | ({401} if "security" in operation else set())
+    if _PATH_ID_PARAMETERS.intersection(params):
+        errors.add(400)  # admin_inputs.path_id: an encoded slash or backslash in the path
     for code in sorted(errors):
         responses[str(code)] = {"$ref": "#/components/responses/Error"}
     if responses:
@@ -180,6 +182,7 @@ _RESPONSE_MODELS: list[type[BaseModel]] = [
 ]
 _TIME = {"type": "string", "format": "date-time"}
 _PATH_ID = {"type": "string", "pattern": r"^[^/\\]*$"}  # an encoded '/' or '\' is a 400
+_PATH_ID_PARAMETERS = {"TenantId", "KeyId", "User"}  # the parameters below with _PATH_ID
 _PARAMETERS = {
     "TenantId": _param("tenant_id", "path", _PATH_ID, "The tenant's id"),
     "ModelId": _param(

@@ -671,6 +671,10 @@ async def test_the_openapi_document_lists_every_endpoint(
         assert success, (path, method)
         assert "$ref" in operation["responses"][success[0]]["content"]["application/json"]["schema"]
         assert "401" in operation["responses"]
+        path_ids = {"#/components/parameters/TenantId", "#/components/parameters/KeyId"}
+        if path_ids & {p["$ref"] for p in operation.get("parameters", [])}:
+            # An encoded '/' or '\' in the path (admin_inputs.path_id) is a 400.
+            assert "400" in operation["responses"], (path, method)
         scheme = "adminKey" if path.startswith("/admin") else "tenantKey"
         assert operation["security"] == [{scheme: []}]
         if method in ("post", "put", "patch") and path != "/admin/tenants/{tenant_id}/keys":
