@@ -37,7 +37,7 @@ from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.int8_kv_cache import block_size_of
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 MAX_SEGMENTS = 3  # decoder_cpu.c's: q, k and v of three types
 _FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
 
@@ -253,7 +253,7 @@ def _linear_struct(weight: LinearWeight) -> _Linear:
         segment = _Segment(weight.address, _FLOAT32_PACKED, weight.out_features)
         return _Linear((_Segment * MAX_SEGMENTS)(segment), 1, weight.k_padded)
     segments = [
-        _Segment(segment.blocks.data_ptr(), int(segment.quant_type), segment.out_features)
+        _Segment(segment.blocks.data_ptr(), segment.kernel_type, segment.out_features)
         for segment in weight
     ]
     return _Linear((_Segment * MAX_SEGMENTS)(*segments), len(segments), weight[0].in_features)
@@ -300,6 +300,7 @@ def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: Decod
             1 <= len(w) <= MAX_SEGMENTS
             and out_features(w) == rows
             and all(segment.in_features == columns for segment in w)
+            and len({segment.tiled for segment in w}) == 1  # all tiled or none
         )
 
     return is_vector(final_norm, hidden) and all(

@@ -251,7 +251,7 @@ def _add_tensors(
         target = gguf_name(name)
         kind = target.split(".")[2] if target.startswith("blk.") else ""
         if isinstance(value, GGUFBlockWeight):
-            data = value.blocks.numpy()
+            data = value.in_file_layout().blocks.numpy()
             qtype = GGMLQuantizationType(int(value.quant_type))
         elif isinstance(value, torch.Tensor):
             data = value.float().numpy()

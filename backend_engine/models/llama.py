@@ -30,6 +30,7 @@ from backend_engine.models.quantized_linear import QuantizedEmbedding, Quantized
 from backend_engine.models.rotary import RotaryEmbedding
 from kernels import cpu_decoder, rms_norm
 from kernels.cpu_decoder import DecoderShape, LayerWeights, LinearWeight, NativeDecoder
+from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.rotary import apply_rotary
 from model_files.model_config import ModelConfig
 
@@ -363,6 +364,9 @@ class CausalLM(nn.Module):
         embedding = self.model.embed_tokens
         if isinstance(embedding, QuantizedEmbedding):
             self.lm_head = QuantizedLinear([embedding.weight], None)
+            (shared,) = self.lm_head.segments  # maybe tiled: one copy serves both
+            assert isinstance(shared, GGUFBlockWeight)
+            embedding.weight = shared
         else:
             lm_head = nn.Linear(
                 self.config.hidden_size, self.config.vocab_size, bias=False, device="meta"

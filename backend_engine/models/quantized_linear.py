@@ -63,7 +63,7 @@ def _joined(first: QuantizedTensor, second: QuantizedTensor) -> QuantizedTensor 
     if first.in_features != second.in_features:
         return None
     if isinstance(first, GGUFBlockWeight) and isinstance(second, GGUFBlockWeight):
-        if first.quant_type != second.quant_type:
+        if first.quant_type != second.quant_type or first.tiled or second.tiled:
             return None
         return GGUFBlockWeight.from_blocks(
             torch.cat((first.blocks, second.blocks)), first.quant_type
@@ -96,7 +96,7 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, segments: Sequence[QuantizedTensor], bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.segments = merge_shards(segments)
+        self.segments = _tiled_where_possible(merge_shards(segments))
         self.in_features = _check_same_inputs(self.segments)
         self.out_features = sum(segment.out_features for segment in self.segments)
         if bias is not None and tuple(bias.shape) != (self.out_features,):
@@ -130,6 +130,16 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, [{kinds}]"
 
 
+def _tiled_where_possible(segments: tuple[QuantizedTensor, ...]) -> tuple[QuantizedTensor, ...]:
+    """The ggml segments in the CPU kernel's tiles (:mod:`kernels.quant_tiles`, its fastest
+    form, in the same bytes) when every one of them can be: the whole-step decoder takes a
+    linear's segments all tiled or none."""
+    blocks = [s for s in segments if isinstance(s, GGUFBlockWeight)]
+    if not blocks or not all(segment.can_tile() for segment in blocks):
+        return segments
+    return tuple(s.tiled_for_kernel() if isinstance(s, GGUFBlockWeight) else s for s in segments)
+
+
 def _segment_linear(x: torch.Tensor, weight: QuantizedTensor) -> torch.Tensor:
     if isinstance(weight, GGUFBlockWeight):  # the CPU kernel takes float32 activations
         return cpu_quant_linear.quantized_linear(x.float().contiguous(), weight).to(x.dtype)
@@ -148,7 +158,8 @@ def _describe(weight: QuantizedTensor) -> str:
 
 class QuantizedEmbedding(nn.Module):
     """A token embedding table kept in ggml blocks: a step widens only its tokens' rows.
-    With tied embeddings the same blocks are the output projection's weight."""
+    With tied embeddings the same blocks are the output projection's weight (in its tiles,
+    when the output projection tiled them)."""
 
     def __init__(self, weight: GGUFBlockWeight, dtype: torch.dtype) -> None:
         super().__init__()
@@ -158,7 +169,7 @@ class QuantizedEmbedding(nn.Module):
         self.embedding_dim = weight.in_features
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, embedding_dim]
-        rows = self.weight.blocks.index_select(0, input_ids.reshape(-1))
+        rows = self.weight.row_blocks(input_ids.reshape(-1))
         if rows.shape[0] == 0:
             return torch.empty((0, self.embedding_dim), dtype=self.dtype)
         gathered = GGUFBlockWeight.from_blocks(rows, self.weight.quant_type)

@@ -49,7 +49,7 @@
 #include "rms_norm_row.h"
 #include "rotary_token.h"
 
-#define TOLLWAY_DECODER_ABI_VERSION 3
+#define TOLLWAY_DECODER_ABI_VERSION 4
 #define MAX_SEGMENTS 3 /* q, k, v */
 #define FLOAT32_PACKED 0 /* a segment type that is not a ggml block type */
 
@@ -92,6 +92,7 @@ int tollway_decoder_max_rows(void) { return LINEAR_MAX_ROWS; }
 typedef struct {
     int8_t *xq;
     float *xd, *xdsum;
+    int32_t *isum;
 } QuantizedActivations;
 
 /* y = x @ W.T (+ bias), its outputs shared evenly among the team: linear_rows.h's slices for
@@ -112,10 +113,13 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
 #pragma omp barrier
         return;
     }
-    quant_activations_slice(x, M, K, QUANT_INT8_SPLIT_ACTIVATIONS, q->xq, q->xd, q->xdsum, thread,
-                            team);
+    quant_activations_slice(x, M, K, QUANT_INT8_SPLIT_ACTIVATIONS, q->xq, q->xd, q->xdsum,
+                            q->isum, thread, team);
 #pragma omp barrier
-    const int64_t first = N * thread / team, last = N * (thread + 1) / team;
+    /* shared in units of a tile's rows when every segment is tiled (linear_is_valid) */
+    const int64_t unit = is_tiled_type((int)w->segments[0].type) ? TILE_ROWS : 1;
+    const int64_t first = N / unit * thread / team * unit;
+    const int64_t last = N / unit * (thread + 1) / team * unit;
     int64_t offset = 0;
     for (int64_t s = 0; s < w->num_segments; ++s) {
         const WeightSegment *segment = &w->segments[s];
@@ -123,24 +127,29 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
         const int64_t hi = last < offset + segment->rows ? last : offset + segment->rows;
         if (lo < hi)
             quant_linear_slice(segment->data, (int)segment->type, x, q->xq, q->xd, q->xdsum,
-                               bias == NULL ? NULL : bias + offset, y + offset, M, N, K,
+                               q->isum, bias == NULL ? NULL : bias + offset, y + offset, M, N, K,
                                QUANT_INT8_SPLIT_ACTIVATIONS, lo - offset, hi - offset);
         offset += segment->rows;
     }
 #pragma omp barrier
 }
 
-/* The linear's segments cover exactly N rows of known types. */
+/* The linear's segments cover exactly N rows of known types; tiled segments (quant_tiles.h)
+   are whole tiles, and either every segment is tiled or none is. */
 static int linear_is_valid(const DecoderLinear *w, int64_t N, int64_t K) {
     if (w->num_segments < 1 || w->num_segments > MAX_SEGMENTS) return 0;
     if (w->segments[0].type == FLOAT32_PACKED)
         return w->num_segments == 1 && w->segments[0].rows == N && w->k_padded >= K;
+    const int tiled = is_tiled_type((int)w->segments[0].type);
     int64_t rows = 0;
     for (int64_t s = 0; s < w->num_segments; ++s) {
         const WeightSegment *segment = &w->segments[s];
-        const int64_t values = quant_block_values((int)segment->type);
-        if (quant_block_bytes((int)segment->type) == 0 || segment->rows < 1 || values == 0 ||
-            K % values != 0)
+        const int type = untiled_type((int)segment->type);
+        const int64_t values = quant_block_values(type);
+        if (quant_block_bytes(type) == 0 || segment->rows < 1 || values == 0 || K % values != 0)
+            return 0;
+        if (is_tiled_type((int)segment->type) != tiled ||
+            (tiled && (!QUANT_TILES || !tileable_type(type) || segment->rows % TILE_ROWS != 0)))
             return 0;
         rows += segment->rows;
     }
@@ -157,12 +166,13 @@ static void shared_norm(float *out, float *residual, const float *addend, const 
 }
 
 /* act = silu(gate) * up, as PyTorch's F.silu(gate) * up: x / (1 + exp(-x)), then the product. */
-__attribute__((optimize("no-fast-math"))) static void silu_mul_row(float *restrict act,
-                                                                    const float *restrict gate_up,
-                                                                    int64_t intermediate) {
-    const float *up = gate_up + intermediate;
-    for (int64_t i = 0; i < intermediate; ++i) {
-        const float g = gate_up[i];
+#define SILU_PIECE 256
+__attribute__((optimize("no-fast-math"))) static void silu_mul(float *restrict act,
+                                                                const float *restrict gate,
+                                                                const float *restrict up,
+                                                                int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
         act[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
@@ -198,21 +208,25 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
     /* residual, x, sub (a sublayer's output) [M, H] | qkv [M, QKV] | attn [M, Q]
        | gate_up [M, 2I] | act [M, I] | one attention buffer per thread
        | a linear's input as int8 blocks, hi and lo rows (R = 2M): scales [R, widest / QK] x 2,
-         values [R, widest] */
+         integer sums [M, widest / QK], values [R, widest] */
     const int64_t widest = H > Q ? (H > I ? H : I) : (Q > I ? Q : I);
     const int64_t R = M * quant_rows_per_input(QUANT_INT8_SPLIT_ACTIVATIONS);
     const size_t step_floats = (size_t)(M * (3 * H + QKV + Q + 3 * I));
     const size_t scale_floats = (size_t)(2 * R * ((widest + QK - 1) / QK));
+    const size_t sum_ints = (size_t)(M * ((widest + QK - 1) / QK));
     const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
-    float *workspace = malloc(floats * sizeof(float) + (size_t)(R * widest));
+    float *workspace =
+        malloc(floats * sizeof(float) + sum_ints * sizeof(int32_t) + (size_t)(R * widest));
     if (workspace == NULL) return NO_MEMORY;
     float *scales = workspace + step_floats + per_thread * (size_t)num_threads;
-    const QuantizedActivations quantized = {(int8_t *)(workspace + floats), scales,
-                                            scales + scale_floats / 2};
+    int32_t *sums = (int32_t *)(workspace + floats);
+    const QuantizedActivations quantized = {(int8_t *)(sums + sum_ints), scales,
+                                            scales + scale_floats / 2, sums};
     float *residual = workspace, *x = residual + M * H, *sub = x + M * H;
     float *qkv = sub + M * H, *attn = qkv + M * QKV, *gate_up = attn + M * Q;
     float *act = gate_up + M * 2 * I;
     memcpy(residual, hidden, (size_t)(M * H) * sizeof(float));
+    const int64_t silu_pieces = (I + SILU_PIECE - 1) / SILU_PIECE;
 #pragma omp parallel num_threads(num_threads)
     {
         int thread = 0;
@@ -248,8 +262,14 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
             shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized);
             shared_norm(x, residual, sub, layer->post_norm, M, H, d->eps);
             shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized);
+            /* in pieces of SILU_PIECE values, so one sequence's row is shared too */
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < M; ++r) silu_mul_row(act + r * I, gate_up + r * 2 * I, I);
+            for (int64_t p = 0; p < M * silu_pieces; ++p) {
+                const int64_t r = p / silu_pieces, first = p % silu_pieces * SILU_PIECE;
+                const int64_t n = I - first < SILU_PIECE ? I - first : SILU_PIECE;
+                silu_mul(act + r * I + first, gate_up + r * 2 * I + first,
+                         gate_up + r * 2 * I + I + first, n);
+            }
             shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized);
         }
         shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);

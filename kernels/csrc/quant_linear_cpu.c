@@ -37,6 +37,9 @@
  *                    INT8_ACTIVATIONS dots per block sharing one decode of W, ~16-bit
  *                    activations (quant_linear_rows.h).
  *
+ * A W of Q4_0, Q4_1 or Q8_0 may also come TILED (type | TILED_TYPE, N % 16 == 0: sixteen rows'
+ * blocks regrouped, quant_tiles.h), for the split method only: the fastest form here.
+ *
  * tollway_quant_dequantize widens W's rows to float32 (the DECODE_TO_FLOAT decode), for steps
  * of many rows where the caller runs a float32 matmul on cache-sized slices instead.
  *
@@ -51,7 +54,7 @@
 
 #include "quant_linear_rows.h"
 
-#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 3
+#define TOLLWAY_QUANT_LINEAR_ABI_VERSION 4
 
 enum { OK = 0, BAD_ARGUMENTS = 1, NO_MEMORY = 2 };
 
@@ -62,27 +65,34 @@ int tollway_quant_linear_int8_isa(void) { return INT8_ISA; }
 
 int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, int64_t M,
                          int64_t N, int64_t K, int method, int num_threads) {
-    const int64_t block_values = quant_block_values(type);
+    const int tiled = is_tiled_type(type);
+    const int64_t block_values = quant_block_values(untiled_type(type));
     if (block_values == 0 || M < 0 || N < 1 || K < block_values || K % block_values != 0 ||
         num_threads < 1 ||
         (method != QUANT_DECODE_TO_FLOAT && method != QUANT_INT8_ACTIVATIONS &&
-         method != QUANT_INT8_SPLIT_ACTIVATIONS))
+         method != QUANT_INT8_SPLIT_ACTIVATIONS) ||
+        (tiled && (!QUANT_TILES || !tileable_type(untiled_type(type)) ||
+                   method != QUANT_INT8_SPLIT_ACTIVATIONS || N % TILE_ROWS != 0)))
         return BAD_ARGUMENTS;
     if (M == 0) return OK; /* an empty tensor's data pointer may be NULL */
     if (w == NULL || x == NULL || y == NULL) return BAD_ARGUMENTS;
     const int64_t nb = K / QK, R = M * quant_rows_per_input(method); /* int8 rows */
     int8_t *xq = NULL;
     float *xd = NULL, *xdsum = NULL;
+    int32_t *isum = NULL;
     if (method != QUANT_DECODE_TO_FLOAT) {
         xq = malloc((size_t)(R * K));
         xd = malloc((size_t)(R * nb) * sizeof(float));
         xdsum = malloc((size_t)(R * nb) * sizeof(float));
-        if (xq == NULL || xd == NULL || xdsum == NULL) {
-            free(xq), free(xd), free(xdsum);
+        isum = malloc((size_t)(M * nb) * sizeof(int32_t));
+        if (xq == NULL || xd == NULL || xdsum == NULL || isum == NULL) {
+            free(xq), free(xd), free(xdsum), free(isum);
             return NO_MEMORY;
         }
     }
-    const int threads = N < num_threads ? (int)N : num_threads;
+    /* the outputs are shared in units of a tile's rows for a tiled W */
+    const int64_t unit = tiled ? TILE_ROWS : 1, units = N / unit;
+    const int threads = units < num_threads ? (int)units : num_threads;
 #pragma omp parallel num_threads(threads)
     {
         int thread = 0, team = 1;
@@ -91,15 +101,17 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
         team = omp_get_num_threads();
 #endif
         if (method != QUANT_DECODE_TO_FLOAT) {
-            quant_activations_slice(x, M, K, method, xq, xd, xdsum, thread, team);
+            quant_activations_slice(x, M, K, method, xq, xd, xdsum, isum, thread, team);
 #pragma omp barrier
         }
-        quant_linear_slice(w, type, x, xq, xd, xdsum, NULL, y, M, N, K, method, N * thread / team,
-                           N * (thread + 1) / team);
+        quant_linear_slice(w, type, x, xq, xd, xdsum, isum, NULL, y, M, N, K, method,
+                           units * thread / team * unit, units * (thread + 1) / team * unit);
     }
-    free(xq), free(xd), free(xdsum);
+    free(xq), free(xd), free(xdsum), free(isum);
     return OK;
 }
+
+int tollway_quant_linear_tiles(void) { return QUANT_TILES; }
 
 /* Rows [n0, n1) of W widened, for one `type` (a constant once inlined: the branches on the type
    leave the loop, which took 3-4x longer with them in). */

@@ -17,6 +17,8 @@
 
 #define M_CHUNK 64 /* rows of x kept hot in cache while a thread walks its outputs */
 
+#include "quant_tiles.h"
+
 /* The method argument. INT8_SPLIT_ACTIVATIONS: x = hi + lo, both int8 blocks (lo rounds what
    hi left over), so W @ x is two integer dot products per block sharing one read of W. */
 enum { QUANT_DECODE_TO_FLOAT = 0, QUANT_INT8_ACTIVATIONS = 1, QUANT_INT8_SPLIT_ACTIVATIONS = 2 };
@@ -118,11 +120,15 @@ static void int8_rows(const uint8_t *wrow, int type, int64_t bytes, const int8_t
    finer than hi's (lo's scale is hi's / 256, exact), clamped to +-127. |x - (hi + lo)| <=
    max|x_block| / (127 * 512) per element, or / (127 * 256) where the clamp bites: the ~16-bit
    activations of two int8 passes. The fixed ratio lets the 32-value block types sum both
-   passes in one integer (split_row). */
+   passes in one integer (split_row). isum[b] = 256 * sum(hi) + sum(lo), block b's values on
+   lo's grid (the tiled kernel's bias term, quant_tiles.h). */
 static void quantize_row_split(const float *x, int64_t K, int8_t *q_hi, float *d_hi,
-                               float *dsum_hi, int8_t *q_lo, float *d_lo, float *dsum_lo) {
+                               float *dsum_hi, int8_t *q_lo, float *d_lo, float *dsum_lo,
+                               int32_t *isum) {
     quantize_row(x, K, q_hi, d_hi, dsum_hi);
     for (int64_t b = 0; b < K / QK; ++b) {
+        int hi_sum = 0;
+        for (int i = 0; i < QK; ++i) hi_sum += q_hi[b * QK + i];
         const float inverse = d_hi[b] > 0.0f ? 256.0f / d_hi[b] : 0.0f;
         int sum = 0;
         for (int i = 0; i < QK; ++i) {
@@ -134,22 +140,23 @@ static void quantize_row_split(const float *x, int64_t K, int8_t *q_hi, float *d
         }
         d_lo[b] = d_hi[b] / 256.0f;
         dsum_lo[b] = d_lo[b] * (float)sum;
+        isum[b] = 256 * hi_sum + sum;
     }
 }
 
 /* x's rows as int8 blocks for `method` (xq [R, K], xd and xdsum [R, K / QK], R = M times
-   quant_rows_per_input: the split method's hi and lo rows of x's row m are rows 2m and 2m + 1),
-   the rows split over the team: every thread of the team calls it. The caller puts a barrier
-   after it. */
+   quant_rows_per_input: the split method's hi and lo rows of x's row m are rows 2m and 2m + 1,
+   and isum [M, K / QK] its blocks' integer sums), the rows split over the team: every thread of
+   the team calls it. The caller puts a barrier after it. */
 static inline void quant_activations_slice(const float *x, int64_t M, int64_t K, int method,
-                                           int8_t *xq, float *xd, float *xdsum, int thread,
-                                           int team) {
+                                           int8_t *xq, float *xd, float *xdsum, int32_t *isum,
+                                           int thread, int team) {
     const int64_t nb = K / QK;
     for (int64_t m = M * thread / team; m < M * (thread + 1) / team; ++m) {
         if (method == QUANT_INT8_SPLIT_ACTIVATIONS) {
             const int64_t hi = 2 * m, lo = 2 * m + 1;
             quantize_row_split(x + m * K, K, xq + hi * K, xd + hi * nb, xdsum + hi * nb,
-                               xq + lo * K, xd + lo * nb, xdsum + lo * nb);
+                               xq + lo * K, xd + lo * nb, xdsum + lo * nb, isum + m * nb);
         } else {
             quantize_row(x + m * K, K, xq + m * K, xd + m * nb, xdsum + m * nb);
         }
@@ -186,11 +193,21 @@ static inline void split_rows(const uint8_t *wrow, int type, int64_t bytes, cons
 
 /* y[:, first:last] (+ bias) of y = x @ W.T, W [N, K] of ggml blocks of `type`: the outputs one
    thread owns. The int8 methods read xq/xd/xdsum (quant_activations_slice's, all rows);
-   DECODE_TO_FLOAT reads x. Each output is one thread's, summed in one fixed order. */
+   DECODE_TO_FLOAT reads x. A tiled type (quant_tiles.h: the split method only; first and last
+   multiples of TILE_ROWS) also reads isum. Each output is one thread's, summed in one fixed
+   order. */
 static inline void quant_linear_slice(const uint8_t *w, int type, const float *x,
                                       const int8_t *xq, const float *xd, const float *xdsum,
-                                      const float *bias, float *y, int64_t M, int64_t N,
-                                      int64_t K, int method, int64_t first, int64_t last) {
+                                      const int32_t *isum, const float *bias, float *y,
+                                      int64_t M, int64_t N, int64_t K, int method, int64_t first,
+                                      int64_t last) {
+#if QUANT_TILES
+    if (is_tiled_type(type)) {
+        tiled_linear_slice(w, untiled_type(type), xq, xd, xdsum, isum, bias, y, M, N, K, first,
+                           last);
+        return;
+    }
+#endif
     const int64_t bytes = quant_block_bytes(type), row_bytes = K / quant_block_values(type) * bytes;
     const int64_t per_input = quant_rows_per_input(method), R = M * per_input;
     /* chunks and tiles of activation rows; both even, so a split pair never straddles them */

@@ -33,7 +33,8 @@ from backend_engine import LLM, SamplingParams
 from backend_engine.models import load_model
 from backend_engine.models.llama import CausalLM
 from backend_engine.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
-from kernels.cpu_quant_linear import WIDEN_MIN_ROWS
+from kernels import cpu_quant_linear
+from kernels.cpu_quant_linear import WIDEN_MIN_ROWS, GGUFBlockWeight
 from model_files.checkpoint import Checkpoint
 from tests.support.model_logits import whole_sequence_logits
 
@@ -108,6 +109,11 @@ def test_the_weights_stay_in_the_files_blocks(smollm2_gguf: Path) -> None:
     ):
         assert isinstance(linear, QuantizedLinear)
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
+    # tied: the output projection's (tiled, where the kernel reads tiles) blocks are the table's
+    (output_weight,) = model.lm_head.segments
+    assert output_weight is model.model.embed_tokens.weight
+    assert isinstance(output_weight, GGUFBlockWeight)
+    assert output_weight.tiled == cpu_quant_linear.tiles_available()
     file_bytes = sum(int(tensor.n_bytes) for tensor in checkpoint.reader.tensors)
     assert resident_weight_bytes(model) <= 1.2 * file_bytes
 

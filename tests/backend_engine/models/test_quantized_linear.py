@@ -14,6 +14,7 @@ from backend_engine.models.quantized_linear import (
     dequantize,
     merge_shards,
 )
+from kernels import cpu_quant_linear
 from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.quantized_weights import quantize_int4, quantize_int8
 
@@ -99,3 +100,29 @@ def test_the_embedding_widens_exactly_the_rows_asked_for() -> None:
     assert torch.equal(embedding(ids), dequantize(table)[ids])
     assert embedding(torch.zeros(0, dtype=torch.int64)).shape == (0, 64)
     assert embedding.weight_bytes() == table.blocks.nbytes
+
+
+def test_ggml_segments_are_tiled_all_or_none() -> None:
+    tileable = [
+        blocks(64, 96, GGMLQuantizationType.Q4_1, 0),
+        blocks(32, 96, GGMLQuantizationType.Q8_0, 1),
+    ]
+    linear = QuantizedLinear(tileable, None)
+    tiles = cpu_quant_linear.tiles_available()
+    assert [getattr(s, "tiled", None) for s in linear.segments] == [tiles, tiles]
+    x = torch.randn(3, 96)
+    weight = torch.cat([dequantize(s) for s in tileable])
+    assert_matches_dequantized(linear(x), x, weight)
+    # a Q5_0 beside them cannot be tiled, so none is (the decoder takes all or none)
+    mixed = QuantizedLinear([*tileable, blocks(32, 96, GGMLQuantizationType.Q5_0, 2)], None)
+    assert not any(getattr(s, "tiled", False) for s in mixed.segments)
+    assert linear.weight_bytes() == mixed.weight_bytes() - mixed.segments[2].blocks.nbytes
+
+
+def test_a_tiled_table_embeds_the_same_rows() -> None:
+    table = blocks(64, 96, GGMLQuantizationType.Q8_0, 4)
+    tiled = table.tiled_for_kernel()
+    ids = torch.tensor([63, 0, 17, 17, 40])
+    want = QuantizedEmbedding(table, torch.float32)(ids)
+    assert torch.equal(QuantizedEmbedding(tiled, torch.float32)(ids), want)
+    assert torch.equal(want, dequantize(table)[ids])
