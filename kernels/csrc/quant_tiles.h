@@ -35,6 +35,7 @@
 #include "quant_blocks.h"
 
 #define TILE_ROWS 16
+#define TILE_PREFETCH 2 /* tiles ahead of the one being read to prefetch */
 #define TILED_TYPE 64 /* type | TILED_TYPE: that type's blocks in tiles of TILE_ROWS rows */
 
 static inline int is_tiled_type(int type) { return (type & TILED_TYPE) != 0; }
@@ -51,9 +52,9 @@ static inline int tileable_type(int type) {
 /* y[m0 .. m0 + rows - 1, n0 .. n0 + 15] for one tile (rows <= ROW_TILE rows of x, each with
    its hi and lo int8 rows 2m and 2m + 1 as quant_activations_slice made them). */
 static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *tile, const int type, const int8_t *xq, const float *xd, const float *xdsum,
-    const int32_t *isum, float *y, int64_t N, int64_t nb, int64_t n0, int64_t m0,
-    const int rows) {
+    const uint8_t *tile, const uint8_t *ahead, const int type, const int8_t *xq, const float *xd,
+    const float *xdsum, const int32_t *isum, float *y, int64_t N, int64_t nb, int64_t n0,
+    int64_t m0, const int rows) {
     const int has_min = type == TYPE_Q4_1;
     const int32_t bias = type == TYPE_Q4_0 ? 8 : type == TYPE_Q8_0 ? 128 : 0;
     const int64_t header = has_min ? 64 : 32;
@@ -63,6 +64,9 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < ROW_TILE; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *block = tile + b * tile_block;
+        if (ahead != NULL) /* a later tile's block, a block's work ahead of its use */
+            for (int64_t line = 0; line < tile_block; line += 64)
+                _mm_prefetch((const char *)ahead + b * tile_block + line, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
         const __m512 m = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 32)))
                                  : _mm512_setzero_ps();
@@ -107,16 +111,16 @@ static inline __attribute__((always_inline)) void tile_rows(
         _mm512_storeu_ps(y + (m0 + r) * N + n0, _mm512_add_ps(acc[r], mins[r]));
 }
 
-static void tile_rows_of(const uint8_t *tile, int type, const int8_t *xq, const float *xd,
-                         const float *xdsum, const int32_t *isum, float *y, int64_t N,
-                         int64_t nb, int64_t n0, int64_t m0, int64_t rows) {
+static void tile_rows_of(const uint8_t *tile, const uint8_t *ahead, int type, const int8_t *xq,
+                         const float *xd, const float *xdsum, const int32_t *isum, float *y,
+                         int64_t N, int64_t nb, int64_t n0, int64_t m0, int64_t rows) {
 #define TILE_ROWS_OF(type_id)                                                                  \
     case type_id:                                                                             \
         switch (rows) {                                                                       \
-        case 1: tile_rows(tile, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 1); break;    \
-        case 2: tile_rows(tile, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 2); break;    \
-        case 3: tile_rows(tile, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 3); break;    \
-        default: tile_rows(tile, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 4); break;   \
+        case 1: tile_rows(tile, ahead, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 1); break;    \
+        case 2: tile_rows(tile, ahead, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 2); break;    \
+        case 3: tile_rows(tile, ahead, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 3); break;    \
+        default: tile_rows(tile, ahead, type_id, xq, xd, xdsum, isum, y, N, nb, n0, m0, 4); break;   \
         }                                                                                     \
         break
     switch (type) {
@@ -139,9 +143,13 @@ static inline void tiled_linear_slice(const uint8_t *w, int type, const int8_t *
         const int64_t chunk_end = M - c < M_CHUNK ? M : c + M_CHUNK;
         for (int64_t n0 = first; n0 < last; n0 += TILE_ROWS) {
             const uint8_t *tile = w + n0 / TILE_ROWS * tile_bytes;
+            /* the hardware prefetcher stops at every 4 KiB page; a tile is 5-16 KiB */
+            const uint8_t *ahead =
+                n0 + TILE_PREFETCH * TILE_ROWS < last ? tile + TILE_PREFETCH * tile_bytes : NULL;
             for (int64_t m0 = c; m0 < chunk_end; m0 += ROW_TILE) {
                 const int64_t rows = chunk_end - m0 < ROW_TILE ? chunk_end - m0 : ROW_TILE;
-                tile_rows_of(tile, type, xq, xd, xdsum, isum, y, N, nb, n0, m0, rows);
+                tile_rows_of(tile, m0 == c ? ahead : NULL, type, xq, xd, xdsum, isum, y, N, nb,
+                             n0, m0, rows);
             }
             if (bias != NULL)
                 for (int64_t m = c; m < chunk_end; ++m)
