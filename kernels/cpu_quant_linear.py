@@ -59,7 +59,8 @@ conversion per block, no horizontal sums. Against the row kernel on SmolLM2's sh
 threads, ``python -m bench.quant_linear``): 1.9-2.6x faster at one row and 2.2-3.5x at 4-512
 rows; against the widened oneDNN matmul 1.2-1.4x faster at 128-192 rows and 0.92-1.26x at
 512, so tiled weights are never widened. One decoding sequence of the shipped SmolLM2 Q4_1
-went from ~95 to ~175 tokens/s (docs/benchmarks.md).
+decodes 1.3-1.9x faster than with the row kernel (docs/benchmarks.md, issue #28's third
+sitting).
 
 When it falls back: with native kernels off (``TOLLWAY_CPU_KERNELS=reference``) or unbuildable,
 :func:`quantized_linear` dequantizes with :func:`dequantize` and runs ``torch.matmul``.
