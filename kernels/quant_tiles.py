@@ -16,6 +16,8 @@ uint8 ``[out_features / 16, in_features / 32 * 16 * block bytes]``.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 TILE_ROWS = 16
@@ -54,17 +56,43 @@ def tile(blocks: torch.Tensor, quant_type: int) -> torch.Tensor:
 
 def untile(tiles: torch.Tensor, quant_type: int) -> torch.Tensor:
     """Tiles back in the file's layout ``[out_features, row bytes]`` (a new tensor)."""
+    blocks = _in_row_order(tiles, quant_type)
+    if quant_type == _Q8_0:  # the quants, after each block's scale, back to signed
+        fields, quants = _FIELDS[quant_type]
+        blocks.reshape(blocks.shape[0], -1, fields + quants)[..., fields:] ^= 0x80
+    return blocks
+
+
+def rows_of(tiles: torch.Tensor, quant_type: int, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (int64 ``[n]``) in the file's layout, ``[n, row bytes]``: an embedding's
+    tokens, gathered byte by byte from their tiles without untiling the rest."""
+    tile_bytes = tiles.shape[1]
+    at = (rows // TILE_ROWS * tile_bytes).unsqueeze(1) + _lane_offsets(quant_type, tile_bytes)[
+        rows % TILE_ROWS
+    ]
+    picked = tiles.reshape(-1)[at]
+    if quant_type == _Q8_0:
+        fields, quants = _FIELDS[quant_type]
+        picked.reshape(picked.shape[0], -1, fields + quants)[..., fields:] ^= 0x80
+    return picked
+
+
+@cache
+def _lane_offsets(quant_type: int, tile_bytes: int) -> torch.Tensor:
+    """``[16, row bytes]`` int64: where each byte of a tile's row j lies in the tile."""
+    return _in_row_order(torch.arange(tile_bytes).reshape(1, -1), quant_type)
+
+
+def _in_row_order(tiles: torch.Tensor, quant_type: int) -> torch.Tensor:
+    """The tiles' elements (bytes, or anything laid out as they are) in the rows' order."""
     fields, quants = _FIELDS[quant_type]
     num_tiles = tiles.shape[0]
-    per_block = TILE_ROWS * (fields + quants)
-    raw = tiles.reshape(num_tiles, -1, per_block)
+    raw = tiles.reshape(num_tiles, -1, TILE_ROWS * (fields + quants))
     num_blocks = raw.shape[1]
     scales = raw[..., : TILE_ROWS * fields].reshape(
         num_tiles, num_blocks, fields // 2, TILE_ROWS, 2
     )
     words = raw[..., TILE_ROWS * fields :].reshape(num_tiles, num_blocks, quants // 4, TILE_ROWS, 4)
-    if quant_type == _Q8_0:
-        words = words ^ 0x80
     # [tile, block, field, row, byte] -> [tile, row, block, field, byte]
     blocks = torch.cat(
         (
@@ -74,22 +102,3 @@ def untile(tiles: torch.Tensor, quant_type: int) -> torch.Tensor:
         dim=3,
     )
     return blocks.reshape(num_tiles * TILE_ROWS, -1)
-
-
-def rows_of(tiles: torch.Tensor, quant_type: int, rows: torch.Tensor) -> torch.Tensor:
-    """Rows ``rows`` (int64 ``[n]``) in the file's layout, ``[n, row bytes]``: an embedding's
-    tokens, without untiling the rest."""
-    fields, quants = _FIELDS[quant_type]
-    per_block = TILE_ROWS * (fields + quants)
-    picked = tiles.index_select(0, rows // TILE_ROWS)
-    picked = picked.reshape(rows.shape[0], -1, per_block)
-    num_blocks = picked.shape[1]
-    lane, which = rows % TILE_ROWS, torch.arange(rows.shape[0])
-    scales = picked[..., : TILE_ROWS * fields].reshape(-1, num_blocks, fields // 2, TILE_ROWS, 2)
-    words = picked[..., TILE_ROWS * fields :].reshape(-1, num_blocks, quants // 4, TILE_ROWS, 4)
-    # advanced indices on dims 0 and 3: the result is [n, block, field, byte]
-    row_scales = scales[which, :, :, lane].reshape(-1, num_blocks, fields)
-    row_words = words[which, :, :, lane].reshape(-1, num_blocks, quants)
-    if quant_type == _Q8_0:
-        row_words = row_words ^ 0x80
-    return torch.cat((row_scales, row_words), dim=2).reshape(rows.shape[0], -1)
