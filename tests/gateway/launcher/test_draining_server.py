@@ -142,9 +142,11 @@ def usage_records(data_dir: Path) -> list[tuple[str, int]]:
 
 
 def _refuses_connections(base: str) -> bool:
+    """No new connection is served: refused, or reset unanswered (one that reached the
+    listening socket's backlog as it closed; seen on a loaded machine)."""
     try:
         httpx.get(f"{base}/health", timeout=5)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
