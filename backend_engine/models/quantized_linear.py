@@ -19,12 +19,14 @@ each its own kernel call into its columns of the output. The whole-step CPU deco
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from kernels import cpu_quant_linear, quantized_weights
 from kernels.cpu_quant_linear import GGUFBlockWeight
+from kernels.huge_pages import copies_on_huge_pages
 from kernels.quantized_weights import Int4Weight, Int8Weight
 
 QuantizedTensor = GGUFBlockWeight | Int8Weight | Int4Weight
@@ -181,3 +183,32 @@ class QuantizedEmbedding(nn.Module):
     def extra_repr(self) -> str:
         kind = self.weight.quant_type.name
         return f"{self.num_embeddings}, {self.embedding_dim}, {kind} blocks"
+
+
+def move_blocks_to_huge_pages(model: nn.Module) -> int:
+    """Put every GGUF block tensor of ``model``'s quantized linears and embeddings on huge
+    pages (:mod:`kernels.huge_pages`: a decode step streams them), in one mapping, replacing
+    the weights in place; a tensor shared by several weights (a tied output projection and
+    embedding) moves once and stays shared. Returns the bytes moved. Call it before taking
+    raw pointers to the weights (the native decoder's)."""
+    holders: list[tuple[nn.Module, int | None, GGUFBlockWeight]] = []
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            holders += [
+                (module, index, segment)
+                for index, segment in enumerate(module.segments)
+                if isinstance(segment, GGUFBlockWeight)
+            ]
+        elif isinstance(module, QuantizedEmbedding):
+            holders.append((module, None, module.weight))
+    originals = list({id(weight.blocks): weight.blocks for _, _, weight in holders}.values())
+    copies = dict(zip(map(id, originals), copies_on_huge_pages(originals), strict=True))
+    for module, index, weight in holders:
+        moved = replace(weight, blocks=copies[id(weight.blocks)])
+        if isinstance(module, QuantizedLinear) and index is not None:
+            segments = list(module.segments)
+            segments[index] = moved
+            module.segments = tuple(segments)
+        elif isinstance(module, QuantizedEmbedding):
+            module.weight = moved
+    return sum(blocks.numel() for blocks in originals)

@@ -31,6 +31,7 @@ from backend_engine.model_loader.weights import resolve_dtype
 from backend_engine.models import load_model
 from backend_engine.models.attention_metadata import AttentionMetadata
 from backend_engine.models.packed_linear import pack_linears
+from backend_engine.models.quantized_linear import move_blocks_to_huge_pages
 from backend_engine.outputs import TokenLogprob
 from backend_engine.worker.cpu_runtime import tune_cpu_runtime
 from backend_engine.worker.draft_row_cost import measure_draft_row_cost
@@ -40,6 +41,7 @@ from backend_engine.worker.logits_mask import accept_tokens, mask_logits
 from backend_engine.worker.logits_processing import apply_logits_stage
 from backend_engine.worker.prompt_logprobs import chunk_prompt_logprobs, owes_prompt_logprobs
 from backend_engine.worker.sampler import choose_tokens, token_logprobs
+from kernels.huge_pages import huge_page_empty, release_freed_memory
 from kernels.int8_kv_cache import int8_bytes_per_block, int8_cache_shape
 from model_files.checkpoint import Checkpoint
 from model_files.model_config import ModelConfig
@@ -71,19 +73,24 @@ def allocate_kv_caches(
     config: EngineConfig, model_config: ModelConfig, num_blocks: int, dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One zeroed (key_cache, value_cache) pair per layer, of ``dtype`` or int8 as configured:
-    [num_blocks, block_size (+ 1 scale row if int8), num_kv_heads, head_dim]."""
+    [num_blocks, block_size (+ 1 scale row if int8), num_kv_heads, head_dim]; on huge pages
+    on the CPU (:mod:`kernels.huge_pages`: decode streams the cache)."""
     kv_heads, head_dim = model_config.num_key_value_heads, model_config.head_dim
     if config.kv_cache_dtype == "int8":
         shape = int8_cache_shape(num_blocks, config.block_size, kv_heads, head_dim)
         dtype = torch.int8
     else:
         shape = (num_blocks, config.block_size, kv_heads, head_dim)
+    layers = model_config.num_hidden_layers
+    if torch.device(config.device).type == "cpu":  # one mapping: no huge page half used
+        caches = huge_page_empty((layers, 2, *shape), dtype)
+        return [(caches[layer, 0], caches[layer, 1]) for layer in range(layers)]
     return [
         (
             torch.zeros(shape, dtype=dtype, device=config.device),
             torch.zeros(shape, dtype=dtype, device=config.device),
         )
-        for _ in range(model_config.num_hidden_layers)
+        for _ in range(layers)
     ]
 
 
@@ -159,6 +166,9 @@ class ModelRunner:
         )
         if self.device.type == "cpu":
             pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls
+            # A decode step streams every block: on huge pages (kernels.huge_pages)
+            if move_blocks_to_huge_pages(self.model):
+                release_freed_memory()  # the blocks' old copies, back to the system
         self.kv_caches = allocate_kv_caches(config, model_config, num_blocks, self.dtype)
         if self.device.type == "cpu":
             # Decode steps in one native call (float32 caches only, for now: an int8 cache's

@@ -95,12 +95,47 @@ typedef struct {
     int32_t *isum;
 } QuantizedActivations;
 
+/* The bytes of rows [first, last) of w's segment s onward that lie in segment s (w is
+   tiled: [N, K] in segments of whole tiles). */
+static PrefetchRun segment_run(const DecoderLinear *w, int64_t s, int64_t first, int64_t last,
+                               int64_t K) {
+    if (s >= w->num_segments || first >= last) return NO_PREFETCH_RUN;
+    int64_t offset = 0;
+    for (int64_t i = 0; i < s; ++i) offset += w->segments[i].rows;
+    const WeightSegment *segment = &w->segments[s];
+    if (first < offset || first >= offset + segment->rows) return NO_PREFETCH_RUN;
+    const int type = untiled_type((int)segment->type);
+    const int64_t row_bytes = K / quant_block_values(type) * quant_block_bytes(type);
+    const int64_t end = last < offset + segment->rows ? last : offset + segment->rows;
+    const PrefetchRun run = {(const uint8_t *)segment->data + (first - offset) * row_bytes,
+                             (end - first) * row_bytes};
+    return run;
+}
+
+/* The bytes this thread reads first in linear w ([N, K]) as shared_linear shares it: its
+   first tiles, up to the end of their segment (nothing for an untiled linear). */
+static PrefetchRun first_run(const DecoderLinear *w, int64_t N, int64_t K) {
+    int thread = 0, team = 1;
+#ifdef _OPENMP
+    thread = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    if (!is_tiled_type((int)w->segments[0].type)) return NO_PREFETCH_RUN;
+    const int64_t first = N / TILE_ROWS * thread / team * TILE_ROWS;
+    const int64_t last = N / TILE_ROWS * (thread + 1) / team * TILE_ROWS;
+    int64_t s = 0, offset = 0;
+    while (s < w->num_segments && first >= offset + w->segments[s].rows)
+        offset += w->segments[s++].rows;
+    return segment_run(w, s, first, last, K);
+}
+
 /* y = x @ W.T (+ bias), its outputs shared evenly among the team: linear_rows.h's slices for
    a packed float32 weight; for ggml blocks, x rounded to int8 blocks once (by rows), then each
    thread's range of outputs across the segments. Called by every thread, which then wait for
    each other. Each output is one thread's, in one fixed order: any team size, same bits. */
 static void shared_linear(const DecoderLinear *w, const float *x, const float *bias, float *y,
-                          int64_t M, int64_t N, int64_t K, const QuantizedActivations *q) {
+                          int64_t M, int64_t N, int64_t K, const QuantizedActivations *q,
+                          PrefetchRun then) {
     int thread = 0, team = 1;
 #ifdef _OPENMP
     thread = omp_get_thread_num();
@@ -128,7 +163,8 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
         if (lo < hi)
             quant_linear_slice(segment->data, (int)segment->type, x, q->xq, q->xd, q->xdsum,
                                q->isum, bias == NULL ? NULL : bias + offset, y + offset, M, N, K,
-                               QUANT_INT8_SPLIT_ACTIVATIONS, lo - offset, hi - offset);
+                               QUANT_INT8_SPLIT_ACTIVATIONS, lo - offset, hi - offset,
+                               hi == last ? then : segment_run(w, s + 1, hi, last, K));
         offset += segment->rows;
     }
 #pragma omp barrier
@@ -205,13 +241,14 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
                         max_blocks, d->scale, num_threads);
     const int64_t num_items = M * items.items_per_seq;
     const size_t per_thread = attention_buffer_floats(&items);
+    const size_t partial_floats = attention_partial_floats(&items, M);
     /* residual, x, sub (a sublayer's output) [M, H] | qkv [M, QKV] | attn [M, Q]
-       | gate_up [M, 2I] | act [M, I] | one attention buffer per thread
+       | gate_up [M, 2I] | act [M, I] | attention partials | one attention buffer per thread
        | a linear's input as int8 blocks, hi and lo rows (R = 2M): scales [R, widest / QK] x 2,
          integer sums [M, widest / QK], values [R, widest] */
     const int64_t widest = H > Q ? (H > I ? H : I) : (Q > I ? Q : I);
     const int64_t R = M * quant_rows_per_input(QUANT_INT8_SPLIT_ACTIVATIONS);
-    const size_t step_floats = (size_t)(M * (3 * H + QKV + Q + 3 * I));
+    const size_t step_floats = (size_t)(M * (3 * H + QKV + Q + 3 * I)) + partial_floats;
     const size_t scale_floats = (size_t)(2 * R * ((widest + QK - 1) / QK));
     const size_t sum_ints = (size_t)(M * ((widest + QK - 1) / QK));
     const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
@@ -224,7 +261,7 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
                                             scales + scale_floats / 2, sums};
     float *residual = workspace, *x = residual + M * H, *sub = x + M * H;
     float *qkv = sub + M * H, *attn = qkv + M * QKV, *gate_up = attn + M * Q;
-    float *act = gate_up + M * 2 * I;
+    float *act = gate_up + M * 2 * I, *partials = act + M * I;
     memcpy(residual, hidden, (size_t)(M * H) * sizeof(float));
     const int64_t silu_pieces = (I + SILU_PIECE - 1) / SILU_PIECE;
 #pragma omp parallel num_threads(num_threads)
@@ -237,7 +274,8 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
         for (int64_t l = 0; l < d->num_layers; ++l) {
             const DecoderLayer *layer = &d->layers[l];
             shared_norm(x, residual, l == 0 ? NULL : sub, layer->input_norm, M, H, d->eps);
-            shared_linear(&layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, &quantized);
+            shared_linear(&layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, &quantized,
+                          first_run(&layer->o, H, Q));
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M; ++t) {
                 float *row = qkv + t * QKV;
@@ -258,10 +296,17 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
             for (int64_t item = 0; item < num_items; ++item)
                 attend_item_caches(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
                                    DTYPE_FLOAT32, (int)d->cache_dtype, block_tables, seq_lens,
-                                   attn, buffer);
-            shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized);
+                                   partials, attn, buffer);
+            if (items.split) {
+#pragma omp for schedule(static)
+                for (int64_t item = 0; item < M * d->num_heads; ++item)
+                    combine_item(&items, item, seq_lens, partials, DTYPE_FLOAT32, attn);
+            }
+            shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized,
+                          first_run(&layer->gate_up, 2 * I, H));
             shared_norm(x, residual, sub, layer->post_norm, M, H, d->eps);
-            shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized);
+            shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized,
+                          first_run(&layer->down, H, I));
             /* in pieces of SILU_PIECE values, so one sequence's row is shared too */
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < M * silu_pieces; ++p) {
@@ -270,7 +315,9 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
                 silu_mul(act + r * I + first, gate_up + r * 2 * I + first,
                          gate_up + r * 2 * I + I + first, n);
             }
-            shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized);
+            shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized,
+                          l + 1 < d->num_layers ? first_run(&d->layers[l + 1].qkv, QKV, H)
+                                                : NO_PREFETCH_RUN);
         }
         shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);
     }

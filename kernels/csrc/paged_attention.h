@@ -234,37 +234,121 @@ static void accumulate_values(const float *restrict p, const float *restrict v,
 }
 
 /*
- * Attention of the query heads that read KV heads [first_kv_head, first_kv_head + num_kv)
- * of one sequence. Tokens are the outer loop, so when an item covers all KV heads each
- * token's keys (and values) are one contiguous run of bytes and a block is read front to
- * back; the next block is prefetched while the current one is processed.
+ * A sequence's context is cut into partitions of whole blocks. Each partition leaves, per
+ * query row, its scores' max m, the sum l of exp(score - m) and the values weighted by those
+ * exponentials; the sequence's partitions are then combined in order (the max M of their m,
+ * then sum exp(m - M) * values / sum exp(m - M) * l, as flash decoding does).
+ *
+ * Work items: with at least two sequences per thread, whole sequences (a thread runs the
+ * sequence's partitions in order and combines them itself); with fewer, one partition each
+ * against every query head, and a second pass combines them, a (sequence, head) at a time.
+ * Why: one decoding sequence had one item per KV head (3 on SmolLM2 for 2 threads: one thread
+ * idle for a third of the attention, 1.3x slower at 4,096 tokens). Either way an item reads
+ * whole token rows, front to back.
+ *
+ * A sequence's partitions depend on its own length and the block size alone, and both kinds
+ * of item do the same arithmetic in the same order, so its output has the same bits in any
+ * batch and for any thread count.
  */
-static void attend(const float *restrict q, /* this item's queries: [rows, head_dim] */
-                   const CacheView *keys, const CacheView *values,
-                   const int32_t *restrict table, int64_t len, int64_t num_kv,
-                   int64_t group, int64_t head_dim, int64_t block_size, float scale,
-                   float *restrict scores,  /* [rows, len] */
-                   float *restrict scratch, /* [block_size, num_kv * head_dim] */
-                   float *restrict out /* [rows, head_dim] */) {
-    const int64_t rows = num_kv * group;
-    const int64_t width = num_kv * head_dim;
+#define MAX_PARTITIONS 16
+#define MIN_PARTITION_BLOCKS 4 /* 2 measured 0-2% slower in a SmolLM2 decode step; 1, 10-15%
+                                  slower on batches (each partition's softmax and combine) */
+
+/* Blocks per partition for a context of num_blocks blocks: MIN_PARTITION_BLOCKS, or more so
+   that there are at most MAX_PARTITIONS (the last may be shorter). */
+static inline int64_t partition_blocks(int64_t num_blocks) {
+    const int64_t even = (num_blocks + MAX_PARTITIONS - 1) / MAX_PARTITIONS;
+    return even > MIN_PARTITION_BLOCKS ? even : MIN_PARTITION_BLOCKS;
+}
+
+typedef struct {
+    int64_t num_heads, num_kv_heads, head_dim, group, block_size, max_blocks;
+    int split;                  /* items are partitions (else whole sequences) */
+    int64_t items_per_seq;      /* split: the most partitions of any sequence; else 1 */
+    int64_t max_partition;      /* the most tokens of any partition */
+    float scale;
+} AttentionItems;
+
+static AttentionItems attention_items(const int32_t *seq_lens, int64_t num_seqs,
+                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                      int64_t block_size, int64_t max_blocks, float scale,
+                                      int num_threads) {
+    int64_t partitions = 1, max_partition = 1;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t blocks = ((int64_t)seq_lens[s] + block_size - 1) / block_size;
+        const int64_t per = partition_blocks(blocks);
+        const int64_t count = (blocks + per - 1) / per;
+        partitions = count > partitions ? count : partitions;
+        max_partition = per * block_size > max_partition ? per * block_size : max_partition;
+    }
+    const int split = num_seqs < 2 * (int64_t)num_threads;
+    const AttentionItems items = {
+        .num_heads = num_heads,
+        .num_kv_heads = num_kv_heads,
+        .head_dim = head_dim,
+        .group = num_heads / num_kv_heads,
+        .block_size = block_size,
+        .max_blocks = max_blocks,
+        .split = split,
+        .items_per_seq = split ? partitions : 1,
+        .max_partition = max_partition,
+        .scale = scale,
+    };
+    return items;
+}
+
+/* Floats of one partition's results: [heads, 2 + head_dim] (m, l, the weighted values). */
+static inline int64_t partial_floats(const AttentionItems *items) {
+    return items->num_heads * (2 + items->head_dim);
+}
+
+/* Floats of one thread's work buffer: scores [heads, max_partition] | scratch [block_size,
+   kv heads * head_dim] (widened rows) | q [heads, head_dim] | one sequence's partials
+   [MAX_PARTITIONS, ...] (whole-sequence items). */
+static size_t attention_buffer_floats(const AttentionItems *items) {
+    return (size_t)(items->num_heads * items->max_partition +
+                    items->block_size * items->num_kv_heads * items->head_dim +
+                    items->num_heads * items->head_dim + MAX_PARTITIONS * partial_floats(items));
+}
+
+/* Floats of the step's shared partial results: [num_seqs, items_per_seq, heads, 2 +
+   head_dim] when split, else none. */
+static size_t attention_partial_floats(const AttentionItems *items, int64_t num_seqs) {
+    return items->split ? (size_t)(num_seqs * items->items_per_seq * partial_floats(items)) : 0;
+}
+
+/*
+ * One partition: pass 1 scores every query row against the partition's keys, block by block
+ * (each key read once, its row's heads consecutive; the group's query rows share each KV
+ * head's load from L1); then each row's max and exponentials; pass 2 sums the values
+ * weighted by them. Blocks lie anywhere in the cache, so the hardware prefetcher loses the
+ * stream at each block boundary: pass 1 prefetches the keys two blocks ahead and this
+ * block's values, pass 2 the values two blocks ahead, in slices between query rows.
+ */
+static void attend_partition(const float *restrict q, const CacheView *keys,
+                             const CacheView *values, const int32_t *restrict table,
+                             int64_t len, int64_t num_kv, int64_t group, int64_t head_dim,
+                             int64_t block_size, float scale, float *restrict scores,
+                             float *restrict scratch, float *restrict partial) {
+    const int64_t rows = num_kv * group, width = num_kv * head_dim, stride_p = 2 + head_dim;
     const int64_t num_blocks = (len + block_size - 1) / block_size;
     int64_t stride;
-    /* Pass 1: scores[r][t] = scale * q[r] . k[t] for query row r = kv * group + g */
     for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
-        const int64_t ahead = b + PREFETCH_BLOCKS < num_blocks ? table[b + PREFETCH_BLOCKS] : -1;
+        const int64_t ahead = b + PREFETCH_BLOCKS;
+        const int64_t ahead_n =
+            len - ahead * block_size < block_size ? len - ahead * block_size : block_size;
         const float *k_block = block_rows(keys, table[b], n, width, scratch, &stride);
         for (int64_t r = 0; r < rows; ++r) {
-            if (ahead >= 0)  /* this row's share of the block ahead */
-                prefetch_tokens(keys, ahead, r * block_size / rows, (r + 1) * block_size / rows,
+            if (ahead < num_blocks) /* this row's share of the blocks ahead */
+                prefetch_tokens(keys, table[ahead], r * ahead_n / rows, (r + 1) * ahead_n / rows,
                                 width);
+            prefetch_tokens(values, table[b], r * n / rows, (r + 1) * n / rows, width);
             score_keys(q + r * head_dim, k_block + (r / group) * head_dim, stride, n, head_dim,
                        scale, scores + r * len + start);
         }
     }
-    /* Softmax over each query's row; rows of out start at zero. */
     for (int64_t r = 0; r < rows; ++r) {
         float *row = scores + r * len;
         float max_score = row[0];
@@ -275,22 +359,24 @@ static void attend(const float *restrict q, /* this item's queries: [rows, head_
             row[t] = expf(row[t] - max_score);
             total += row[t];
         }
-        const float inv_total = 1.0f / total;
-        for (int64_t t = 0; t < len; ++t) row[t] *= inv_total;
+        float *out = partial + r * stride_p;
+        out[0] = max_score;
+        out[1] = total;
+        memset(out + 2, 0, (size_t)head_dim * sizeof(float));
     }
-    memset(out, 0, (size_t)(rows * head_dim) * sizeof(float));
-    /* Pass 2: out[r] = sum_t p[r][t] * v[t] */
     for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
-        const int64_t ahead = b + PREFETCH_BLOCKS < num_blocks ? table[b + PREFETCH_BLOCKS] : -1;
+        const int64_t ahead = b + PREFETCH_BLOCKS;
+        const int64_t ahead_n =
+            len - ahead * block_size < block_size ? len - ahead * block_size : block_size;
         const float *v_block = block_rows(values, table[b], n, width, scratch, &stride);
         for (int64_t r = 0; r < rows; ++r) {
-            if (ahead >= 0)  /* this row's share of the block ahead */
-                prefetch_tokens(values, ahead, r * block_size / rows,
-                                (r + 1) * block_size / rows, width);
+            if (ahead < num_blocks)
+                prefetch_tokens(values, table[ahead], r * ahead_n / rows,
+                                (r + 1) * ahead_n / rows, width);
             accumulate_values(scores + r * len + start, v_block + (r / group) * head_dim,
-                              stride, n, head_dim, out + r * head_dim);
+                              stride, n, head_dim, partial + r * stride_p + 2);
         }
     }
 }
@@ -310,109 +396,114 @@ static int tables_are_valid(const int32_t *block_tables, const int32_t *seq_lens
     return 1;
 }
 
-/* How a decode step's attention splits into work items: whole sequences (contiguous reads)
-   when there are enough of them to keep every thread busy, else (sequence, KV head) pairs. */
-typedef struct {
-    int64_t num_heads, num_kv_heads, head_dim, group, block_size, max_blocks;
-    int64_t kv_per_item, items_per_seq, rows_per_item;
-    int64_t item_values;    /* query (and output) values of an item */
-    int64_t scratch_values; /* [block_size, kv_per_item * head_dim]: widened bfloat16 rows */
-    int64_t max_len;        /* the longest context */
-    float scale;
-} AttentionItems;
-
-static AttentionItems attention_items(const int32_t *seq_lens, int64_t num_seqs,
-                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                      int64_t block_size, int64_t max_blocks, float scale,
-                                      int num_threads) {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t kv_per_item = num_seqs >= 2 * (int64_t)num_threads ? num_kv_heads : 1;
-    int64_t max_len = 1;
-    for (int64_t s = 0; s < num_seqs; ++s) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
-    const AttentionItems items = {
-        .num_heads = num_heads,
-        .num_kv_heads = num_kv_heads,
-        .head_dim = head_dim,
-        .group = group,
-        .block_size = block_size,
-        .max_blocks = max_blocks,
-        .kv_per_item = kv_per_item,
-        .items_per_seq = num_kv_heads / kv_per_item,
-        .rows_per_item = kv_per_item * group,
-        .item_values = kv_per_item * group * head_dim,
-        .scratch_values = block_size * kv_per_item * head_dim,
-        .max_len = max_len,
-        .scale = scale,
-    };
-    return items;
+/* How many partitions sequence s has, and blocks per partition. */
+static inline int64_t partitions_of(const AttentionItems *items, const int32_t *seq_lens,
+                                    int64_t s, int64_t *per) {
+    const int64_t blocks = ((int64_t)seq_lens[s] + items->block_size - 1) / items->block_size;
+    *per = partition_blocks(blocks);
+    return (blocks + *per - 1) / *per;
 }
 
-/* Floats of one thread's work buffer: scores [rows, max_len] | scratch | q | out. */
-static size_t attention_buffer_floats(const AttentionItems *items) {
-    return (size_t)(items->rows_per_item * items->max_len + items->scratch_values +
-                    2 * items->item_values);
+/* Head h of sequence s's output from its `count` partitions' results (`partials`, the
+   first partition's, `step` floats apart), combined in order; zeros for no partition. out
+   as q: [num_seqs, num_heads, head_dim] of dtype. */
+static void combine_head(const AttentionItems *items, int64_t s, int64_t h, int64_t count,
+                         const float *partials, int64_t step, int dtype, void *out) {
+    const int64_t head_dim = items->head_dim;
+    const float *first = partials + h * (2 + head_dim);
+    float combined[head_dim];
+    memset(combined, 0, sizeof combined);
+    float max_score = count > 0 ? first[0] : 0.0f, total = 0.0f;
+    for (int64_t p = 1; p < count; ++p)
+        max_score = first[p * step] > max_score ? first[p * step] : max_score;
+    for (int64_t p = 0; p < count; ++p) {
+        const float *partial = first + p * step;
+        const float weight = expf(partial[0] - max_score);
+        total += weight * partial[1];
+#pragma omp simd
+        for (int64_t e = 0; e < head_dim; ++e) combined[e] += weight * partial[2 + e];
+    }
+    const float inv_total = count > 0 ? 1.0f / total : 0.0f;
+    const int64_t offset = (s * items->num_heads + h) * head_dim;
+    if (dtype == DTYPE_FLOAT32) {
+        float *dst = (float *)out + offset;
+        for (int64_t e = 0; e < head_dim; ++e) dst[e] = combined[e] * inv_total;
+    } else {
+        uint16_t *dst = (uint16_t *)out + offset;
+        for (int64_t e = 0; e < head_dim; ++e) dst[e] = bf16_of_f32(combined[e] * inv_total);
+    }
 }
 
-/* One work item: its query heads of sequence item / items_per_seq, attending to its KV
-   heads. q: [num_seqs, num_heads, head_dim], rows q_row_stride apart; out likewise,
-   contiguous, both of dtype (float32 or bfloat16); the caches as in the header, of
-   cache_dtype (dtype, or DTYPE_INT8). */
+/* Work item `item` (attention_items): a partition's results into `partials` (split), or a
+   whole sequence's output into `out`. q: [num_seqs, num_heads, head_dim], rows q_row_stride
+   apart, of dtype (float32 or bfloat16), out likewise (contiguous); the caches as in the
+   header, of cache_dtype (dtype, or DTYPE_INT8). */
 static void attend_item_caches(const AttentionItems *items, int64_t item, const void *q,
                                int64_t q_row_stride, const void *key_cache,
                                const void *value_cache, int dtype, int cache_dtype,
-                               const int32_t *block_tables, const int32_t *seq_lens, void *out,
-                               float *buffer) {
-    const int64_t head_dim = items->head_dim, group = items->group;
-    const int64_t item_values = items->item_values;
-    float *scores = buffer;
-    float *scratch = scores + items->rows_per_item * items->max_len;
-    float *q_item = scratch + items->scratch_values;
-    float *out_item = q_item + item_values;
+                               const int32_t *block_tables, const int32_t *seq_lens,
+                               float *partials, void *out, float *buffer) {
     const int64_t s = item / items->items_per_seq;
-    const int64_t first_kv = (item % items->items_per_seq) * items->kv_per_item;
-    const int64_t q_offset = s * q_row_stride + first_kv * group * head_dim;
-    const int64_t out_offset = (s * items->num_heads + first_kv * group) * head_dim;
-    if (dtype == DTYPE_FLOAT32) {
-        memcpy(q_item, (const float *)q + q_offset, (size_t)item_values * sizeof(float));
-    } else {
-        const uint16_t *q_bf16 = (const uint16_t *)q + q_offset;
-        for (int64_t e = 0; e < item_values; ++e) q_item[e] = f32_of_bf16(q_bf16[e]);
+    const int64_t head_dim = items->head_dim, block_size = items->block_size;
+    const int64_t width = items->num_kv_heads * head_dim, values = items->num_heads * head_dim;
+    int64_t per;
+    const int64_t count = partitions_of(items, seq_lens, s, &per);
+    const int64_t first = items->split ? item % items->items_per_seq : 0;
+    const int64_t end = items->split ? first + 1 : count;
+    if (first >= count) {
+        if (!items->split) /* an empty context */
+            for (int64_t h = 0; h < items->num_heads; ++h)
+                combine_head(items, s, h, 0, buffer, 0, dtype, out);
+        return;
     }
-    const int64_t token_stride = items->num_kv_heads * head_dim;
-    const int64_t rows_per_block = items->block_size + (cache_dtype == DTYPE_INT8 ? 1 : 0);
+    float *scores = buffer;
+    float *scratch = scores + items->num_heads * items->max_partition;
+    float *q_item = scratch + block_size * width;
+    float *own = q_item + values; /* a whole sequence's partials */
+    if (dtype == DTYPE_FLOAT32) {
+        memcpy(q_item, (const float *)q + s * q_row_stride, (size_t)values * sizeof(float));
+    } else {
+        const uint16_t *q_bf16 = (const uint16_t *)q + s * q_row_stride;
+        for (int64_t e = 0; e < values; ++e) q_item[e] = f32_of_bf16(q_bf16[e]);
+    }
+    const int64_t rows_per_block = block_size + (cache_dtype == DTYPE_INT8 ? 1 : 0);
     const CacheView keys = {
         .base = key_cache,
         .dtype = cache_dtype,
-        .block_stride = rows_per_block * token_stride,
-        .token_stride = token_stride,
-        .head_offset = first_kv * head_dim,
-        .scales_offset = items->block_size * token_stride,
-        .first_head = first_kv,
+        .block_stride = rows_per_block * width,
+        .token_stride = width,
+        .head_offset = 0,
+        .scales_offset = block_size * width,
+        .first_head = 0,
         .head_dim = head_dim,
     };
-    CacheView values = keys;
-    values.base = value_cache;
-    if (seq_lens[s] <= 0)
-        memset(out_item, 0, (size_t)item_values * sizeof(float));
-    else
-        attend(q_item, &keys, &values, block_tables + s * items->max_blocks, seq_lens[s],
-               items->kv_per_item, group, head_dim, items->block_size, items->scale, scores,
-               scratch, out_item);
-    if (dtype == DTYPE_FLOAT32) {
-        memcpy((float *)out + out_offset, out_item, (size_t)item_values * sizeof(float));
-    } else {
-        uint16_t *out_bf16 = (uint16_t *)out + out_offset;
-        for (int64_t e = 0; e < item_values; ++e) out_bf16[e] = bf16_of_f32(out_item[e]);
+    CacheView value_view = keys;
+    value_view.base = value_cache;
+    const int64_t len = seq_lens[s];
+    for (int64_t p = first; p < end; ++p) {
+        const int64_t start = p * per * block_size;
+        const int64_t tokens = len - start < per * block_size ? len - start : per * block_size;
+        float *partial = items->split ? partials + item * partial_floats(items)
+                                      : own + p * partial_floats(items);
+        attend_partition(q_item, &keys, &value_view,
+                         block_tables + s * items->max_blocks + p * per, tokens,
+                         items->num_kv_heads, items->group, head_dim, block_size, items->scale,
+                         scores, scratch, partial);
     }
+    if (!items->split)
+        for (int64_t h = 0; h < items->num_heads; ++h)
+            combine_head(items, s, h, count, own, partial_floats(items), dtype, out);
 }
 
-/* attend_item_caches with caches of q's dtype (float32 or bfloat16). */
-static inline void attend_item(const AttentionItems *items, int64_t item, const void *q,
-                               int64_t q_row_stride, const void *key_cache,
-                               const void *value_cache, int dtype, const int32_t *block_tables,
-                               const int32_t *seq_lens, void *out, float *buffer) {
-    attend_item_caches(items, item, q, q_row_stride, key_cache, value_cache, dtype, dtype,
-                       block_tables, seq_lens, out, buffer);
+/* After a split step's items: item (sequence item / num_heads, head item % num_heads) of
+   the second pass, its partitions combined into out. */
+static void combine_item(const AttentionItems *items, int64_t item, const int32_t *seq_lens,
+                         const float *partials, int dtype, void *out) {
+    const int64_t s = item / items->num_heads, h = item % items->num_heads;
+    int64_t per;
+    const int64_t count = partitions_of(items, seq_lens, s, &per);
+    combine_head(items, s, h, count, partials + s * items->items_per_seq * partial_floats(items),
+                 partial_floats(items), dtype, out);
 }
 
 /* One head's int8 quantization of a token row into its block, by kernels/int8_kv_cache.py's

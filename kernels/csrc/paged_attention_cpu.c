@@ -17,13 +17,14 @@
  *   seq_lens:               [num_seqs] int32, context length incl. the query token
  *
  * Query head i reads KV head i / group (Hugging Face's repeat_kv order), so the group's
- * queries are consecutive and share each key and value load. Work items are whole
- * sequences (or, with fewer sequences than 2 per thread, (sequence, KV head) pairs), spread
- * over OpenMP threads; with PyTorch loaded first the process has one OpenMP runtime
- * (PyTorch's libgomp.so.1), shared with its own ops.
+ * queries are consecutive and share each key and value load. A context is cut into
+ * partitions of whole blocks, combined as flash decoding does (paged_attention.h); work items
+ * are whole sequences (or, with fewer sequences than 2 per thread, single partitions, then a
+ * pass that combines them), spread over OpenMP threads; with PyTorch loaded first the
+ * process has one OpenMP runtime (PyTorch's libgomp.so.1), shared with its own ops.
  *
- * Per item: pass 1 computes every query row's scores for the whole context into a
- * per-thread buffer, then the softmax, then pass 2 accumulates the values. Both passes go
+ * Per partition: pass 1 computes every query row's scores for its tokens into a
+ * per-thread buffer, then the exponentials, then pass 2 accumulates the values. Both passes go
  * block by block (each key and value read from memory once) and, inside a block, query row
  * by query row: the row's query (pass 1) or its output sums (pass 2) stay in vector
  * registers across the block's tokens, whose rows the other query rows of the group then
@@ -33,7 +34,7 @@
  * (a shuffle tree), not each on its own: 1.13-1.16x on the whole kernel.
  * The block two ahead is prefetched in slices between query rows: blocks lie anywhere in
  * the cache, so the hardware prefetcher loses the stream at each block boundary. The
- * scores buffer is rows * max_len floats, small enough to stay in L2. Arithmetic is
+ * scores buffer is rows * the longest partition's tokens, small enough to stay in L2. Arithmetic is
  * float32 whatever the dtype, as in the reference: a bfloat16 block is widened (exactly)
  * into a per-thread buffer as it is read, so bfloat16 caches cost half the memory traffic,
  * and the output is rounded to nearest even once at the end. An int8 block is widened the
@@ -69,18 +70,32 @@ int tollway_paged_decode_attention(const void *q, const void *key_cache, const v
     const AttentionItems items =
         attention_items(seq_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size,
                         max_blocks, scale, num_threads);
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    float *partials = malloc(attention_partial_floats(&items, num_seqs) * sizeof(float) + 1);
+    if (partials == NULL) return -1;
+    int failed = 0; /* shared: a thread could not allocate its buffer */
+#pragma omp parallel num_threads(num_threads)
     {
         float *buffer = malloc(attention_buffer_floats(&items) * sizeof(float));
-        if (buffer == NULL) failed = 1;
+        if (buffer == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_seqs * items.items_per_seq; ++item)
             if (buffer != NULL)
                 attend_item_caches(&items, item, q, q_row_stride, key_cache, value_cache, dtype,
-                                   cache_dtype, block_tables, seq_lens, out, buffer);
+                                   cache_dtype, block_tables, seq_lens, partials, out, buffer);
         free(buffer);
+        int any_failed; /* the same for every thread, read after the loop's barrier */
+#pragma omp atomic read
+        any_failed = failed;
+        if (!any_failed && items.split) {
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < num_seqs * num_heads; ++item)
+                combine_item(&items, item, seq_lens, partials, dtype, out);
+        }
     }
+    free(partials);
     return failed ? -1 : 0;
 }
 

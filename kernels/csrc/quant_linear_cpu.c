@@ -105,7 +105,8 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
 #pragma omp barrier
         }
         quant_linear_slice(w, type, x, xq, xd, xdsum, isum, NULL, y, M, N, K, method,
-                           units * thread / team * unit, units * (thread + 1) / team * unit);
+                           units * thread / team * unit, units * (thread + 1) / team * unit,
+                           NO_PREFETCH_RUN);
     }
     free(xq), free(xd), free(xdsum), free(isum);
     return OK;

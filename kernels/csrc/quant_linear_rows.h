@@ -206,14 +206,15 @@ static inline void quant_linear_slice(const uint8_t *w, int type, const float *x
                                       const int8_t *xq, const float *xd, const float *xdsum,
                                       const int32_t *isum, const float *bias, float *y,
                                       int64_t M, int64_t N, int64_t K, int method, int64_t first,
-                                      int64_t last) {
+                                      int64_t last, PrefetchRun then) {
 #if QUANT_TILES
     if (is_tiled_type(type)) {
         tiled_linear_slice(w, untiled_type(type), xq, xd, xdsum, isum, bias, y, M, N, K, first,
-                           last);
+                           last, then);
         return;
     }
 #endif
+    (void)then;
     const int64_t bytes = quant_block_bytes(type), row_bytes = K / quant_block_values(type) * bytes;
     const int64_t per_input = quant_rows_per_input(method), R = M * per_input;
     /* chunks and tiles of activation rows; both even, so a split pair never straddles them */

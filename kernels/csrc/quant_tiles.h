@@ -38,6 +38,16 @@
 #define TILE_PREFETCH 2 /* tiles ahead of the one being read to prefetch */
 #define TILED_TYPE 64 /* type | TILED_TYPE: that type's blocks in tiles of TILE_ROWS rows */
 
+/* The bytes a thread reads next, after its slice of a linear (the start of its slice of the
+   next linear): its last tiles prefetch these instead of nothing, so that the next linear's
+   first tiles are not read cold after the barrier between them. */
+typedef struct {
+    const uint8_t *start;
+    int64_t bytes;
+} PrefetchRun;
+
+static const PrefetchRun NO_PREFETCH_RUN = {NULL, 0};
+
 static inline int is_tiled_type(int type) { return (type & TILED_TYPE) != 0; }
 static inline int untiled_type(int type) { return type & ~TILED_TYPE; }
 
@@ -132,20 +142,24 @@ static void tile_rows_of(const uint8_t *tile, const uint8_t *ahead, int type, co
 }
 
 /* y[:, first:last] (+ bias) for a tiled W (first and last multiples of TILE_ROWS), x as the
-   split method's int8 rows with their integer sums. Each output is one thread's, summed in
-   one fixed order. */
+   split method's int8 rows with their integer sums; the last tiles prefetch `then`. Each
+   output is one thread's, summed in one fixed order. */
 static inline void tiled_linear_slice(const uint8_t *w, int type, const int8_t *xq,
                                       const float *xd, const float *xdsum, const int32_t *isum,
                                       const float *bias, float *y, int64_t M, int64_t N,
-                                      int64_t K, int64_t first, int64_t last) {
+                                      int64_t K, int64_t first, int64_t last, PrefetchRun then) {
     const int64_t nb = K / QK, tile_bytes = TILE_ROWS * nb * quant_block_bytes(type);
     for (int64_t c = 0; c < M; c += M_CHUNK) { /* rows of x kept in cache across the tiles */
         const int64_t chunk_end = M - c < M_CHUNK ? M : c + M_CHUNK;
         for (int64_t n0 = first; n0 < last; n0 += TILE_ROWS) {
             const uint8_t *tile = w + n0 / TILE_ROWS * tile_bytes;
-            /* the hardware prefetcher stops at every 4 KiB page; a tile is 5-16 KiB */
-            const uint8_t *ahead =
-                n0 + TILE_PREFETCH * TILE_ROWS < last ? tile + TILE_PREFETCH * tile_bytes : NULL;
+            /* the hardware prefetcher stops at every 4 KiB page; a tile is 5-16 KiB. Past
+               the slice's end, after the last chunk, the run read next. */
+            const int64_t past = (n0 - last) / TILE_ROWS + TILE_PREFETCH; /* tiles past last */
+            const uint8_t *ahead = past < 0 ? tile + TILE_PREFETCH * tile_bytes
+                                   : chunk_end == M && (past + 1) * tile_bytes <= then.bytes
+                                       ? then.start + past * tile_bytes
+                                       : NULL;
             for (int64_t m0 = c; m0 < chunk_end; m0 += ROW_TILE) {
                 const int64_t rows = chunk_end - m0 < ROW_TILE ? chunk_end - m0 : ROW_TILE;
                 tile_rows_of(tile, m0 == c ? ahead : NULL, type, xq, xd, xdsum, isum, y, N, nb,

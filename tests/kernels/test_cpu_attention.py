@@ -55,9 +55,10 @@ TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 def test_native_decode_matches_the_reference(
     num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> None:
-    lens = [1, 2, block_size - 1, block_size, block_size + 1, 3 * block_size + 5, 300]
+    # one partition (attention_items in paged_attention.h), several, and the most (16)
+    lens = [1, 2, block_size - 1, block_size, block_size + 1, 3 * block_size + 5, 300, 1500]
     q, key_cache, value_cache, tables, seq_lens = random_case(
-        num_heads, num_kv_heads, head_dim, block_size, lens, dtype=dtype
+        num_heads, num_kv_heads, head_dim, block_size, lens, dtype=dtype, pool_blocks=1024
     )
     scale = head_dim**-0.5
     got = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, scale)
@@ -68,16 +69,37 @@ def test_native_decode_matches_the_reference(
 
 
 @needs_compiler
-def test_native_decode_uses_the_whole_batch_and_single_heads_alike() -> None:
-    """Many sequences run as whole-sequence work items, few as (sequence, KV head) pairs."""
-    lens = [5 + 37 * i for i in range(9)]
-    q, key_cache, value_cache, tables, seq_lens = random_case(8, 2, 64, 16, lens)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_native_decode_gives_the_same_bits_alone_in_a_batch_and_on_any_team(
+    cache_dtype: torch.dtype,
+) -> None:
+    """Few sequences run as one work item per partition of their context, many as whole
+    sequences; a sequence's partitions depend on its own length alone, so each output has
+    the same bits whichever way it ran, and for any thread count."""
+    lens = [5 + 37 * i for i in range(9)] + [1100, 2000]  # 1-16 partitions
+    q, key_cache, value_cache, tables, seq_lens = random_case(
+        8, 2, 64, 16, lens, dtype=cache_dtype, pool_blocks=2048
+    )
     batch = cpu_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.1)
-    for i in range(len(lens)):  # one sequence at a time: the other work split
-        one = cpu_attention.paged_decode_attention(
-            q[i : i + 1], key_cache, value_cache, tables[i : i + 1], seq_lens[i : i + 1], 0.1
-        )
-        torch.testing.assert_close(one, batch[i : i + 1], atol=1e-6, rtol=1e-6)
+    threads = torch.get_num_threads()
+    try:
+        for team in (1, 2, 3):
+            torch.set_num_threads(team)
+            for i in range(len(lens)):  # alone: one item per partition
+                one = cpu_attention.paged_decode_attention(
+                    q[i : i + 1],
+                    key_cache,
+                    value_cache,
+                    tables[i : i + 1],
+                    seq_lens[i : i + 1],
+                    0.1,
+                )
+                assert torch.equal(one, batch[i : i + 1]), (team, lens[i])
+    finally:
+        torch.set_num_threads(threads)
+    want = reference.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens, 0.1)
+    tolerance = TOLERANCES[cache_dtype]
+    torch.testing.assert_close(batch, want, atol=tolerance, rtol=tolerance)
 
 
 @needs_compiler

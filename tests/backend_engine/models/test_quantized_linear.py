@@ -13,9 +13,11 @@ from backend_engine.models.quantized_linear import (
     QuantizedLinear,
     dequantize,
     merge_shards,
+    move_blocks_to_huge_pages,
 )
 from kernels import cpu_quant_linear
 from kernels.cpu_quant_linear import GGUFBlockWeight
+from kernels.huge_pages import HUGE_PAGE_BYTES
 from kernels.quantized_weights import quantize_int4, quantize_int8
 
 
@@ -126,3 +128,33 @@ def test_a_tiled_table_embeds_the_same_rows() -> None:
     want = QuantizedEmbedding(table, torch.float32)(ids)
     assert torch.equal(QuantizedEmbedding(tiled, torch.float32)(ids), want)
     assert torch.equal(want, dequantize(table)[ids])
+
+
+def test_blocks_move_to_one_huge_page_mapping_and_shared_blocks_stay_shared() -> None:
+    table = blocks(64, 96, GGMLQuantizationType.Q8_0, 5)
+    output = QuantizedLinear([table], None)  # a tied output projection and embedding
+    (shared,) = output.segments
+    assert isinstance(shared, GGUFBlockWeight)
+    embedding = QuantizedEmbedding(shared, torch.float32)
+    q4_1, q5_0 = (
+        blocks(32, 96, GGMLQuantizationType.Q4_1, 6),
+        blocks(32, 96, GGMLQuantizationType.Q5_0, 7),
+    )
+    mixed = QuantizedLinear([q4_1, q5_0], torch.randn(64))
+    model = torch.nn.ModuleDict({"output": output, "embedding": embedding, "mixed": mixed})
+    x, ids = torch.randn(3, 96), torch.tensor([5, 63, 0])
+    want = (output(x), embedding(ids), mixed(x))
+    before = [segment.blocks for segment in (*output.segments, *mixed.segments)]  # type: ignore[union-attr]
+
+    assert move_blocks_to_huge_pages(model) == sum(b.nbytes for b in before)
+
+    after = [segment.blocks for segment in (*output.segments, *mixed.segments)]  # type: ignore[union-attr]
+    assert embedding.weight.blocks is after[0]  # still one copy for both
+    for moved, old in zip(after, before, strict=True):
+        assert torch.equal(moved, old)
+        assert moved.data_ptr() != old.data_ptr()
+    pointers = sorted(b.data_ptr() for b in after)  # one mapping, from a huge page's start
+    assert pointers[0] % HUGE_PAGE_BYTES == 0
+    assert pointers[-1] - pointers[0] < HUGE_PAGE_BYTES
+    got = (output(x), embedding(ids), mixed(x))
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
