@@ -80,7 +80,7 @@ from kernels import quant_tiles
 from kernels.cpu_build import load_kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear_cpu.c"
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 
 
 class GGUFQuantType(IntEnum):
@@ -229,6 +229,12 @@ def native_library() -> ctypes.CDLL | None:
                 + [ctypes.c_int],
                 ctypes.c_int,
             ),
+            "tollway_quant_gather_rows": (
+                [ctypes.c_void_p, ctypes.c_int]
+                + [ctypes.c_int64] * 2
+                + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+                ctypes.c_int,
+            ),
         },
     )
 
@@ -324,6 +330,31 @@ def widened(
     )
     if status != 0:
         raise ValueError(f"the kernel could not widen a {weight.quant_type.name} weight")
+    return out
+
+
+def gathered_rows(weight: GGUFBlockWeight, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (int64 ``[n]``) of the weight as float32 ``[n, in_features]``, read from
+    the blocks as held (tiled or not) with :func:`dequantize`'s values: an embedding's tokens,
+    one native call (the tensor ops it replaces took ~0.15 ms a decode step)."""
+    rows = rows.reshape(-1).to(torch.int64).contiguous()
+    library = native_library()
+    if library is None:
+        return dequantize(GGUFBlockWeight.from_blocks(weight.row_blocks(rows), weight.quant_type))
+    out = torch.empty((rows.shape[0], weight.in_features), dtype=torch.float32)
+    if rows.shape[0] == 0:
+        return out
+    status = library.tollway_quant_gather_rows(
+        weight.blocks.data_ptr(),
+        weight.kernel_type,
+        weight.out_features,
+        weight.in_features,
+        rows.data_ptr(),
+        rows.shape[0],
+        out.data_ptr(),
+    )
+    if status != 0:
+        raise IndexError(f"a row is outside the weight's {weight.out_features} rows")
     return out
 
 

@@ -171,11 +171,7 @@ class QuantizedEmbedding(nn.Module):
         self.embedding_dim = weight.in_features
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, embedding_dim]
-        rows = self.weight.row_blocks(input_ids.reshape(-1))
-        if rows.shape[0] == 0:
-            return torch.empty((0, self.embedding_dim), dtype=self.dtype)
-        gathered = GGUFBlockWeight.from_blocks(rows, self.weight.quant_type)
-        return cpu_quant_linear.dequantize(gathered).to(self.dtype)
+        return cpu_quant_linear.gathered_rows(self.weight, input_ids).to(self.dtype)
 
     def weight_bytes(self) -> int:
         return self.weight.blocks.nbytes

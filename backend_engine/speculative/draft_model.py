@@ -46,8 +46,8 @@ from backend_engine.config import EngineConfig
 from backend_engine.core.request import Request
 from backend_engine.models import load_model
 from backend_engine.models.attention_metadata import AttentionMetadata
-from backend_engine.models.packed_linear import pack_linears
-from backend_engine.worker.model_runner import allocate_kv_caches, engine_dtype
+from backend_engine.worker.model_runner import allocate_kv_caches, engine_dtype, prepare_for_cpu
+from backend_engine.worker.sampler import argmax_rows
 from model_files.checkpoint import Checkpoint
 
 _SCRATCH_CONTEXT = 64  # tokens before the timed draft's (a short conversation's worth)
@@ -124,7 +124,7 @@ class DraftModelProposer:
             keep_gguf_blocks=on_cpu,
         )
         if on_cpu:
-            pack_linears(self.model)
+            prepare_for_cpu(self.model)
         self.kv_caches = allocate_kv_caches(config, model_config, num_blocks, dtype)
         if on_cpu:
             self.model.bind_native_decoder(self.kv_caches)
@@ -261,7 +261,7 @@ class DraftModelProposer:
             return
         rows = torch.tensor(last_rows, device=hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [num_chosen, vocab]
-        for proposal, token_id in zip(choosing, logits.argmax(dim=-1).tolist(), strict=True):
+        for proposal, token_id in zip(choosing, argmax_rows(logits).tolist(), strict=True):
             proposal.drafts.append(int(token_id))
 
     def _pack(

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend_engine.worker.sampler import argmax_rows
+
 
 @dataclass(frozen=True)
 class VerifiedTokens:
@@ -81,7 +83,7 @@ def verify_greedy_batch(
             f"the drafts need {num_rows} target rows, got logits of shape "
             f"{tuple(target_logits.shape)}"
         )
-    target_token_ids: list[int] = target_logits.argmax(dim=-1).tolist()
+    target_token_ids: list[int] = argmax_rows(target_logits).tolist()
     verified = []
     row = 0
     for drafts in draft_token_ids:

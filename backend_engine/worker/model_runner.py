@@ -69,6 +69,15 @@ def kv_bytes_per_block(
     return per_layer * model_config.num_hidden_layers
 
 
+def prepare_for_cpu(model: torch.nn.Module) -> None:
+    """A loaded model's weights in their fastest CPU forms: float linears prepacked for
+    oneDNN; GGUF blocks on huge pages (a decode step streams them: kernels.huge_pages), their
+    old copies' memory back to the system."""
+    pack_linears(model)
+    if move_blocks_to_huge_pages(model):
+        release_freed_memory()
+
+
 def allocate_kv_caches(
     config: EngineConfig, model_config: ModelConfig, num_blocks: int, dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -165,10 +174,7 @@ class ModelRunner:
             calibration=config.quantization_calibration,
         )
         if self.device.type == "cpu":
-            pack_linears(self.model)  # oneDNN-prepacked weights: the fast CPU matmuls
-            # A decode step streams every block: on huge pages (kernels.huge_pages)
-            if move_blocks_to_huge_pages(self.model):
-                release_freed_memory()  # the blocks' old copies, back to the system
+            prepare_for_cpu(self.model)
         self.kv_caches = allocate_kv_caches(config, model_config, num_blocks, self.dtype)
         if self.device.type == "cpu":
             # Decode steps in one native call (float32 caches only, for now: an int8 cache's
@@ -280,7 +286,8 @@ class ModelRunner:
             if rows:
                 plain = torch.tensor([last_rows[i] for i in rows], device=hidden.device)
                 hidden = hidden.index_select(0, plain)
-        elif rows:
+        elif rows and batch.sample_token_indices.shape[0] != hidden.shape[0]:
+            # (as many sampled rows as tokens: every row, in order, as in a decode step)
             hidden = hidden[batch.sample_token_indices]
         if not rows:
             return outcomes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from backend_engine.outputs import TokenLogprob
@@ -44,11 +45,21 @@ def choose_tokens(
     """
     is_greedy = [p.temperature == 0.0 for p in params]
     if all(is_greedy):
-        token_ids = logits.argmax(dim=-1)
+        token_ids = argmax_rows(logits)
     else:
         token_ids = _sample_random(logits, params, generators, default_generator, is_greedy)
     token_list: list[int] = token_ids.tolist()
     return token_list
+
+
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:  # [rows, vocab] -> [rows] int64
+    """Each row's first largest index (the first NaN, if any), as ``values.argmax(dim=-1)``.
+    On the CPU through NumPy: PyTorch's CPU argmax is scalar code, 84 us for one row of
+    49,152 float32 on the development machine and 690 us for 16, NumPy's vectorized 7 and
+    72 us, the same indices."""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.argmax(values.detach().numpy(), axis=-1))
+    return values.argmax(dim=-1)
 
 
 def token_logprobs(
@@ -111,10 +122,10 @@ def _sample_random(
     for i, generator in enumerate(generators):
         if generator is not None:
             noise[i].exponential_(generator=generator)
-    sampled = (probs / noise).argmax(dim=-1)
+    sampled = argmax_rows(probs / noise)
     if any(is_greedy):
         greedy_rows = torch.tensor(is_greedy, device=device)
-        sampled = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
+        sampled = torch.where(greedy_rows, argmax_rows(logits), sampled)
     return sampled
 
 

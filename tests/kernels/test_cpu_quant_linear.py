@@ -34,6 +34,7 @@ from kernels.cpu_quant_linear import (
     GGUFQuantType,
     QuantLinearMethod,
     dequantize,
+    gathered_rows,
     quantized_linear,
 )
 from model_files.gguf_metadata import open_gguf
@@ -358,3 +359,25 @@ def test_many_rows_run_a_float32_matmul_on_widened_slices(
     y = quantized_linear(x, weight)
     assert y.is_contiguous()
     assert_close(y, x, reference, QuantLinearMethod.DECODE_TO_FLOAT)
+
+
+@pytest.mark.parametrize("kind", ALL_TYPES, ids=lambda kind: kind.name)
+@pytest.mark.parametrize("tiled", [False, True], ids=["file layout", "tiled"])
+def test_gathered_rows_are_the_dequantized_rows(kind: GGMLQuantizationType, tiled: bool) -> None:
+    """An embedding's tokens, repeated, in any order, from either layout: gguf's values."""
+    weight, want = quantized_case(kind, 48, 256, seed=3)
+    if tiled:
+        if not weight.can_tile():
+            pytest.skip(f"{kind.name} is not tiled here")
+        weight = weight.tiled_for_kernel()
+    rows = torch.tensor([47, 0, 17, 17, 31, 16, 15])
+    assert torch.equal(gathered_rows(weight, rows), want[rows])
+    assert gathered_rows(weight, rows[:0]).shape == (0, 256)
+
+
+@needs_native
+@pytest.mark.parametrize("row", [-1, 48])
+def test_gathering_a_row_outside_the_weight_is_refused(row: int) -> None:
+    weight, _ = quantized_case(GGMLQuantizationType.Q8_0, 48, 64)
+    with pytest.raises(IndexError, match="48 rows"):
+        gathered_rows(weight, torch.tensor([0, row]))

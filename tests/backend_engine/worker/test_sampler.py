@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from backend_engine.sampling_params import SamplingParams
-from backend_engine.worker.sampler import sample
+from backend_engine.worker.sampler import argmax_rows, sample
 
 
 def gen(seed=0):
@@ -78,3 +78,18 @@ def test_mixed_greedy_and_random_rows():
 def test_invalid_params_are_rejected(bad, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_rows_picks_what_torch_picks(dtype: torch.dtype) -> None:
+    """The first maximum on ties, the first NaN, -inf rows, strided rows: as torch.argmax."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(6, 1000, generator=gen).to(dtype)
+    values[1, [10, 500, 999]] = 50.0  # a tie
+    values[2, [7, 300]] = float("nan")
+    values[3] = float("-inf")
+    values[4, 0] = float("inf")
+    for rows in (values, values[:, ::3], values[:0]):
+        got = argmax_rows(rows)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, rows.argmax(dim=-1))
