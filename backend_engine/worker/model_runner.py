@@ -93,6 +93,7 @@ def allocate_kv_caches(
     layers = model_config.num_hidden_layers
     if torch.device(config.device).type == "cpu":  # one mapping: no huge page half used
         caches = huge_page_empty((layers, 2, *shape), dtype)
+        caches.zero_()  # every page resident now: the budget is held from the start, not won later
         return [(caches[layer, 0], caches[layer, 1]) for layer in range(layers)]
     return [
         (
