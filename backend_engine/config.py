@@ -110,6 +110,16 @@ class EngineConfig:
         default=None,
         metadata={HELP: "A draft row's cost over a one-token step's; default: measured at start."},
     )
+    decode_run_steps: int = field(
+        # 8: SmolLM2-135M's ~5 ms CPU step pays the loop around it (~1.2 ms) once per 8 tokens
+        # (backend_engine.core.decode_runs; docs/benchmarks.md, issue #28).
+        default=8,
+        metadata={HELP: "Most greedy decode steps run back to back in one step (1: off)."},
+    )
+    decode_run_max_ms: float = field(
+        default=50.0,
+        metadata={HELP: "Longest a decode run may take, in ms (an arriving request waits it)."},
+    )
     block_size: int = field(default=16, metadata={HELP: "Tokens per KV block (a power of two)."})
     kv_cache_memory_bytes: int = field(
         # 512 MiB holds one whole 8,192-token context of the default model (SmolLM2-135M,
@@ -246,6 +256,10 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_bytes must be positive")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError("num_kv_blocks must be positive")
+        if self.decode_run_steps < 1:
+            raise ValueError(f"decode_run_steps must be at least 1, got {self.decode_run_steps}")
+        if not self.decode_run_max_ms > 0.0:
+            raise ValueError(f"decode_run_max_ms must be positive, got {self.decode_run_max_ms}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.device != "cpu" and not self.device.startswith("cuda"):

@@ -29,6 +29,8 @@ class EngineOptions(TypedDict, total=False):
     quantization_calibration: str
     dequantize: bool
     kv_cache_dtype: str
+    decode_run_steps: int
+    decode_run_max_ms: float
     block_size: int
     kv_cache_memory_bytes: int
     num_kv_blocks: int | None

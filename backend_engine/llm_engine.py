@@ -26,10 +26,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from backend_engine.config import EngineConfig
+from backend_engine.core.decode_runs import decode_run_length
 from backend_engine.core.kv_cache_manager import KVCacheManager
 from backend_engine.core.kv_event_log import KVCacheEvent
 from backend_engine.core.request import Request
-from backend_engine.core.scheduler import Scheduler
+from backend_engine.core.scheduler import Scheduler, SchedulerOutput
 from backend_engine.core.step_runner import (
     DraftRowCost,
     DraftRowCostProbe,
@@ -266,7 +267,9 @@ class LLMEngine:
         self._record_queue_times()
         if output.is_empty:
             return deltas
+        started = time.perf_counter()
         result = self.runner.execute(output)
+        self._pace_decode_runs(output, time.perf_counter() - started)
         self._record_prompt_logprobs(result.prompt_logprobs)
         for request_id, exc in result.failed.items():  # before update: no token, no progress
             request = self.scheduler.requests.get(request_id)
@@ -305,6 +308,21 @@ class LLMEngine:
                 self._release(request.request_id)
             deltas.append(delta)
         return deltas
+
+    def _pace_decode_runs(self, output: SchedulerOutput, seconds: float) -> None:
+        """After a decode-only step, let the next runs take as many steps as fit
+        ``decode_run_max_ms`` at its pace (:mod:`backend_engine.core.decode_runs`); never with
+        speculative decoding, whose steps carry drafts instead."""
+        config = self.config
+        if output.prefills or not output.decodes:
+            return
+        if config.decode_run_steps < 2 or self.speculator is not None:
+            return
+        self.scheduler.max_decode_steps = decode_run_length(
+            seconds / output.decodes[0].num_steps,
+            config.decode_run_max_ms / 1e3,
+            config.decode_run_steps,
+        )
 
     def _propose_drafts(self) -> list[RequestOutputDelta]:
         """Speculative decoding: this step's drafts for the decoding sequences; a request

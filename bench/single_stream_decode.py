@@ -15,7 +15,8 @@ measures, back to back: the bandwidth (a large ``torch`` copy, read + written by
 the time, best of a few, on the engine's threads); each arm's decode rate (one greedy
 request, ``--output-len`` tokens after a ``--prompt-len`` prompt, the engine steps after
 the prefill step, sampling included); llama.cpp's own ``predicted_per_second`` on the same
-prompt with flash attention off and on (its best is compared).
+prompt with flash attention off and on (its best is compared). Our engines serve as they
+would online: greedy steps in decode runs (``--decode-run-steps 1`` turns them off).
 
 Bytes per token are what the arm's model holds and a token reads (:func:`weight_bytes_read`):
 every linear's weight as stored (a quantized one's blocks, a float one's float32), the
@@ -138,7 +139,8 @@ def model_runner(llm: LLM) -> ModelRunner:
 
 
 def our_decode_rate(llm: LLM, prompt: list[int], output_len: int) -> float:
-    """Tokens per second of one greedy sequence's decode steps (the prefill step excluded)."""
+    """Tokens per second of one greedy sequence's decode steps (the prefill step excluded;
+    a step may be a decode run of several tokens, as the engine serves it)."""
     from backend_engine import SamplingParams
 
     engine = llm.engine
@@ -146,13 +148,12 @@ def our_decode_rate(llm: LLM, prompt: list[int], output_len: int) -> float:
     engine.add_request(f"decode-{time.monotonic_ns()}", list(prompt), params)
     engine.step()  # the prefill, which samples the first token
     start = time.perf_counter()
-    num_steps = 0
+    num_tokens = 0
     while engine.has_unfinished():
-        engine.step()
-        num_steps += 1
+        num_tokens += sum(len(delta.new_token_ids) for delta in engine.step())
     elapsed = time.perf_counter() - start
-    assert num_steps == output_len
-    return num_steps / elapsed
+    assert num_tokens == output_len
+    return num_tokens / elapsed
 
 
 def _timed(fn: object) -> float:
@@ -169,6 +170,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--decode-run-steps",
+        type=int,
+        default=None,
+        help="our engines' decode runs (default: the engine's; 1: step by step)",
+    )
     add_llamacpp_args(parser)
     add_common_args(parser, repeats=5, default_model="smollm2")
     args = parser.parse_args()
@@ -188,6 +195,9 @@ def main() -> None:
             enable_prefix_caching=False,
             num_threads=num_threads,
             kv_cache_memory_bytes=64 * 1024 * 1024,
+            **(
+                {} if args.decode_run_steps is None else {"decode_run_steps": args.decode_run_steps}
+            ),
         )
         for label, dequantize in ARMS.items()
     }

@@ -37,7 +37,7 @@ from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.int8_kv_cache import block_size_of
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 MAX_SEGMENTS = 3  # decoder_cpu.c's: q, k and v of three types
 _FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
 
@@ -88,6 +88,8 @@ class _Decoder(ctypes.Structure):  # decoder_cpu.c's Decoder
         ("scale", ctypes.c_float),
         ("layers", ctypes.POINTER(_Layer)),
         ("final_norm", ctypes.c_void_p),
+        ("output", _Linear),
+        ("vocab", ctypes.c_int64),
     ]
 
 
@@ -126,7 +128,7 @@ def native_library() -> ctypes.CDLL | None:
                 [ctypes.POINTER(_Decoder)]
                 + [ctypes.c_void_p] * 7
                 + [ctypes.c_int64] * 2
-                + [ctypes.c_int],
+                + [ctypes.c_int, ctypes.c_void_p],
                 ctypes.c_int,
             ),
             "tollway_decoder_layer_size": ([], ctypes.c_int64),
@@ -153,10 +155,13 @@ class NativeDecoder:
         layers: Sequence[LayerWeights],
         final_norm: torch.Tensor,
         shape: DecoderShape,
+        output: LinearWeight | None = None,
     ) -> None:
         self._library = library
         self.layers = tuple(layers)  # keeps every buffer the structs point at alive
         self.final_norm = final_norm
+        self.output = output  # the output projection, when bound: steps can return logits
+        self.vocab_size = 0 if output is None else out_features(output)
         self.hidden_size = final_norm.shape[0]
         self._head_dim = shape.head_dim
         first = self.layers[0]
@@ -176,19 +181,29 @@ class NativeDecoder:
             scale=shape.head_dim**-0.5,
             layers=self._layer_structs,
             final_norm=final_norm.data_ptr(),
+            output=_Linear() if output is None else _linear_struct(output),
+            vocab=self.vocab_size,
         )
         self._decoder_ref = ctypes.byref(self._decoder)
 
     @classmethod
     def build(
-        cls, layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: DecoderShape
+        cls,
+        layers: Sequence[LayerWeights],
+        final_norm: torch.Tensor,
+        shape: DecoderShape,
+        output: LinearWeight | None = None,
     ) -> NativeDecoder | None:
         """The decoder, or ``None`` when the library is unavailable or a tensor does not fit
-        (then run the layers one operation at a time)."""
+        (then run the layers one operation at a time). ``output``: the output projection
+        ([vocab, hidden]), for steps that return logits; left out if it does not fit."""
         library = native_library()
         if library is None or not layers or not _fits(layers, final_norm, shape):
             return None
-        return cls(library, layers, final_norm, shape)
+        hidden = final_norm.shape[0]
+        if output is not None and not _linear_is(output, out_features(output), hidden):
+            output = None
+        return cls(library, layers, final_norm, shape, output)
 
     def __call__(
         self,
@@ -198,9 +213,13 @@ class NativeDecoder:
         slot_mapping: torch.Tensor,  # [num_seqs] int64
         block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
         seq_lens: torch.Tensor,  # [num_seqs] int32, context length incl. the new token
-    ) -> torch.Tensor:  # [num_seqs, hidden] after the final norm
+        logits: bool = False,
+    ) -> torch.Tensor:  # [num_seqs, hidden] after the final norm, or [num_seqs, vocab]
         """Run every layer for one decode token per sequence: the keys and values go into
-        their slots, and the last layer's output comes back normalised."""
+        their slots, and the last layer's output comes back normalised; with ``logits`` (an
+        output projection bound), projected onto the vocabulary in the same native call."""
+        if logits and self.output is None:
+            raise ValueError("this decoder has no output projection bound")
         num_seqs = hidden.shape[0]
         if not 1 <= num_seqs <= MAX_TOKENS:
             raise ValueError(
@@ -213,6 +232,7 @@ class NativeDecoder:
         block_tables = block_tables.contiguous()
         _check_step(hidden, cos, slot_mapping, block_tables, seq_lens, self.hidden_size)
         out = torch.empty_like(hidden)
+        projected = torch.empty((num_seqs, self.vocab_size)) if logits else None
         status = self._library.tollway_decode_layers(
             self._decoder_ref,
             hidden.data_ptr(),
@@ -225,6 +245,7 @@ class NativeDecoder:
             num_seqs,
             block_tables.shape[1],
             torch.get_num_threads(),
+            None if projected is None else projected.data_ptr(),
         )
         if status == _BAD_TABLES:
             raise ValueError(
@@ -235,7 +256,7 @@ class NativeDecoder:
             raise MemoryError("the native decoder could not allocate its work buffers")
         if status != _OK:
             raise ValueError("the native decoder rejected the step's shapes")
-        return out
+        return out if projected is None else projected
 
 
 def in_features(weight: LinearWeight) -> int:
@@ -293,24 +314,14 @@ def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: Decod
     def is_vector(t: torch.Tensor | None, size: int) -> bool:
         return t is not None and _is_plain_float32(t) and tuple(t.shape) == (size,)
 
-    def linear_is(w: LinearWeight, rows: int, columns: int) -> bool:
-        if isinstance(w, BlockedWeight):
-            return (w.out_features, w.in_features) == (rows, columns) and w.k_padded >= columns
-        return (
-            1 <= len(w) <= MAX_SEGMENTS
-            and out_features(w) == rows
-            and all(segment.in_features == columns for segment in w)
-            and len({segment.tiled for segment in w}) == 1  # all tiled or none
-        )
-
     return is_vector(final_norm, hidden) and all(
         is_vector(layer.input_norm, hidden)
         and is_vector(layer.post_norm, hidden)
         and (layer.qkv_bias is None or is_vector(layer.qkv_bias, q + 2 * kv))
-        and linear_is(layer.qkv, q + 2 * kv, hidden)
-        and linear_is(layer.o, hidden, q)
-        and linear_is(layer.gate_up, 2 * intermediate, hidden)
-        and linear_is(layer.down, hidden, intermediate)
+        and _linear_is(layer.qkv, q + 2 * kv, hidden)
+        and _linear_is(layer.o, hidden, q)
+        and _linear_is(layer.gate_up, 2 * intermediate, hidden)
+        and _linear_is(layer.down, hidden, intermediate)
         and all(
             (_is_plain_float32(cache) or _is_plain_int8(cache))
             and cache.dtype == first.key_cache.dtype
@@ -318,6 +329,18 @@ def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: Decod
             for cache in (layer.key_cache, layer.value_cache)
         )
         for layer in layers
+    )
+
+
+def _linear_is(w: LinearWeight, rows: int, columns: int) -> bool:
+    """``w`` is a [rows, columns] linear in a form the kernel reads."""
+    if isinstance(w, BlockedWeight):
+        return (w.out_features, w.in_features) == (rows, columns) and w.k_padded >= columns
+    return (
+        1 <= len(w) <= MAX_SEGMENTS
+        and out_features(w) == rows
+        and all(segment.in_features == columns for segment in w)
+        and len({segment.tiled for segment in w}) == 1  # all tiled or none
     )
 
 

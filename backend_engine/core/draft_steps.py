@@ -61,7 +61,8 @@ def take_verified(
     accepted_draft_ids: Sequence[int],
     stop_of: Callable[[Request, int], TokenStop | None],
 ) -> tuple[bool, TokenStop | None]:
-    """Advance a chunk with drafts: its last token and the ``accepted_draft_ids`` are
+    """Advance a chunk with drafts (or a decode run, whose tokens before its last come as
+    ``accepted_draft_ids``): its last token and the ``accepted_draft_ids`` are
     computed; they, then ``token_id``, are appended until one stops the request (``stop_of``
     is the stop rule; the caller finishes the request). Whether it received tokens (not when
     ``token_id`` is None: nothing was verified), and the stop, if one came."""

@@ -38,6 +38,10 @@ Speculative decoding: a decode's draft tokens (``Request.draft_token_ids``) are 
 after its last token where the step has room, and the tokens kept are taken back under the
 stop rule (:mod:`.draft_steps`); continuous mode only.
 
+Decode runs: a step of nothing but greedy one-token decodes, while nobody waits, is repeated
+up to ``max_decode_steps`` times by the runner, each token fed back (:mod:`.decode_runs`); its
+tokens are taken back like drafts. Continuous mode only.
+
 In ``static`` mode a new batch is admitted only once the previous one has
 drained entirely: the classic padded-batch behaviour, kept for comparison.
 The scheduler is plain Python over token ids and block ids; it never sees a tensor.
@@ -49,6 +53,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from backend_engine.config import DEFAULT_MAX_RUNNING_SHARE, SchedulingMode
+from backend_engine.core.decode_runs import schedule_run
 from backend_engine.core.draft_steps import schedule_drafts, take_verified
 from backend_engine.core.kv_cache_manager import BlockCopy, CachedPrefix, KVCacheManager
 from backend_engine.core.prefill_budget import (
@@ -101,6 +106,9 @@ class Scheduler:
         # their queue times: the scheduler itself reads no clock).
         self.first_admissions: list[Request] = []
         self._was_first_token_step = False  # two never follow each other (prefill_budget)
+        # The longest decode run the next step may be (1: none); the engine sets it from its
+        # clock (decode_runs.decode_run_length), as the scheduler reads none.
+        self.max_decode_steps = 1
 
     @property
     def num_unfinished(self) -> int:
@@ -125,6 +133,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         running = sorted(self.running, key=is_prefill)  # decodes first, else in order
         step = StepPlan(self.max_num_batched_tokens, list(running))
+        num_steps = 1
         prefills = [r for r in running if is_prefill(r)]
         if self.mode == "continuous":
             decodes = [r for r in running if not is_prefill(r)]
@@ -133,13 +142,21 @@ class Scheduler:
                 step, decodes, self.kv_cache, self.num_watermark_blocks, self.max_model_len
             )
             self._share_prefill_budget(step, prefills)
+            if not self.waiting:
+                num_steps = schedule_run(
+                    step,
+                    self.kv_cache,
+                    self.num_watermark_blocks,
+                    self.max_model_len,
+                    self.max_decode_steps,
+                )
         else:
             self._schedule_chunks(step, ((r, step.num_left(r)) for r in running))
             if not step.preempted and not self.running:
                 self._admit(step)
         place = {request: index for index, request in enumerate(self.running)}
         described = [
-            describe(r, n, self.kv_cache.block_table(r.request_id))
+            describe(r, n, self.kv_cache.block_table(r.request_id), num_steps)
             for r, n in sorted(step.scheduled.items(), key=lambda item: place[item[0]])
         ]
         for request in step.scheduled:
@@ -315,7 +332,8 @@ class Scheduler:
         forked.
 
         ``accepted_draft_ids``: for a chunk with drafts, the leading drafts the runner kept;
-        they come before its sampled token, each under the stop rule in turn.
+        for a decode run, the run's tokens before its last. They come before its sampled
+        token, each under the stop rule in turn.
 
         A leader's pending choices are forked before its own stop rule runs, so one that stops
         on its first token (``max_tokens=1``, eos) still leaves them its prompt's KV: its
@@ -330,13 +348,14 @@ class Scheduler:
             prompt_end = min(item.start_position + item.num_tokens, request.num_prompt_tokens)
             self.num_computed_prompt_tokens += max(prompt_end - item.start_position, 0)
             token_id = sampled_token_ids.get(item.request_id)
-            if item.draft_token_ids:
+            if item.draft_token_ids or item.num_steps > 1:
                 accepted = (accepted_draft_ids or {}).get(item.request_id, ())
                 received, stop = take_verified(item, request, token_id, accepted, self._stop_of)
                 if received:
                     updated.append(request)
                 # Blocks full of tokens whose KV is computed, all but the last (as a decode's
                 # next step would offer them): a request that stops here has no next step.
+                # Blocks that only rejected drafts, or a run's tokens past a stop, took go back.
                 num_cached = min(request.num_computed_tokens, request.num_tokens - 1)
                 self.kv_cache.cache_blocks(request, num_cached)
                 if stop is not None:

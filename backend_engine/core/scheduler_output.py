@@ -47,6 +47,10 @@ class ScheduledRequest:
     # tokens after the request's last one. The runner scores all of them in this chunk (a row
     # of logits per token) and verifies the drafts (``backend_engine.speculative.verification``).
     draft_token_ids: tuple[int, ...] = ()
+    # A decode run (``backend_engine.core.decode_runs``): the runner decodes this many tokens
+    # one after another, each fed back, into the lookahead slots after ``token_ids[0]``
+    # (``block_table`` has them); every item of the step has the same count. 1: one token.
+    num_steps: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -71,9 +75,11 @@ class SchedulerOutput:
         return not self.decodes and not self.prefills and not self.block_copies
 
 
-def describe(request: Request, num_new: int, block_table: list[int]) -> ScheduledRequest:
+def describe(
+    request: Request, num_new: int, block_table: list[int], num_steps: int = 1
+) -> ScheduledRequest:
     """The next ``num_new`` tokens of ``request`` as the runner reads them: its own, then, past
-    its last token, its drafts (speculative decoding)."""
+    its last token, its drafts (speculative decoding); ``num_steps``: a decode run's length."""
     start = request.num_computed_tokens
     num_drafts = max(start + num_new - request.num_tokens, 0)
     drafts = request.draft_token_ids[:num_drafts]
@@ -97,4 +103,5 @@ def describe(request: Request, num_new: int, block_table: list[int]) -> Schedule
         num_prompt_tokens=request.num_prompt_tokens,
         num_reported_prompt_logprobs=len(request.prompt_logprobs or ()),
         draft_token_ids=drafts,
+        num_steps=num_steps,
     )

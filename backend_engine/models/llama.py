@@ -273,12 +273,8 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary(positions, self.dtype)  # 2 x [num_tokens, 1, head_dim // 2]
         h = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
         md = attn_metadata
-        num_tokens = h.shape[0]
-        if (
-            self.native_decoder is not None
-            and kv_caches is self._native_kv_caches
-            and 0 < md.num_decode_tokens == num_tokens <= cpu_decoder.MAX_TOKENS
-        ):
+        if self._runs_natively(kv_caches, md, h.shape[0]):
+            assert self.native_decoder is not None
             return self.native_decoder(
                 h, cos, sin, md.slot_mapping, md.decode_block_tables, md.decode_seq_lens
             )
@@ -289,12 +285,47 @@ class CausalLM(nn.Module):
             return self.model.norm(h)
         return self.model.norm.add_and_norm(h, residual)[0]
 
+    @torch.inference_mode()
+    def forward_logits(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: Sequence[KVCache],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, vocab] float32
+        """Every token's logits: ``compute_logits(forward(...))``, as one native call (the
+        layers and the output projection) where the step is the native decoder's and it has
+        the output projection bound. For steps whose every row is sampled (decodes)."""
+        md = attn_metadata
+        decoder = self.native_decoder
+        if decoder is None or decoder.output is None:
+            return self.compute_logits(self(input_ids, positions, kv_caches, md))
+        if not self._runs_natively(kv_caches, md, input_ids.shape[0]):
+            return self.compute_logits(self(input_ids, positions, kv_caches, md))
+        cos, sin = self.rotary(positions, self.dtype)
+        h = self.model.embed_tokens(input_ids)
+        return decoder(
+            h, cos, sin, md.slot_mapping, md.decode_block_tables, md.decode_seq_lens, logits=True
+        )
+
+    def _runs_natively(
+        self, kv_caches: Sequence[KVCache], md: AttentionMetadata, num_tokens: int
+    ) -> bool:
+        """Whether a step runs on the native decoder: decodes only, few enough, on the
+        caches it is bound to."""
+        return (
+            self.native_decoder is not None
+            and kv_caches is self._native_kv_caches
+            and 0 < md.num_decode_tokens == num_tokens <= cpu_decoder.MAX_TOKENS
+        )
+
     def bind_native_decoder(self, kv_caches: Sequence[KVCache]) -> bool:
         """Run decode-only steps of up to ``kernels.cpu_decoder.MAX_TOKENS`` sequences on
         ``kv_caches`` as one native call (:mod:`kernels.cpu_decoder`), when the model fits it:
         float32 activations on the CPU, every linear on a native kernel (oneDNN-packed float32,
         see ``packed_linear``, or a GGUF file's blocks, see ``quantized_linear``), float32 or
-        int8 KV caches. Returns whether it does; other steps run layer by layer."""
+        int8 KV caches; the output projection too, when it runs on one (``forward_logits``).
+        Returns whether it does; other steps run layer by layer."""
         decoder_layers = cast(Sequence[DecoderLayer], self.model.layers)
         layers = [
             layer.native_weights(kv_cache)
@@ -310,6 +341,7 @@ class CausalLM(nn.Module):
             [layer for layer in layers if layer is not None],
             self.model.norm.weight.detach(),
             shape,
+            _native_linear(self.lm_head),
         )
         self._native_kv_caches = kv_caches if self.native_decoder is not None else None
         return self.native_decoder is not None

@@ -34,6 +34,7 @@ from backend_engine.models.packed_linear import pack_linears
 from backend_engine.models.quantized_linear import move_blocks_to_huge_pages
 from backend_engine.outputs import TokenLogprob
 from backend_engine.worker.cpu_runtime import tune_cpu_runtime
+from backend_engine.worker.decode_run import run_decodes
 from backend_engine.worker.draft_row_cost import measure_draft_row_cost
 from backend_engine.worker.draft_verification import verify_drafts
 from backend_engine.worker.failure_isolation import isolate_failures
@@ -263,6 +264,8 @@ class ModelRunner:
         outcomes: list[SampledToken | Exception | None] = [None] * len(scheduled)
         if not scheduled:
             return outcomes
+        if scheduled[0].num_steps > 1:  # a decode run: the scheduler made the whole step one
+            return list(self._run_decodes(scheduled))
         # The flat batch: decodes (with their drafts) first, then prefill chunks.
         is_decode = [s.is_decode or bool(s.draft_token_ids) for s in scheduled]
         decode_rows = [i for i, decode in enumerate(is_decode) if decode]
@@ -271,28 +274,37 @@ class ModelRunner:
         batch = self._prepare(
             [scheduled[i] for i in decode_rows], [scheduled[i] for i in prefill_rows]
         )
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
-        # hidden: [num_tokens, hidden_size]
-        self._compute_prompt_logprobs(hidden, [scheduled[i] for i in order], prompt_logprobs)
-        sampled_rows = [i for i in order if scheduled[i].do_sample]  # sample_token_indices'
-        rows = [i for i in sampled_rows if not scheduled[i].draft_token_ids]
-        verified_rows = [i for i in sampled_rows if scheduled[i].draft_token_ids]
-        if verified_rows:
-            last_rows = dict(zip(sampled_rows, batch.sample_token_indices.tolist(), strict=True))
-            verified = self._verify_drafts(
-                hidden, [(scheduled[i], last_rows[i]) for i in verified_rows]
+        if not prefill_rows and all(_samples_its_one_row(s) for s in scheduled):
+            # a decode step: every row is sampled, its logits in one call (native on the CPU)
+            rows = order
+            logits = self.model.forward_logits(
+                batch.input_ids, batch.positions, self.kv_caches, batch.metadata
             )
-            for i, outcome in zip(verified_rows, verified, strict=True):
-                outcomes[i] = outcome
-            if rows:
-                plain = torch.tensor([last_rows[i] for i in rows], device=hidden.device)
-                hidden = hidden.index_select(0, plain)
-        elif rows and batch.sample_token_indices.shape[0] != hidden.shape[0]:
-            # (as many sampled rows as tokens: every row, in order, as in a decode step)
-            hidden = hidden[batch.sample_token_indices]
-        if not rows:
-            return outcomes
-        logits = self.model.compute_logits(hidden)
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
+            # hidden: [num_tokens, hidden_size]
+            self._compute_prompt_logprobs(hidden, [scheduled[i] for i in order], prompt_logprobs)
+            sampled_rows = [i for i in order if scheduled[i].do_sample]  # sample_token_indices'
+            rows = [i for i in sampled_rows if not scheduled[i].draft_token_ids]
+            verified_rows = [i for i in sampled_rows if scheduled[i].draft_token_ids]
+            if verified_rows:
+                last_rows = dict(
+                    zip(sampled_rows, batch.sample_token_indices.tolist(), strict=True)
+                )
+                verified = self._verify_drafts(
+                    hidden, [(scheduled[i], last_rows[i]) for i in verified_rows]
+                )
+                for i, outcome in zip(verified_rows, verified, strict=True):
+                    outcomes[i] = outcome
+                if rows:
+                    plain = torch.tensor([last_rows[i] for i in rows], device=hidden.device)
+                    hidden = hidden.index_select(0, plain)
+            elif rows and batch.sample_token_indices.shape[0] != hidden.shape[0]:
+                # (as many sampled rows as tokens: every row, in order, as in a decode step)
+                hidden = hidden[batch.sample_token_indices]
+            if not rows:
+                return outcomes
+            logits = self.model.compute_logits(hidden)
         # logits: [num_sampled, vocab]
         to_sample, logits_rows = _sample_rows([scheduled[i] for i in rows])
         if len(to_sample) > len(rows):  # each fork's row: a copy of its leader's
@@ -305,6 +317,15 @@ class ModelRunner:
             elif forked is not None:
                 forked[item.request_id] = outcome
         return outcomes
+
+    def _run_decodes(self, items: Sequence[ScheduledRequest]) -> list[SampledToken]:
+        """A decode run's tokens (:mod:`.decode_run`), each item's last one carrying the run's
+        earlier ones as kept drafts: the scheduler takes them back as it takes drafts."""
+        runs = run_decodes(self.model, self.kv_caches, items, self.block_size, self.device)
+        return [
+            SampledToken(tokens[-1], None, tuple(SampledToken(t, None) for t in tokens[:-1]))
+            for tokens in runs
+        ]
 
     def _verify_drafts(
         self, hidden: torch.Tensor, items: Sequence[tuple[ScheduledRequest, int]]
@@ -472,6 +493,16 @@ def _sample_rows(
             to_sample.append(as_fork)
             logits_rows.append(row)
     return to_sample, logits_rows
+
+
+def _samples_its_one_row(item: ScheduledRequest) -> bool:
+    """A one-token decode that samples its row and owes no prompt logprobs."""
+    return (
+        item.is_decode
+        and item.do_sample
+        and not item.draft_token_ids
+        and not owes_prompt_logprobs(item)
+    )
 
 
 def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:

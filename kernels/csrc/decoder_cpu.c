@@ -18,12 +18,14 @@
  *               act = silu(gate) * up,  [gate | up] = x @ Wgate_up
  *               out = act @ Wdown
  *   hidden = norm(residual += out)                             (the final norm)
+ *   logits = hidden @ Woutput                 (when asked for, and the model has one bound)
  *
  * The stages are the same code as the one-operation libraries (linear_rows.h,
  * rms_norm_row.h, rotary_token.h, paged_attention.h), so each gives the same bits as its
  * one-operation call; only silu(gate) * up is here alone, in float32 as in PyTorch.
  *
  *   hidden, out:           [M, hidden] (M: the step's sequences, 1..LINEAR_MAX_ROWS)
+ *   logits:                [M, vocab], or NULL (then out is the step's result)
  *   cos, sin:              [M, head_dim / 2]
  *   slots:                 [M] int64; negative = do not store
  *   block_tables:          [M, max_blocks] int32;  seq_lens: [M] int32 (incl. the new token)
@@ -49,7 +51,7 @@
 #include "rms_norm_row.h"
 #include "rotary_token.h"
 
-#define TOLLWAY_DECODER_ABI_VERSION 4
+#define TOLLWAY_DECODER_ABI_VERSION 5
 #define MAX_SEGMENTS 3 /* q, k, v */
 #define FLOAT32_PACKED 0 /* a segment type that is not a ggml block type */
 
@@ -81,6 +83,8 @@ typedef struct {
     float eps, scale;
     const DecoderLayer *layers;
     const float *final_norm;
+    DecoderLinear output; /* the output projection [vocab, hidden]; no segments: none */
+    int64_t vocab;
 } Decoder;
 
 int tollway_decoder_abi_version(void) { return TOLLWAY_DECODER_ABI_VERSION; }
@@ -222,8 +226,11 @@ static int slots_are_valid(const int64_t *slots, int64_t M, int64_t num_slots) {
 int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, const float *cos,
                           const float *sin, const int64_t *slots, const int32_t *block_tables,
                           const int32_t *seq_lens, int64_t M, int64_t max_blocks,
-                          int num_threads) {
+                          int num_threads, float *logits) {
     if (d == NULL || M < 1 || M > LINEAR_MAX_ROWS || num_threads < 1 || max_blocks < 0)
+        return BAD_ARGUMENTS;
+    const DecoderLinear *output = logits != NULL ? &d->output : NULL;
+    if (output != NULL && (d->vocab < 1 || !linear_is_valid(output, d->vocab, d->hidden)))
         return BAD_ARGUMENTS;
     const int64_t H = d->hidden, I = d->intermediate, D = d->head_dim;
     const int64_t Q = d->num_heads * D, KV = d->num_kv_heads * D, QKV = Q + 2 * KV;
@@ -317,9 +324,12 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
             }
             shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized,
                           l + 1 < d->num_layers ? first_run(&d->layers[l + 1].qkv, QKV, H)
+                          : output != NULL      ? first_run(output, d->vocab, H)
                                                 : NO_PREFETCH_RUN);
         }
         shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);
+        if (output != NULL) /* out's rows are all normed: the norm's loop ends in a barrier */
+            shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized, NO_PREFETCH_RUN);
     }
     free(workspace);
     return OK;

@@ -34,6 +34,8 @@ NON_DEFAULT_FLAGS: dict[str, tuple[list[str], Any]] = {
     "speculative_ngram_max": (["--speculative-ngram-max", "5"], 5),
     "speculative_crossover_batch_size": (["--speculative-crossover-batch-size", "2"], 2),
     "speculative_draft_cost": (["--speculative-draft-cost", "0.5"], 0.5),
+    "decode_run_steps": (["--decode-run-steps", "4"], 4),
+    "decode_run_max_ms": (["--decode-run-max-ms", "20"], 20.0),
     "block_size": (["--block-size", "32"], 32),
     "kv_cache_memory_bytes": (["--kv-cache-memory-bytes", "1048576"], 1 << 20),
     "num_kv_blocks": (["--num-kv-blocks", "100"], 100),
@@ -112,6 +114,9 @@ def test_a_setting_the_config_refuses_is_a_usage_error(started: list[Any]) -> No
     result = runner.invoke(cli.engine_app, ["--model", "m", "--drain-grace-s", "-1"])
     assert result.exit_code == 2
     assert "drain_grace_s must be 0 or more" in result.output
+    result = runner.invoke(cli.engine_app, ["--model", "m", "--decode-run-steps", "0"])
+    assert result.exit_code == 2
+    assert "decode_run_steps must be at least 1" in result.output
     result = runner.invoke(cli.engine_app, ["--model", "m", "--max-running-share", "0"])
     assert result.exit_code == 2
     assert "max_running_share must be in (0, 1]" in result.output

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
 
-from kernels import cpu_decoder, cpu_linear, reference
+from kernels import cpu_decoder, cpu_linear, cpu_quant_linear, reference
 from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
+from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.int8_kv_cache import block_scales, int8_cache_shape
 
 pytestmark = pytest.mark.skipif(
@@ -244,6 +246,77 @@ def test_decode_step_matches_plain_pytorch(case: str) -> None:
     for (key, value), (want_key, want_value) in zip(caches, want_caches, strict=True):
         torch.testing.assert_close(key, want_key, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(value, want_value, atol=1e-4, rtol=1e-4)
+
+
+def q8_0_weight(rows: int, columns: int, gen: torch.Generator) -> GGUFBlockWeight:
+    dense = torch.randn(rows, columns, generator=gen).numpy()
+    blocks = quants.quantize(dense, GGMLQuantizationType.Q8_0)
+    return GGUFBlockWeight.from_blocks(torch.from_numpy(blocks), int(GGMLQuantizationType.Q8_0))
+
+
+@pytest.mark.parametrize("kind", ["float32", "Q8_0", "Q8_0 tiled"])
+@pytest.mark.parametrize("seq_lens", [[37], [1, 9, 16, 23]], ids=["one sequence", "four"])
+def test_logits_in_the_same_call_are_the_output_projection_alone(
+    kind: str, seq_lens: list[int]
+) -> None:
+    """A step with the output projection bound returns the same bits as the hidden rows it
+    returns without, projected by the one-linear kernel of that weight."""
+    dims = Dims()
+    vocab = 160  # whole tiles
+    gen = torch.Generator().manual_seed(len(kind) + len(seq_lens))
+    layers = raw_layers(dims, gen)
+    final_norm = 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+    caches = random_caches(dims, gen)
+    step = make_step(dims, seq_lens, gen)
+    weights = [
+        layer_weights(raw, key_cache, value_cache)
+        for raw, (key_cache, value_cache) in zip(layers, caches, strict=True)
+    ]
+    output: cpu_decoder.LinearWeight
+    if kind == "float32":
+        output = blocked(torch.randn(vocab, dims.hidden, generator=gen))
+    else:
+        quantized = q8_0_weight(vocab, dims.hidden, gen)
+        output = (quantized.tiled_for_kernel() if kind.endswith("tiled") else quantized,)
+    decoder = NativeDecoder.build(weights, final_norm, shape(dims), output)
+    assert decoder is not None
+    assert decoder.output is not None
+
+    hidden = run(decoder, step)  # the step's KV is written again with the same values below
+    logits = decoder(
+        step.hidden,
+        step.cos[:, None],
+        step.sin[:, None],
+        step.slots,
+        step.block_tables,
+        step.seq_lens,
+        logits=True,
+    )
+
+    if isinstance(output, cpu_linear.BlockedWeight):
+        want = cpu_linear.small_batch_linear(hidden, output, None)
+    else:
+        want = cpu_quant_linear.quantized_linear(hidden, output[0])
+    assert logits.shape == (len(seq_lens), vocab)
+    assert torch.equal(logits, want)
+
+
+def test_a_decoder_without_an_output_projection_refuses_logits() -> None:
+    dims = Dims(num_layers=1)
+    gen = torch.Generator().manual_seed(3)
+    layers = raw_layers(dims, gen)
+    decoder = build(layers, random_caches(dims, gen), torch.ones(dims.hidden), dims)
+    step = make_step(dims, [4], gen)
+    with pytest.raises(ValueError, match="no output projection"):
+        decoder(
+            step.hidden,
+            step.cos[:, None],
+            step.sin[:, None],
+            step.slots,
+            step.block_tables,
+            step.seq_lens,
+            logits=True,
+        )
 
 
 def test_a_negative_slot_stores_nothing() -> None:
