@@ -24,6 +24,12 @@
  * rms_norm_row.h, rotary_token.h, paged_attention.h), so each gives the same bits as its
  * one-operation call; only silu(gate) * up is here alone, in float32 as in PyTorch.
  *
+ * Memory: the weights are streamed with each thread's next tiles prefetched (quant_tiles.h),
+ * and the next linear's first tiles at the end of each. With fewer sequences than two per
+ * thread, attention's work items (partitions of a context) are shared statically, and each
+ * thread fetches its items' KV blocks into L2 a few lines per tile of the q/k/v projection
+ * before them (LineDrip): attention alone read its KV at ~10 GB/s, a block at a time.
+ *
  *   hidden, out:           [M, hidden] (M: the step's sequences, 1..LINEAR_MAX_ROWS)
  *   logits:                [M, vocab], or NULL (then out is the step's result)
  *   cos, sin:              [M, head_dim / 2]
@@ -139,7 +145,7 @@ static PrefetchRun first_run(const DecoderLinear *w, int64_t N, int64_t K) {
    each other. Each output is one thread's, in one fixed order: any team size, same bits. */
 static void shared_linear(const DecoderLinear *w, const float *x, const float *bias, float *y,
                           int64_t M, int64_t N, int64_t K, const QuantizedActivations *q,
-                          PrefetchRun then) {
+                          PrefetchRun then, LineDrip *drip) {
     int thread = 0, team = 1;
 #ifdef _OPENMP
     thread = omp_get_thread_num();
@@ -168,7 +174,7 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
             quant_linear_slice(segment->data, (int)segment->type, x, q->xq, q->xd, q->xdsum,
                                q->isum, bias == NULL ? NULL : bias + offset, y + offset, M, N, K,
                                QUANT_INT8_SPLIT_ACTIVATIONS, lo - offset, hi - offset,
-                               hi == last ? then : segment_run(w, s + 1, hi, last, K));
+                               hi == last ? then : segment_run(w, s + 1, hi, last, K), drip);
         offset += segment->rows;
     }
 #pragma omp barrier
@@ -261,7 +267,13 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
     const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
     float *workspace =
         malloc(floats * sizeof(float) + sum_ints * sizeof(int32_t) + (size_t)(R * widest));
-    if (workspace == NULL) return NO_MEMORY;
+    /* split steps: each thread's list of the KV blocks its items read (LineDrip) */
+    const int64_t list_length = items.split ? 2 * M * max_blocks : 0;
+    const uint8_t **kv_lists = malloc((size_t)(num_threads * list_length + 1) * sizeof *kv_lists);
+    if (workspace == NULL || kv_lists == NULL) {
+        free(workspace), free(kv_lists);
+        return NO_MEMORY;
+    }
     float *scales = workspace + step_floats + per_thread * (size_t)num_threads;
     int32_t *sums = (int32_t *)(workspace + floats);
     const QuantizedActivations quantized = {(int8_t *)(sums + sum_ints), scales,
@@ -273,16 +285,35 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
     const int64_t silu_pieces = (I + SILU_PIECE - 1) / SILU_PIECE;
 #pragma omp parallel num_threads(num_threads)
     {
-        int thread = 0;
+        int thread = 0, team = 1;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
+        team = omp_get_num_threads();
 #endif
         float *buffer = workspace + step_floats + per_thread * (size_t)thread;
+        int64_t item_first, item_end; /* a split step's items are shared statically */
+        thread_items(num_items, thread, team, &item_first, &item_end);
+        const uint8_t **kv_list = kv_lists + thread * list_length;
+        LineDrip drip = {kv_list, 0, cache_block_bytes(&items, (int)d->cache_dtype), 0, 0};
         for (int64_t l = 0; l < d->num_layers; ++l) {
             const DecoderLayer *layer = &d->layers[l];
             shared_norm(x, residual, l == 0 ? NULL : sub, layer->input_norm, M, H, d->eps);
+            LineDrip *kv_ahead = NULL; /* this thread's attention KV, during q/k/v (split) */
+            if (items.split) {
+                drip.num_blocks = 0;
+                for (int64_t item = item_first; item < item_end; ++item)
+                    drip.num_blocks += item_cache_blocks(
+                        &items, item, seq_lens, block_tables, layer->key_cache,
+                        layer->value_cache, (int)d->cache_dtype, kv_list + drip.num_blocks);
+                const int64_t tiles = QKV / TILE_ROWS * (thread + 1) / team -
+                                      QKV / TILE_ROWS * thread / team;
+                const int64_t lines = drip.num_blocks * (drip.block_bytes / 64);
+                drip.lines_per_tile = tiles > 0 ? (lines + tiles - 1) / tiles : 0;
+                drip.next_line = 0;
+                kv_ahead = &drip;
+            }
             shared_linear(&layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, &quantized,
-                          first_run(&layer->o, H, Q));
+                          first_run(&layer->o, H, Q), kv_ahead);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M; ++t) {
                 float *row = qkv + t * QKV;
@@ -299,21 +330,29 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
                            (size_t)KV * sizeof(float));
                 }
             }
+            if (items.split) { /* each thread its own items: their KV was fetched ahead */
+                for (int64_t item = item_first; item < item_end; ++item)
+                    attend_item_caches(&items, item, qkv, QKV, layer->key_cache,
+                                       layer->value_cache, DTYPE_FLOAT32, (int)d->cache_dtype,
+                                       block_tables, seq_lens, partials, attn, buffer);
+#pragma omp barrier
+            } else {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t item = 0; item < num_items; ++item)
-                attend_item_caches(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
-                                   DTYPE_FLOAT32, (int)d->cache_dtype, block_tables, seq_lens,
-                                   partials, attn, buffer);
+                for (int64_t item = 0; item < num_items; ++item)
+                    attend_item_caches(&items, item, qkv, QKV, layer->key_cache,
+                                       layer->value_cache, DTYPE_FLOAT32, (int)d->cache_dtype,
+                                       block_tables, seq_lens, partials, attn, buffer);
+            }
             if (items.split) {
 #pragma omp for schedule(static)
                 for (int64_t item = 0; item < M * d->num_heads; ++item)
                     combine_item(&items, item, seq_lens, partials, DTYPE_FLOAT32, attn);
             }
             shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized,
-                          first_run(&layer->gate_up, 2 * I, H));
+                          first_run(&layer->gate_up, 2 * I, H), NULL);
             shared_norm(x, residual, sub, layer->post_norm, M, H, d->eps);
             shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized,
-                          first_run(&layer->down, H, I));
+                          first_run(&layer->down, H, I), NULL);
             /* in pieces of SILU_PIECE values, so one sequence's row is shared too */
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < M * silu_pieces; ++p) {
@@ -325,12 +364,14 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
             shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized,
                           l + 1 < d->num_layers ? first_run(&d->layers[l + 1].qkv, QKV, H)
                           : output != NULL      ? first_run(output, d->vocab, H)
-                                                : NO_PREFETCH_RUN);
+                                                : NO_PREFETCH_RUN,
+                          NULL);
         }
         shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);
         if (output != NULL) /* out's rows are all normed: the norm's loop ends in a barrier */
-            shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized, NO_PREFETCH_RUN);
+            shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized, NO_PREFETCH_RUN,
+                          NULL);
     }
-    free(workspace);
+    free(workspace), free(kv_lists);
     return OK;
 }

@@ -495,6 +495,44 @@ static void attend_item_caches(const AttentionItems *items, int64_t item, const 
             combine_head(items, s, h, count, own, partial_floats(items), dtype, out);
 }
 
+/* A thread's share of a step's items when they are shared statically: [*first, *end), in
+   order (the decoder's split steps, whose KV each thread fetches ahead for its own items). */
+static inline void thread_items(int64_t num_items, int thread, int team, int64_t *first,
+                                int64_t *end) {
+    *first = num_items * thread / team;
+    *end = num_items * (thread + 1) / team;
+}
+
+/* Bytes of one KV block of one cache: its token rows (and an int8 block's scale row). */
+static inline int64_t cache_block_bytes(const AttentionItems *items, int cache_dtype) {
+    const int64_t rows = items->block_size + (cache_dtype == DTYPE_INT8 ? 1 : 0);
+    return rows * items->num_kv_heads * items->head_dim * (int64_t)element_size(cache_dtype);
+}
+
+/* Appends to `blocks` the start of every KV block item `item` reads, in the order it reads
+   them (a key block, then its value block); returns how many it appended. */
+static inline int64_t item_cache_blocks(const AttentionItems *items, int64_t item,
+                                 const int32_t *seq_lens, const int32_t *block_tables,
+                                 const void *key_cache, const void *value_cache,
+                                 int cache_dtype, const uint8_t **blocks) {
+    const int64_t s = item / items->items_per_seq, block_size = items->block_size;
+    int64_t per;
+    const int64_t count = partitions_of(items, seq_lens, s, &per);
+    const int64_t first = items->split ? item % items->items_per_seq : 0;
+    const int64_t end = items->split ? first + 1 : count;
+    if (first >= count) return 0;
+    const int64_t num_blocks = ((int64_t)seq_lens[s] + block_size - 1) / block_size;
+    const int64_t last = end * per < num_blocks ? end * per : num_blocks;
+    const int64_t bytes = cache_block_bytes(items, cache_dtype);
+    int64_t n = 0;
+    for (int64_t b = first * per; b < last; ++b) {
+        const int64_t block = block_tables[s * items->max_blocks + b];
+        blocks[n++] = (const uint8_t *)key_cache + block * bytes;
+        blocks[n++] = (const uint8_t *)value_cache + block * bytes;
+    }
+    return n;
+}
+
 /* After a split step's items: item (sequence item / num_heads, head item % num_heads) of
    the second pass, its partitions combined into out. */
 static void combine_item(const AttentionItems *items, int64_t item, const int32_t *seq_lens,

@@ -107,7 +107,7 @@ int tollway_quant_linear(const uint8_t *w, int type, const float *x, float *y, i
         }
         quant_linear_slice(w, type, x, xq, xd, xdsum, isum, NULL, y, M, N, K, method,
                            units * thread / team * unit, units * (thread + 1) / team * unit,
-                           NO_PREFETCH_RUN);
+                           NO_PREFETCH_RUN, NULL);
     }
     free(xq), free(xd), free(xdsum), free(isum);
     return OK;

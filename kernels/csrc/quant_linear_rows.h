@@ -200,21 +200,22 @@ static inline void split_rows(const uint8_t *wrow, int type, int64_t bytes, cons
 /* y[:, first:last] (+ bias) of y = x @ W.T, W [N, K] of ggml blocks of `type`: the outputs one
    thread owns. The int8 methods read xq/xd/xdsum (quant_activations_slice's, all rows);
    DECODE_TO_FLOAT reads x. A tiled type (quant_tiles.h: the split method only; first and last
-   multiples of TILE_ROWS) also reads isum. Each output is one thread's, summed in one fixed
+   multiples of TILE_ROWS) also reads isum, and its last tiles prefetch `then` and each tile
+   `drip`'s next lines (quant_tiles.h). Each output is one thread's, summed in one fixed
    order. */
 static inline void quant_linear_slice(const uint8_t *w, int type, const float *x,
                                       const int8_t *xq, const float *xd, const float *xdsum,
                                       const int32_t *isum, const float *bias, float *y,
                                       int64_t M, int64_t N, int64_t K, int method, int64_t first,
-                                      int64_t last, PrefetchRun then) {
+                                      int64_t last, PrefetchRun then, LineDrip *drip) {
 #if QUANT_TILES
     if (is_tiled_type(type)) {
         tiled_linear_slice(w, untiled_type(type), xq, xd, xdsum, isum, bias, y, M, N, K, first,
-                           last, then);
+                           last, then, drip);
         return;
     }
 #endif
-    (void)then;
+    (void)then, (void)drip; /* row kernels: the hardware prefetcher follows their rows */
     const int64_t bytes = quant_block_bytes(type), row_bytes = K / quant_block_values(type) * bytes;
     const int64_t per_input = quant_rows_per_input(method), R = M * per_input;
     /* chunks and tiles of activation rows; both even, so a split pair never straddles them */

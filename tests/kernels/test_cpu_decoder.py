@@ -445,3 +445,33 @@ def test_decode_step_on_int8_caches_matches_plain_pytorch(case: str) -> None:
             steps = (cache[:, :-1].to(torch.int16) - want_cache[:, :-1].to(torch.int16)).abs()
             assert int(steps.max()) <= 1
             torch.testing.assert_close(block_scales(cache), block_scales(want_cache))
+
+
+@pytest.mark.parametrize("cache_kind", ["float32", "int8"])
+@pytest.mark.parametrize("seq_lens", [[300], [41, 200]], ids=["one long sequence", "two"])
+def test_a_step_has_the_same_bits_on_any_number_of_threads(
+    cache_kind: str, seq_lens: list[int]
+) -> None:
+    """A few sequences' attention is shared out in partitions, each thread its own (fetched
+    ahead during its q/k/v projection): the bits do not depend on how many threads there are."""
+    dims = Dims(num_layers=2)
+    gen = torch.Generator().manual_seed(len(seq_lens))
+    layers = raw_layers(dims, gen)
+    final_norm = 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+    caches = int8_caches(dims, gen) if cache_kind == "int8" else random_caches(dims, gen)
+    step = make_step(dims, seq_lens, gen)
+    threads_before = torch.get_num_threads()
+    results = []
+    try:
+        for num_threads in (1, 2, 3):
+            torch.set_num_threads(num_threads)
+            own_caches = [(k.clone(), v.clone()) for k, v in caches]
+            out = run(build(layers, own_caches, final_norm, dims), step)
+            results.append((out, own_caches))
+    finally:
+        torch.set_num_threads(threads_before)
+    (want, want_caches), *others = results
+    for out, own_caches in others:
+        assert torch.equal(out, want)
+        for pair, want_pair in zip(own_caches, want_caches, strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(pair, want_pair, strict=True))
