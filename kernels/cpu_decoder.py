@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -32,17 +31,35 @@ import torch
 
 from kernels import cpu_linear
 from kernels.cpu_build import load_kernels
+from kernels.cpu_decoder_weights import (
+    MAX_SEGMENTS,
+    DecoderShape,
+    LayerWeights,
+    LinearWeight,
+    TokenTables,
+    fits,
+    in_features,
+    linear_fits,
+    out_features,
+    tables_fit,
+)
 from kernels.cpu_linear import BlockedWeight
 from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.int8_kv_cache import block_size_of
 
-SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
-_ABI_VERSION = 5
-MAX_SEGMENTS = 3  # decoder_cpu.c's: q, k and v of three types
-_FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
+__all__ = [  # what the decoder reads, re-exported beside it
+    "DecoderShape",
+    "LayerWeights",
+    "LinearWeight",
+    "NativeDecoder",
+    "TokenTables",
+]
 
-# A linear as the kernel reads it: oneDNN's packed float32, or row segments of ggml blocks.
-LinearWeight = BlockedWeight | tuple[GGUFBlockWeight, ...]
+SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
+_ABI_VERSION = 6
+_FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
+_FLOAT32_ROWS = -1  # decoder_cpu.c's embedding type for a plain float32 table
+
 MAX_TOKENS = cpu_linear.MAX_ROWS  # the linears' native limit (the library agrees at load)
 _OK, _BAD_ARGUMENTS, _BAD_TABLES, _NO_MEMORY = 0, 1, 2, 3
 _FLOAT32_CACHE, _INT8_CACHE = 0, 2  # paged_attention.h's DTYPE_FLOAT32 and DTYPE_INT8
@@ -90,30 +107,11 @@ class _Decoder(ctypes.Structure):  # decoder_cpu.c's Decoder
         ("final_norm", ctypes.c_void_p),
         ("output", _Linear),
         ("vocab", ctypes.c_int64),
+        ("embedding", ctypes.c_void_p),
+        ("embedding_type", ctypes.c_int64),
+        ("cos_sin", ctypes.c_void_p),
+        ("max_positions", ctypes.c_int64),
     ]
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """One decoder layer as the kernel reads it (the tensors stay owned by the model)."""
-
-    input_norm: torch.Tensor  # [hidden]
-    qkv: LinearWeight  # [q + 2 kv, hidden]
-    qkv_bias: torch.Tensor | None  # [q + 2 kv]
-    o: LinearWeight  # [hidden, q]
-    post_norm: torch.Tensor  # [hidden]
-    gate_up: LinearWeight  # [2 intermediate, hidden]: gate rows, then up rows
-    down: LinearWeight  # [hidden, intermediate]
-    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
-    value_cache: torch.Tensor
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    eps: float
 
 
 @cache
@@ -129,6 +127,13 @@ def native_library() -> ctypes.CDLL | None:
                 + [ctypes.c_void_p] * 7
                 + [ctypes.c_int64] * 2
                 + [ctypes.c_int, ctypes.c_void_p],
+                ctypes.c_int,
+            ),
+            "tollway_decode_tokens": (
+                [ctypes.POINTER(_Decoder)]
+                + [ctypes.c_void_p] * 4
+                + [ctypes.c_int64] * 2
+                + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p],
                 ctypes.c_int,
             ),
             "tollway_decoder_layer_size": ([], ctypes.c_int64),
@@ -156,12 +161,14 @@ class NativeDecoder:
         final_norm: torch.Tensor,
         shape: DecoderShape,
         output: LinearWeight | None = None,
+        tokens: TokenTables | None = None,
     ) -> None:
         self._library = library
         self.layers = tuple(layers)  # keeps every buffer the structs point at alive
         self.final_norm = final_norm
         self.output = output  # the output projection, when bound: steps can return logits
         self.vocab_size = 0 if output is None else out_features(output)
+        self.tokens = tokens  # with the output projection: steps from token ids (decode_run)
         self.hidden_size = final_norm.shape[0]
         self._head_dim = shape.head_dim
         first = self.layers[0]
@@ -183,6 +190,7 @@ class NativeDecoder:
             final_norm=final_norm.data_ptr(),
             output=_Linear() if output is None else _linear_struct(output),
             vocab=self.vocab_size,
+            **_token_fields(tokens),
         )
         self._decoder_ref = ctypes.byref(self._decoder)
 
@@ -193,17 +201,25 @@ class NativeDecoder:
         final_norm: torch.Tensor,
         shape: DecoderShape,
         output: LinearWeight | None = None,
+        tokens: TokenTables | None = None,
     ) -> NativeDecoder | None:
         """The decoder, or ``None`` when the library is unavailable or a tensor does not fit
         (then run the layers one operation at a time). ``output``: the output projection
-        ([vocab, hidden]), for steps that return logits; left out if it does not fit."""
+        ([vocab, hidden]), for steps that return logits; ``tokens``: with it, for decode runs
+        from token ids. Either is left out if it does not fit."""
         library = native_library()
-        if library is None or not layers or not _fits(layers, final_norm, shape):
+        if library is None or not layers or not fits(layers, final_norm, shape):
             return None
         hidden = final_norm.shape[0]
-        if output is not None and not _linear_is(output, out_features(output), hidden):
+        if output is not None and not linear_fits(output, out_features(output), hidden):
             output = None
-        return cls(library, layers, final_norm, shape, output)
+        if (
+            output is None
+            or tokens is None
+            or not tables_fit(tokens, out_features(output), hidden, shape.head_dim)
+        ):
+            tokens = None
+        return cls(library, layers, final_norm, shape, output, tokens)
 
     def __call__(
         self,
@@ -247,26 +263,84 @@ class NativeDecoder:
             torch.get_num_threads(),
             None if projected is None else projected.data_ptr(),
         )
-        if status == _BAD_TABLES:
-            raise ValueError(
-                "a block table is shorter than its sequence's context, or it or a slot "
-                "lies outside the KV cache"
-            )
-        if status == _NO_MEMORY:
-            raise MemoryError("the native decoder could not allocate its work buffers")
-        if status != _OK:
-            raise ValueError("the native decoder rejected the step's shapes")
+        _check_status(status)
         return out if projected is None else projected
 
+    def decode_run(
+        self,
+        tokens: torch.Tensor,  # [num_seqs] int64: each sequence's last token
+        slots: torch.Tensor,  # [num_steps, num_seqs] int64: step j's slot per sequence
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32, room for every step
+        seq_lens: torch.Tensor,  # [num_steps, num_seqs] int32: step j's context lengths
+    ) -> torch.Tensor:  # [num_steps, num_seqs] int64: step j's argmax per sequence
+        """Greedy decode steps back to back, each one native call from token ids to the
+        logits' argmax (NumPy's: the first largest, or the first NaN), fed to the next."""
+        if self.tokens is None:
+            raise ValueError("this decoder has no embedding and output projection bound")
+        num_steps, num_seqs = seq_lens.shape
+        if not (
+            1 <= num_seqs <= MAX_TOKENS
+            and tokens.dtype == slots.dtype == torch.int64
+            and block_tables.dtype == seq_lens.dtype == torch.int32
+            and tuple(tokens.shape) == (num_seqs,)
+            and slots.shape == seq_lens.shape
+            and block_tables.dim() == 2
+            and block_tables.shape[0] == num_seqs
+        ):
+            raise ValueError("a decode run takes int64 tokens and slots, int32 tables and lengths")
+        slots, seq_lens, block_tables = (t.contiguous() for t in (slots, seq_lens, block_tables))
+        chosen = torch.empty((num_steps + 1, num_seqs), dtype=torch.int64)
+        chosen[0] = tokens
+        logits = torch.empty((num_seqs, self.vocab_size))
+        run = self._library.tollway_decode_tokens
+        decoder, tables, logits_at = self._decoder_ref, block_tables.data_ptr(), logits.data_ptr()
+        width, threads = block_tables.shape[1], torch.get_num_threads()
+        chosen_at, slots_at, lens_at = chosen.data_ptr(), slots.data_ptr(), seq_lens.data_ptr()
+        row_bytes, len_bytes = 8 * num_seqs, 4 * num_seqs
+        for j in range(num_steps):
+            status = run(
+                decoder,
+                chosen_at + j * row_bytes,
+                slots_at + j * row_bytes,
+                tables,
+                lens_at + j * len_bytes,
+                num_seqs,
+                width,
+                threads,
+                logits_at,
+                chosen_at + (j + 1) * row_bytes,
+            )
+            _check_status(status)
+        return chosen[1:]
 
-def in_features(weight: LinearWeight) -> int:
-    return weight.in_features if isinstance(weight, BlockedWeight) else weight[0].in_features
+
+def _check_status(status: int) -> None:
+    if status == _BAD_TABLES:
+        raise ValueError(
+            "a block table is shorter than its sequence's context, or it or a slot "
+            "lies outside the KV cache"
+        )
+    if status == _NO_MEMORY:
+        raise MemoryError("the native decoder could not allocate its work buffers")
+    if status != _OK:
+        raise ValueError("the native decoder rejected the step's shapes, a token or a position")
 
 
-def out_features(weight: LinearWeight) -> int:
-    if isinstance(weight, BlockedWeight):
-        return weight.out_features
-    return sum(segment.out_features for segment in weight)
+def _token_fields(tokens: TokenTables | None) -> dict[str, int | None]:
+    """The decoder struct's embedding and rotary fields (none: zeros)."""
+    if tokens is None:
+        return {"embedding": None, "embedding_type": 0, "cos_sin": None, "max_positions": 0}
+    embedding = tokens.embedding
+    if isinstance(embedding, GGUFBlockWeight):
+        address, kind = embedding.blocks.data_ptr(), embedding.kernel_type
+    else:
+        address, kind = embedding.data_ptr(), _FLOAT32_ROWS
+    return {
+        "embedding": address,
+        "embedding_type": kind,
+        "cos_sin": tokens.cos_sin.data_ptr(),
+        "max_positions": tokens.cos_sin.shape[0],
+    }
 
 
 def _linear_struct(weight: LinearWeight) -> _Linear:
@@ -293,63 +367,6 @@ def _layer_struct(layer: LayerWeights) -> _Layer:
         key_cache=layer.key_cache.data_ptr(),
         value_cache=layer.value_cache.data_ptr(),
     )
-
-
-def _fits(layers: Sequence[LayerWeights], final_norm: torch.Tensor, shape: DecoderShape) -> bool:
-    """Every layer has the shapes, dtypes and layouts the kernel assumes."""
-    hidden = final_norm.shape[0]
-    q = shape.num_heads * shape.head_dim
-    kv = shape.num_kv_heads * shape.head_dim
-    first = layers[0]
-    intermediate = in_features(first.down)
-    cache_shape = first.key_cache.shape
-    if (
-        shape.num_heads % shape.num_kv_heads
-        or shape.head_dim % 2
-        or len(cache_shape) != 4
-        or tuple(cache_shape[2:]) != (shape.num_kv_heads, shape.head_dim)
-    ):
-        return False
-
-    def is_vector(t: torch.Tensor | None, size: int) -> bool:
-        return t is not None and _is_plain_float32(t) and tuple(t.shape) == (size,)
-
-    return is_vector(final_norm, hidden) and all(
-        is_vector(layer.input_norm, hidden)
-        and is_vector(layer.post_norm, hidden)
-        and (layer.qkv_bias is None or is_vector(layer.qkv_bias, q + 2 * kv))
-        and _linear_is(layer.qkv, q + 2 * kv, hidden)
-        and _linear_is(layer.o, hidden, q)
-        and _linear_is(layer.gate_up, 2 * intermediate, hidden)
-        and _linear_is(layer.down, hidden, intermediate)
-        and all(
-            (_is_plain_float32(cache) or _is_plain_int8(cache))
-            and cache.dtype == first.key_cache.dtype
-            and cache.shape == cache_shape
-            for cache in (layer.key_cache, layer.value_cache)
-        )
-        for layer in layers
-    )
-
-
-def _linear_is(w: LinearWeight, rows: int, columns: int) -> bool:
-    """``w`` is a [rows, columns] linear in a form the kernel reads."""
-    if isinstance(w, BlockedWeight):
-        return (w.out_features, w.in_features) == (rows, columns) and w.k_padded >= columns
-    return (
-        1 <= len(w) <= MAX_SEGMENTS
-        and out_features(w) == rows
-        and all(segment.in_features == columns for segment in w)
-        and len({segment.tiled for segment in w}) == 1  # all tiled or none
-    )
-
-
-def _is_plain_int8(t: torch.Tensor) -> bool:  # an int8 KV cache (kernels/int8_kv_cache.py)
-    return t.dtype == torch.int8 and t.device.type == "cpu" and t.is_contiguous()
-
-
-def _is_plain_float32(t: torch.Tensor) -> bool:
-    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
 
 
 def _check_step(

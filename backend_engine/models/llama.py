@@ -29,7 +29,13 @@ from backend_engine.models.packed_linear import PackedLinear
 from backend_engine.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
 from backend_engine.models.rotary import RotaryEmbedding
 from kernels import cpu_decoder, rms_norm
-from kernels.cpu_decoder import DecoderShape, LayerWeights, LinearWeight, NativeDecoder
+from kernels.cpu_decoder import (
+    DecoderShape,
+    LayerWeights,
+    LinearWeight,
+    NativeDecoder,
+    TokenTables,
+)
 from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.rotary import apply_rotary
 from model_files.model_config import ModelConfig
@@ -308,6 +314,39 @@ class CausalLM(nn.Module):
             h, cos, sin, md.slot_mapping, md.decode_block_tables, md.decode_seq_lens, logits=True
         )
 
+    def native_decode_run(
+        self,
+        kv_caches: Sequence[KVCache],
+        input_ids: torch.Tensor,  # [num_seqs] int64: each sequence's last token
+        slots: torch.Tensor,  # [num_steps, num_seqs] int64
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+        seq_lens: torch.Tensor,  # [num_steps, num_seqs] int32
+    ) -> torch.Tensor | None:  # [num_steps, num_seqs] int64, or None: not natively
+        """A greedy decode run as native calls from token ids to argmax, one a step
+        (``NativeDecoder.decode_run``), where the decoder has the embedding, the rotary table
+        and the output projection bound to these caches; ``None`` otherwise."""
+        decoder = self.native_decoder
+        if decoder is None or decoder.tokens is None or kv_caches is not self._native_kv_caches:
+            return None
+        if not 0 < input_ids.shape[0] <= cpu_decoder.MAX_TOKENS:
+            return None
+        return decoder.decode_run(input_ids, slots, block_tables, seq_lens)
+
+    def _token_tables(self) -> TokenTables | None:
+        """The embedding and rotary table as a native decoder reads them, if it can."""
+        embedding = self.model.embed_tokens
+        table: torch.Tensor | GGUFBlockWeight
+        if isinstance(embedding, QuantizedEmbedding):
+            table = embedding.weight
+        elif isinstance(embedding, nn.Embedding) and embedding.weight.dtype == torch.float32:
+            table = embedding.weight.detach()
+        else:
+            return None
+        cos_sin = self.rotary.cos_sin
+        if cos_sin.dtype != torch.float32 or self.dtype != torch.float32:
+            return None
+        return TokenTables(table, cos_sin)
+
     def _runs_natively(
         self, kv_caches: Sequence[KVCache], md: AttentionMetadata, num_tokens: int
     ) -> bool:
@@ -342,6 +381,7 @@ class CausalLM(nn.Module):
             self.model.norm.weight.detach(),
             shape,
             _native_linear(self.lm_head),
+            self._token_tables(),
         )
         self._native_kv_caches = kv_caches if self.native_decoder is not None else None
         return self.native_decoder is not None

@@ -1,11 +1,15 @@
 """A decode run on the model (``backend_engine.core.decode_runs``): ``k`` greedy decode steps
 of one batch back to back, each step's argmax fed back as the next step's token.
 
-Each step is the model's own decode step with its output projection (``forward_logits``: on
-the CPU, one native call), then the argmax the sampler would take (``argmax_rows``), so a
-run's tokens are the tokens the same steps taken one at a time would give. What a run saves
-is everything around that: the positions, slots and context lengths of all ``k`` steps are
-laid out once, and no scheduler, sampler or output processor runs between its steps.
+Each step is the model's own decode step with its output projection (``forward_logits``),
+then the argmax the sampler would take (``argmax_rows``), so a run's tokens are the tokens
+the same steps taken one at a time would give. What a run saves is everything around that:
+the positions, slots and context lengths of all ``k`` steps are laid out once, and no
+scheduler, sampler or output processor runs between its steps. On the CPU's native decoder
+a step is one native call from token ids to argmax (``CausalLM.native_decode_run``: the
+embedding row, the rotary angles, the layers, the output projection and NumPy's argmax
+rule, each thread over its own logits), with nothing in Python between the steps but the
+call itself.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import torch
 
 from backend_engine.core.scheduler_output import ScheduledRequest
 from backend_engine.models.attention_metadata import AttentionMetadata
+from backend_engine.models.llama import CausalLM, KVCache
 from backend_engine.worker.sampler import argmax_rows
 
 
 def run_decodes(
-    model: torch.nn.Module,
-    kv_caches: Sequence[object],
+    model: CausalLM,
+    kv_caches: Sequence[KVCache],
     items: Sequence[ScheduledRequest],
     block_size: int,
     device: torch.device,
@@ -54,6 +59,10 @@ def run_decodes(
     no_lens = torch.zeros(0, dtype=int32, device=device)
     no_queries = torch.zeros(1, dtype=int32, device=device)
     input_ids = torch.tensor([item.token_ids[0] for item in items], device=device)
+    native = model.native_decode_run(kv_caches, input_ids, slots_t, tables, seq_lens_t)
+    if native is not None:
+        tokens: list[list[int]] = native.T.tolist()  # [num_seqs, num_steps]
+        return tokens
     chosen: list[torch.Tensor] = []
     for j in range(num_steps):
         metadata = AttentionMetadata(
@@ -66,8 +75,8 @@ def run_decodes(
             prefill_seq_lens=no_lens,
             max_decode_seq_len=max(positions[j]) + 1,
         )
-        logits = model.forward_logits(input_ids, positions_t[j], kv_caches, metadata)  # type: ignore[operator]
+        logits = model.forward_logits(input_ids, positions_t[j], kv_caches, metadata)
         input_ids = argmax_rows(logits).to(device)
         chosen.append(input_ids)
-    tokens: list[list[int]] = torch.stack(chosen, dim=1).tolist()  # [num_seqs, num_steps]
-    return tokens
+    stepped: list[list[int]] = torch.stack(chosen, dim=1).tolist()  # [num_seqs, num_steps]
+    return stepped

@@ -56,10 +56,12 @@
 #include "quant_linear_rows.h"
 #include "rms_norm_row.h"
 #include "rotary_token.h"
+#include "row_argmax.h"
 
-#define TOLLWAY_DECODER_ABI_VERSION 5
+#define TOLLWAY_DECODER_ABI_VERSION 6
 #define MAX_SEGMENTS 3 /* q, k, v */
 #define FLOAT32_PACKED 0 /* a segment type that is not a ggml block type */
+#define FLOAT32_ROWS (-1) /* an embedding's type: plain float32 rows [vocab, hidden] */
 
 enum { OK = 0, BAD_ARGUMENTS = 1, BAD_TABLES = 2, NO_MEMORY = 3 };
 
@@ -91,6 +93,11 @@ typedef struct {
     const float *final_norm;
     DecoderLinear output; /* the output projection [vocab, hidden]; no segments: none */
     int64_t vocab;
+    /* For steps from token ids (tollway_decode_tokens); NULL data: none. */
+    const void *embedding; /* [vocab, hidden]: FLOAT32_ROWS, or ggml blocks (maybe tiled) */
+    int64_t embedding_type;
+    const float *cos_sin;  /* [max_positions, head_dim]: cos, then sin, per position */
+    int64_t max_positions;
 } Decoder;
 
 int tollway_decoder_abi_version(void) { return TOLLWAY_DECODER_ABI_VERSION; }
@@ -229,14 +236,65 @@ static int slots_are_valid(const int64_t *slots, int64_t M, int64_t num_slots) {
     return 1;
 }
 
+static int decode_step(const Decoder *d, const float *hidden, float *out, const float *cos,
+                       const float *sin, const int64_t *slots, const int32_t *block_tables,
+                       const int32_t *seq_lens, int64_t M, int64_t max_blocks, int num_threads,
+                       float *logits, int64_t *next_tokens);
+
 int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, const float *cos,
                           const float *sin, const int64_t *slots, const int32_t *block_tables,
                           const int32_t *seq_lens, int64_t M, int64_t max_blocks,
                           int num_threads, float *logits) {
+    return decode_step(d, hidden, out, cos, sin, slots, block_tables, seq_lens, M, max_blocks,
+                       num_threads, logits, NULL);
+}
+
+/* A decode step from token ids: each token's embedding row and its rotary angles at position
+   seq_lens - 1 (the decoder's own tables), every layer, the output projection into logits
+   ([M, vocab]) and each row's argmax (NumPy's: the first largest, or the first NaN) into
+   next_tokens. The threads take the argmax of their own share of the logits. */
+int tollway_decode_tokens(const Decoder *d, const int64_t *tokens, const int64_t *slots,
+                          const int32_t *block_tables, const int32_t *seq_lens, int64_t M,
+                          int64_t max_blocks, int num_threads, float *logits,
+                          int64_t *next_tokens) {
+    if (d == NULL || d->embedding == NULL || d->cos_sin == NULL || tokens == NULL ||
+        logits == NULL || next_tokens == NULL || M < 1 || M > LINEAR_MAX_ROWS)
+        return BAD_ARGUMENTS;
+    const int64_t H = d->hidden, half = d->head_dim / 2;
+    if (d->embedding_type != FLOAT32_ROWS && !rows_can_widen((int)d->embedding_type, d->vocab, H))
+        return BAD_ARGUMENTS;
+    for (int64_t r = 0; r < M; ++r)
+        if (tokens[r] < 0 || tokens[r] >= d->vocab || seq_lens[r] < 1 ||
+            seq_lens[r] > d->max_positions)
+            return BAD_ARGUMENTS;
+    float *rows = malloc((size_t)(M * (2 * H + 2 * half)) * sizeof(float));
+    if (rows == NULL) return NO_MEMORY;
+    float *hidden = rows, *out = hidden + M * H, *cos = out + M * H, *sin = cos + M * half;
+    for (int64_t r = 0; r < M; ++r) {
+        if (d->embedding_type == FLOAT32_ROWS)
+            memcpy(hidden + r * H, (const float *)d->embedding + tokens[r] * H,
+                   (size_t)H * sizeof(float));
+        else
+            widen_row(d->embedding, (int)d->embedding_type, H, tokens[r], hidden + r * H);
+        const float *angles = d->cos_sin + (int64_t)(seq_lens[r] - 1) * d->head_dim;
+        memcpy(cos + r * half, angles, (size_t)half * sizeof(float));
+        memcpy(sin + r * half, angles + half, (size_t)half * sizeof(float));
+    }
+    const int status = decode_step(d, hidden, out, cos, sin, slots, block_tables, seq_lens, M,
+                                   max_blocks, num_threads, logits, next_tokens);
+    free(rows);
+    return status;
+}
+
+static int decode_step(const Decoder *d, const float *hidden, float *out, const float *cos,
+                       const float *sin, const int64_t *slots, const int32_t *block_tables,
+                       const int32_t *seq_lens, int64_t M, int64_t max_blocks, int num_threads,
+                       float *logits, int64_t *next_tokens) {
     if (d == NULL || M < 1 || M > LINEAR_MAX_ROWS || num_threads < 1 || max_blocks < 0)
         return BAD_ARGUMENTS;
     const DecoderLinear *output = logits != NULL ? &d->output : NULL;
-    if (output != NULL && (d->vocab < 1 || !linear_is_valid(output, d->vocab, d->hidden)))
+    if ((output != NULL && (d->vocab < 1 || !linear_is_valid(output, d->vocab, d->hidden))) ||
+        (next_tokens != NULL && output == NULL))
         return BAD_ARGUMENTS;
     const int64_t H = d->hidden, I = d->intermediate, D = d->head_dim;
     const int64_t Q = d->num_heads * D, KV = d->num_kv_heads * D, QKV = Q + 2 * KV;
@@ -270,8 +328,10 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
     /* split steps: each thread's list of the KV blocks its items read (LineDrip) */
     const int64_t list_length = items.split ? 2 * M * max_blocks : 0;
     const uint8_t **kv_lists = malloc((size_t)(num_threads * list_length + 1) * sizeof *kv_lists);
-    if (workspace == NULL || kv_lists == NULL) {
-        free(workspace), free(kv_lists);
+    RowBest *shares = next_tokens != NULL ? malloc((size_t)(num_threads * M) * sizeof *shares)
+                                          : NULL; /* [thread, row] */
+    if (workspace == NULL || kv_lists == NULL || (next_tokens != NULL && shares == NULL)) {
+        free(workspace), free(kv_lists), free(shares);
         return NO_MEMORY;
     }
     float *scales = workspace + step_floats + per_thread * (size_t)num_threads;
@@ -371,7 +431,15 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
         if (output != NULL) /* out's rows are all normed: the norm's loop ends in a barrier */
             shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized, NO_PREFETCH_RUN,
                           NULL);
+        if (next_tokens != NULL) { /* each thread about its own outputs: still in its cache */
+            const int64_t first = d->vocab * thread / team, last = d->vocab * (thread + 1) / team;
+            for (int64_t r = 0; r < M; ++r)
+                shares[thread * M + r] = best_in(logits + r * d->vocab, first, last);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < M; ++r) next_tokens[r] = argmax_of_shares(shares + r, M, team);
+        }
     }
-    free(workspace), free(kv_lists);
+    free(workspace), free(kv_lists), free(shares);
     return OK;
 }

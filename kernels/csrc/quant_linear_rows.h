@@ -197,6 +197,53 @@ static inline void split_rows(const uint8_t *wrow, int type, int64_t bytes, cons
     for (int64_t j = 0; j < rows / 2; ++j) y[(m0 / 2 + j) * N + n] = pairs[2 * j] + pairs[2 * j + 1];
 }
 
+/* Block b of row n of a tiled W of a 32-value type, back in the file's bytes (quant_tiles.h's
+   layout: the tile-block's scales, mins and quant words for lane n % 16). */
+static inline void untile_block(const uint8_t *w, int type, int64_t K, int64_t n, int64_t b,
+                         uint8_t *block) {
+    const int64_t tile_block = TILE_ROWS * quant_block_bytes(type);
+    const uint8_t *tile = w + n / TILE_ROWS * (K / QK) * tile_block + b * tile_block;
+    const int lane = (int)(n % TILE_ROWS), has_min = type == TYPE_Q4_1;
+    const int header = has_min ? 64 : 32, fields = has_min ? 4 : 2;
+    const int words = type == TYPE_Q8_0 ? 8 : 4; /* quant bytes / 4 */
+    memcpy(block, tile + 2 * lane, 2);
+    if (has_min) memcpy(block + 2, tile + 32 + 2 * lane, 2);
+    for (int g = 0; g < words; ++g)
+        memcpy(block + fields + 4 * g, tile + header + 64 * g + 4 * lane, 4);
+    if (type == TYPE_Q8_0) /* stored q + 128 */
+        for (int i = 0; i < 4 * words; ++i) block[fields + i] ^= 0x80;
+}
+
+/* W [N, K] of `type` (maybe tiled) is one widen_row reads. */
+static inline int rows_can_widen(int type, int64_t N, int64_t K) {
+    const int base = untiled_type(type);
+    const int64_t values = quant_block_values(base);
+    if (values == 0 || N < 1 || K < values || K % values != 0) return 0;
+    return !is_tiled_type(type) || (QUANT_TILES && tileable_type(base) && N % TILE_ROWS == 0);
+}
+
+/* Row n of W [N, K] (type, or a tiled 32-value type) widened to float32 into out[K], as
+   tollway_quant_dequantize widens it: an embedding's token, without untiling the rest. */
+static inline void widen_row(const uint8_t *w, int type, int64_t K, int64_t n, float *out) {
+    const int base = untiled_type(type), tiled = is_tiled_type(type);
+    const int64_t values = quant_block_values(base), bytes = quant_block_bytes(base);
+    for (int64_t b = 0; b < K / values; ++b) {
+        uint8_t copy[2 + 2 + QK]; /* the largest tiled block, Q8_0 (34 bytes) */
+        const uint8_t *block = w + (n * (K / values) + b) * bytes;
+        if (tiled) {
+            untile_block(w, base, K, n, b, copy);
+            block = copy;
+        }
+        for (int s = 0; s < (int)(values / QK); ++s) {
+            qv16 first, second;
+            decode_block(block, base, s, &first, &second);
+            float *row = out + b * values + s * QK;
+            memcpy(row, &first, sizeof first);
+            memcpy(row + 16, &second, sizeof second);
+        }
+    }
+}
+
 /* y[:, first:last] (+ bias) of y = x @ W.T, W [N, K] of ggml blocks of `type`: the outputs one
    thread owns. The int8 methods read xq/xd/xdsum (quant_activations_slice's, all rows);
    DECODE_TO_FLOAT reads x. A tiled type (quant_tiles.h: the split method only; first and last

@@ -69,12 +69,24 @@ def summary(outputs: list[RequestOutput]) -> list[tuple[list[int], str, str | No
     return [(o.token_ids, o.text, o.finish_reason) for o in outputs]
 
 
-def test_greedy_outputs_match_step_by_step_in_fewer_steps(stepwise: LLM, running: LLM) -> None:
+@pytest.mark.parametrize("path", ["native", "layer by layer"])
+def test_greedy_outputs_match_step_by_step_in_fewer_steps(
+    stepwise: LLM, running: LLM, path: str
+) -> None:
     prompts = [random_prompt(9 + 7 * i, seed=i) for i in range(3)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (40, 23, 5)]
+    model = running.engine.runner.model  # type: ignore[attr-defined]
+    decoder = model.native_decoder
+    assert decoder is not None
+    assert decoder.tokens is not None  # a run's steps are native calls from token ids
 
     want, num_stepwise = generate_counting_steps(stepwise, prompts, params)
-    got, num_running = generate_counting_steps(running, prompts, params)
+    if path != "native":
+        model.native_decoder = None
+    try:
+        got, num_running = generate_counting_steps(running, prompts, params)
+    finally:
+        model.native_decoder = decoder
 
     assert summary(got) == summary(want)
     assert [len(o.token_ids) for o in got] == [40, 23, 5]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from kernels import cpu_decoder, cpu_linear, cpu_quant_linear, reference
-from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder
+from kernels.cpu_decoder import DecoderShape, LayerWeights, NativeDecoder, TokenTables
 from kernels.cpu_quant_linear import GGUFBlockWeight
 from kernels.int8_kv_cache import block_scales, int8_cache_shape
 
@@ -475,3 +475,137 @@ def test_a_step_has_the_same_bits_on_any_number_of_threads(
         assert torch.equal(out, want)
         for pair, want_pair in zip(own_caches, want_caches, strict=True):
             assert all(torch.equal(a, b) for a, b in zip(pair, want_pair, strict=True))
+
+
+def token_decoder(
+    dims: Dims,
+    layers: list[RawLayer],
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
+    final_norm: torch.Tensor,
+    output: cpu_decoder.LinearWeight,
+    tables: TokenTables,
+) -> NativeDecoder:
+    weights = [
+        layer_weights(raw, key_cache, value_cache)
+        for raw, (key_cache, value_cache) in zip(layers, caches, strict=True)
+    ]
+    decoder = NativeDecoder.build(weights, final_norm, shape(dims), output, tables)
+    assert decoder is not None
+    assert decoder.tokens is not None
+    return decoder
+
+
+@pytest.mark.parametrize("embedding_kind", ["float32", "Q8_0 tiled"])
+def test_a_run_from_token_ids_is_the_steps_from_their_embeddings(embedding_kind: str) -> None:
+    """Each step of a run: the tokens' embedding rows and rotary angles, the layers and the
+    output projection, then NumPy's argmax, fed to the next step."""
+    dims, vocab, max_positions = Dims(num_layers=2), 160, 64
+    gen = torch.Generator().manual_seed(7)
+    layers = raw_layers(dims, gen)
+    final_norm = 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+    caches = random_caches(dims, gen)
+    output = (q8_0_weight(vocab, dims.hidden, gen).tiled_for_kernel(),)
+    if embedding_kind == "float32":
+        embedding: torch.Tensor | GGUFBlockWeight = torch.randn(vocab, dims.hidden, generator=gen)
+        rows = embedding
+    else:
+        embedding = q8_0_weight(vocab, dims.hidden, gen).tiled_for_kernel()
+        rows = cpu_quant_linear.gathered_rows(embedding, torch.arange(vocab))
+    angles = torch.arange(max_positions)[:, None] * torch.rand(dims.head_dim // 2, generator=gen)
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1)
+    tables = TokenTables(embedding, cos_sin)
+    seq_lens = [5, 21]
+    block_tables = torch.tensor([[3, 4, 0, 0], [7, 8, 9, 10]], dtype=torch.int32)
+    num_steps = 3
+    lens = torch.tensor([[n + j for n in seq_lens] for j in range(num_steps)], dtype=torch.int32)
+    slots = torch.tensor(
+        [
+            [
+                int(block_tables[s, (n - 1) // BLOCK_SIZE]) * BLOCK_SIZE + (n - 1) % BLOCK_SIZE
+                for s, n in enumerate(row)
+            ]
+            for row in lens.tolist()
+        ],
+        dtype=torch.int64,
+    )
+    first = torch.tensor([11, 150])
+
+    stepped_caches = clone(caches)
+    stepwise = token_decoder(dims, layers, stepped_caches, final_norm, output, tables)
+    want, tokens = [], first
+    for j in range(num_steps):
+        positions = lens[j].long() - 1
+        logits = stepwise(
+            rows[tokens],
+            cos_sin[positions, : dims.head_dim // 2][:, None],
+            cos_sin[positions, dims.head_dim // 2 :][:, None],
+            slots[j],
+            block_tables,
+            lens[j],
+            logits=True,
+        )
+        tokens = torch.from_numpy(logits.numpy().argmax(axis=1))
+        want.append(tokens)
+
+    got = token_decoder(dims, layers, caches, final_norm, output, tables).decode_run(
+        first, slots, block_tables, lens
+    )
+
+    assert torch.equal(got, torch.stack(want))
+    for pair, want_pair in zip(caches, stepped_caches, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(pair, want_pair, strict=True))
+
+
+def test_a_runs_argmax_is_the_first_largest_or_the_first_nan() -> None:
+    dims, vocab = Dims(num_layers=1), 96
+    gen = torch.Generator().manual_seed(8)
+    layers = raw_layers(dims, gen)
+    caches = random_caches(dims, gen)
+    weight = 0.01 * torch.randn(vocab, dims.hidden, generator=gen)
+    weight[[20, 70]] = torch.ones(dims.hidden)  # the largest logits, equal: the first wins
+    cos_sin = torch.cat([torch.ones(8, dims.head_dim // 2), torch.zeros(8, dims.head_dim // 2)], 1)
+    embedding = torch.ones(vocab, dims.hidden)  # every hidden row the same positive row
+    tables = TokenTables(embedding, cos_sin)
+    final_norm = torch.ones(dims.hidden)
+    table = torch.tensor([[1]], dtype=torch.int32)
+    lens, slots = torch.tensor([[3]], dtype=torch.int32), torch.tensor([[BLOCK_SIZE + 2]])
+
+    decoder = token_decoder(dims, layers, caches, final_norm, blocked(weight), tables)
+    half = dims.head_dim // 2
+    logits = decoder(
+        embedding[:1],
+        cos_sin[2:3, None, :half],
+        cos_sin[2:3, None, half:],
+        slots[0],
+        table,
+        lens[0],
+        logits=True,
+    )[0]
+    assert logits[20] == logits[70] == logits.max()  # a tie for the largest
+    assert decoder.decode_run(torch.tensor([0]), slots, table, lens).item() == 20
+
+    weight[[55, 90]] = float("nan")  # past the first share on two threads, and later
+    decoder = token_decoder(dims, layers, caches, final_norm, blocked(weight), tables)
+    assert decoder.decode_run(torch.tensor([0]), slots, table, lens).item() == 55
+
+
+def test_a_run_refuses_a_token_outside_the_vocabulary() -> None:
+    dims, vocab = Dims(num_layers=1), 32
+    gen = torch.Generator().manual_seed(9)
+    layers = raw_layers(dims, gen)
+    tables = TokenTables(
+        torch.randn(vocab, dims.hidden, generator=gen), torch.zeros(8, dims.head_dim)
+    )
+    output = blocked(torch.randn(vocab, dims.hidden, generator=gen))
+    decoder = token_decoder(
+        dims, layers, random_caches(dims, gen), torch.ones(dims.hidden), output, tables
+    )
+    table, lens, slots = (
+        torch.tensor([[1]], dtype=torch.int32),
+        torch.tensor([[3]], dtype=torch.int32),
+        torch.tensor([[BLOCK_SIZE + 2]]),
+    )
+    with pytest.raises(ValueError, match="a token or a position"):
+        decoder.decode_run(torch.tensor([vocab]), slots, table, lens)
+    with pytest.raises(ValueError, match="a token or a position"):
+        decoder.decode_run(torch.tensor([1]), slots, table, torch.tensor([[9]], dtype=torch.int32))
