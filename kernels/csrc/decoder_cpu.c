@@ -25,10 +25,10 @@
  * one-operation call; only silu(gate) * up is here alone, in float32 as in PyTorch.
  *
  * Memory: the weights are streamed with each thread's next tiles prefetched (quant_tiles.h),
- * and the next linear's first tiles at the end of each. With fewer sequences than two per
- * thread, attention's work items (partitions of a context) are shared statically, and each
- * thread fetches its items' KV blocks into L2 a few lines per tile of the q/k/v projection
- * before them (LineDrip): attention alone read its KV at ~10 GB/s, a block at a time.
+ * and the next linear's first tiles at the end of each. Attention's work items (partitions
+ * of one context, or whole sequences) are shared statically (thread_items), and each thread
+ * fetches its items' KV blocks into L2 a few lines per tile of the q/k/v projection before
+ * them (LineDrip): attention alone read its KV at ~10 GB/s, a block at a time.
  *
  *   hidden, out:           [M, hidden] (M: the step's sequences, 1..LINEAR_MAX_ROWS)
  *   logits:                [M, vocab], or NULL (then out is the step's result)
@@ -310,7 +310,6 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
     const AttentionItems items =
         attention_items(seq_lens, M, d->num_heads, d->num_kv_heads, D, d->block_size,
                         max_blocks, d->scale, num_threads);
-    const int64_t num_items = M * items.items_per_seq;
     const size_t per_thread = attention_buffer_floats(&items);
     const size_t partial_floats = attention_partial_floats(&items, M);
     /* residual, x, sub (a sublayer's output) [M, H] | qkv [M, QKV] | attn [M, Q]
@@ -325,8 +324,8 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
     const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
     float *workspace =
         malloc(floats * sizeof(float) + sum_ints * sizeof(int32_t) + (size_t)(R * widest));
-    /* split steps: each thread's list of the KV blocks its items read (LineDrip) */
-    const int64_t list_length = items.split ? 2 * M * max_blocks : 0;
+    /* each thread's list of the KV blocks its items read (LineDrip) */
+    const int64_t list_length = 2 * M * max_blocks;
     const uint8_t **kv_lists = malloc((size_t)(num_threads * list_length + 1) * sizeof *kv_lists);
     RowBest *shares = next_tokens != NULL ? malloc((size_t)(num_threads * M) * sizeof *shares)
                                           : NULL; /* [thread, row] */
@@ -351,15 +350,14 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
         team = omp_get_num_threads();
 #endif
         float *buffer = workspace + step_floats + per_thread * (size_t)thread;
-        int64_t item_first, item_end; /* a split step's items are shared statically */
-        thread_items(num_items, thread, team, &item_first, &item_end);
+        int64_t item_first, item_end; /* the attention's items are shared statically */
+        thread_items(&items, seq_lens, M, thread, team, &item_first, &item_end);
         const uint8_t **kv_list = kv_lists + thread * list_length;
         LineDrip drip = {kv_list, 0, cache_block_bytes(&items, (int)d->cache_dtype), 0, 0};
         for (int64_t l = 0; l < d->num_layers; ++l) {
             const DecoderLayer *layer = &d->layers[l];
             shared_norm(x, residual, l == 0 ? NULL : sub, layer->input_norm, M, H, d->eps);
-            LineDrip *kv_ahead = NULL; /* this thread's attention KV, during q/k/v (split) */
-            if (items.split) {
+            { /* this thread's attention KV, fetched during q/k/v */
                 drip.num_blocks = 0;
                 for (int64_t item = item_first; item < item_end; ++item)
                     drip.num_blocks += item_cache_blocks(
@@ -370,10 +368,9 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
                 const int64_t lines = drip.num_blocks * (drip.block_bytes / 64);
                 drip.lines_per_tile = tiles > 0 ? (lines + tiles - 1) / tiles : 0;
                 drip.next_line = 0;
-                kv_ahead = &drip;
             }
             shared_linear(&layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, &quantized,
-                          first_run(&layer->o, H, Q), kv_ahead);
+                          first_run(&layer->o, H, Q), &drip);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M; ++t) {
                 float *row = qkv + t * QKV;
@@ -390,19 +387,12 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
                            (size_t)KV * sizeof(float));
                 }
             }
-            if (items.split) { /* each thread its own items: their KV was fetched ahead */
-                for (int64_t item = item_first; item < item_end; ++item)
-                    attend_item_caches(&items, item, qkv, QKV, layer->key_cache,
-                                       layer->value_cache, DTYPE_FLOAT32, (int)d->cache_dtype,
-                                       block_tables, seq_lens, partials, attn, buffer);
+            /* each thread its own items: their KV was fetched ahead */
+            for (int64_t item = item_first; item < item_end; ++item)
+                attend_item_caches(&items, item, qkv, QKV, layer->key_cache, layer->value_cache,
+                                   DTYPE_FLOAT32, (int)d->cache_dtype, block_tables, seq_lens,
+                                   partials, attn, buffer);
 #pragma omp barrier
-            } else {
-#pragma omp for schedule(dynamic, 1)
-                for (int64_t item = 0; item < num_items; ++item)
-                    attend_item_caches(&items, item, qkv, QKV, layer->key_cache,
-                                       layer->value_cache, DTYPE_FLOAT32, (int)d->cache_dtype,
-                                       block_tables, seq_lens, partials, attn, buffer);
-            }
             if (items.split) {
 #pragma omp for schedule(static)
                 for (int64_t item = 0; item < M * d->num_heads; ++item)

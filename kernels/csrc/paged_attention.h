@@ -495,12 +495,36 @@ static void attend_item_caches(const AttentionItems *items, int64_t item, const 
             combine_head(items, s, h, count, own, partial_floats(items), dtype, out);
 }
 
-/* A thread's share of a step's items when they are shared statically: [*first, *end), in
-   order (the decoder's split steps, whose KV each thread fetches ahead for its own items). */
-static inline void thread_items(int64_t num_items, int thread, int team, int64_t *first,
+/* A thread's share of a step's items when they are shared statically (the decoder's: each
+   thread fetches its own items' KV ahead), [*first, *end) in order: partitions (split) by
+   count, whole sequences by their KV blocks (an item goes to the thread its middle block
+   falls to), so unequal contexts still share the reading about evenly. */
+static inline void thread_items(const AttentionItems *items, const int32_t *seq_lens,
+                                int64_t num_seqs, int thread, int team, int64_t *first,
                                 int64_t *end) {
-    *first = num_items * thread / team;
-    *end = num_items * (thread + 1) / team;
+    const int64_t num_items = num_seqs * items->items_per_seq;
+    if (items->split) {
+        *first = num_items * thread / team;
+        *end = num_items * (thread + 1) / team;
+        return;
+    }
+    const int64_t block_size = items->block_size;
+    int64_t total = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) total += (seq_lens[s] + block_size - 1) / block_size;
+    *first = *end = num_seqs;
+    int64_t before = 0; /* blocks of the sequences before s */
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t blocks = (seq_lens[s] + block_size - 1) / block_size;
+        const int64_t owner =
+            total > 0 ? (2 * before + blocks) * team / (2 * total) : s * team / num_seqs;
+        if (owner >= thread && *first == num_seqs) *first = s;
+        if (owner >= thread + 1) {
+            *end = s;
+            break;
+        }
+        before += blocks;
+    }
+    if (*end < *first) *end = *first;
 }
 
 /* Bytes of one KV block of one cache: its token rows (and an int8 block's scale row). */
