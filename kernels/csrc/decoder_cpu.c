@@ -419,7 +419,11 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
         }
         shared_norm(out, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H, d->eps);
         if (output != NULL) /* out's rows are all normed: the norm's loop ends in a barrier */
-            shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized, NO_PREFETCH_RUN,
+            shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized,
+                          /* a step from tokens is a run's: the next one starts at layer 0 */
+                          next_tokens != NULL && d->num_layers > 0
+                              ? first_run(&d->layers[0].qkv, QKV, H)
+                              : NO_PREFETCH_RUN,
                           NULL);
         if (next_tokens != NULL) { /* each thread about its own outputs: still in its cache */
             const int64_t first = d->vocab * thread / team, last = d->vocab * (thread + 1) / team;
