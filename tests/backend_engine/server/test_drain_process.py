@@ -43,10 +43,10 @@ def _status(url: str) -> int:
 @pytest.fixture
 def start_engine(
     demo_checkpoint: Callable[..., Path], tmp_path: Path
-) -> Iterator[Callable[[float], tuple[subprocess.Popen[bytes], str]]]:
+) -> Iterator[Callable[..., tuple[subprocess.Popen[bytes], str]]]:
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(drain_grace_s: float) -> tuple[subprocess.Popen[bytes], str]:
+    def start(drain_grace_s: float, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
         port = _free_port()
         command = [
             sys.executable, "-m", "backend_engine",
@@ -55,6 +55,7 @@ def start_engine(
             "--served-model-name", MODEL_NAME,
             "--drain-grace-s", str(drain_grace_s),
             "--no-show-progress",
+            *flags,
         ]  # fmt: skip
         log = (tmp_path / f"engine-{port}.log").open("wb")
         process = subprocess.Popen(
@@ -120,8 +121,11 @@ class _Stream:
 
 
 def test_sigterm_drains_the_requests_in_flight_then_exits_0(start_engine: Any) -> None:
-    process, base_url = start_engine(30.0)
-    stream = _Stream(base_url, max_tokens=800)
+    # The stream must outlast SIGTERM, the wait for /ready and a refused request: step by step
+    # (decode runs finished 800 of the tiny model's tokens inside that on a quiet machine),
+    # with nearly all of its context to go.
+    process, base_url = start_engine(30.0, "--decode-run-steps", "1")
+    stream = _Stream(base_url, max_tokens=1900)
     assert stream.has_token.wait(60)
     process.send_signal(signal.SIGTERM)
     wait_until(lambda: _status(f"{base_url}/ready") == 503, 10, "draining")
