@@ -144,12 +144,27 @@ static void quantize_row_split(const float *x, int64_t K, int8_t *q_hi, float *d
     }
 }
 
-/* x's rows as int8 blocks for `method` (xq [R, K], xd and xdsum [R, K / QK], R = M times
-   quant_rows_per_input: the split method's hi and lo rows of x's row m are rows 2m and 2m + 1,
-   and isum [M, K / QK] its blocks' integer sums), the M * K / QK blocks split evenly over the
-   team (blocks are rounded independently, so one row is shared too: a decode step of one
-   sequence had one thread round it while the others waited): every thread of the team calls
-   it. The caller puts a barrier after it. */
+/* Blocks [first, last) of x's row m as int8 blocks for `method` (xq [R, K], xd and xdsum
+   [R, K / QK], R = M times quant_rows_per_input: the split method's hi and lo rows of x's row m
+   are rows 2m and 2m + 1, and isum [M, K / QK] its blocks' integer sums). Blocks are rounded
+   independently, so any split of them among threads gives the same bits. */
+static inline void quant_activation_blocks(const float *x, int64_t m, int64_t K, int64_t first,
+                                           int64_t last, int method, int8_t *xq, float *xd,
+                                           float *xdsum, int32_t *isum) {
+    const int64_t nb = K / QK, values = (last - first) * QK, at = m * K + first * QK;
+    if (method == QUANT_INT8_SPLIT_ACTIVATIONS) {
+        const int64_t hi = 2 * m * nb + first, lo = hi + nb; /* rows 2m and 2m + 1 */
+        quantize_row_split(x + at, values, xq + hi * QK, xd + hi, xdsum + hi, xq + lo * QK,
+                           xd + lo, xdsum + lo, isum + m * nb + first);
+    } else {
+        quantize_row(x + at, values, xq + at, xd + m * nb + first, xdsum + m * nb + first);
+    }
+}
+
+/* x's rows as int8 blocks (quant_activation_blocks), the M * K / QK blocks split evenly over
+   the team (so one row is shared too: a decode step of one sequence had one thread round it
+   while the others waited): every thread of the team calls it. The caller puts a barrier
+   after it. */
 static inline void quant_activations_slice(const float *x, int64_t M, int64_t K, int method,
                                            int8_t *xq, float *xd, float *xdsum, int32_t *isum,
                                            int thread, int team) {
@@ -157,14 +172,7 @@ static inline void quant_activations_slice(const float *x, int64_t M, int64_t K,
     for (int64_t unit = M * nb * thread / team; unit < end;) {
         const int64_t m = unit / nb, first = unit % nb;
         const int64_t last = end - m * nb < nb ? end - m * nb : nb; /* row m's blocks here */
-        const int64_t values = (last - first) * QK, at = m * K + first * QK;
-        if (method == QUANT_INT8_SPLIT_ACTIVATIONS) {
-            const int64_t hi = 2 * m * nb + first, lo = hi + nb; /* rows 2m and 2m + 1 */
-            quantize_row_split(x + at, values, xq + hi * QK, xd + hi, xdsum + hi, xq + lo * QK,
-                               xd + lo, xdsum + lo, isum + m * nb + first);
-        } else {
-            quantize_row(x + at, values, xq + at, xd + m * nb + first, xdsum + m * nb + first);
-        }
+        quant_activation_blocks(x, m, K, first, last, method, xq, xd, xdsum, isum);
         unit = m * nb + last;
     }
 }

@@ -4,8 +4,8 @@
  * A decoder layer normalises twice, each time right after adding a sublayer's output to
  * the residual stream. PyTorch's F.rms_norm takes 10-60 us for 1-64 rows of 512 features on
  * the development machine (several passes and dispatches), and the add is one more pass;
- * this is one pass over each row for the add and the sum of squares, and one to scale it
- * (rms_norm_row.h has the formula and the per-row code).
+ * this is one pass over each row for the sum of squares of the sum, and one to add and
+ * scale it (rms_norm_row.h has the formula and the per-row code).
  *
  * Arithmetic is float32 throughout, as in Hugging Face's LlamaRMSNorm for float32 models;
  * only the order of the sum of squares differs (it is vectorised). Rows are spread over

@@ -609,3 +609,79 @@ def test_a_run_refuses_a_token_outside_the_vocabulary() -> None:
         decoder.decode_run(torch.tensor([vocab]), slots, table, lens)
     with pytest.raises(ValueError, match="a token or a position"):
         decoder.decode_run(torch.tensor([1]), slots, table, torch.tensor([[9]], dtype=torch.int32))
+
+
+def q8_0_round_trip(weight: torch.Tensor, tiled: bool) -> tuple[GGUFBlockWeight, torch.Tensor]:
+    """weight as Q8_0 blocks for the decoder (tiled or as the file stores them), and the
+    float values those blocks hold, for the reference."""
+    blocks = quants.quantize(weight.numpy(), GGMLQuantizationType.Q8_0)
+    values = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType.Q8_0).copy())
+    quantized = GGUFBlockWeight.from_blocks(
+        torch.from_numpy(blocks), int(GGMLQuantizationType.Q8_0)
+    )
+    return (quantized.tiled_for_kernel() if tiled else quantized), values
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "rows"])
+@pytest.mark.parametrize("seq_lens", [[37], [1, 9, 16, 23]], ids=["one sequence", "four"])
+def test_quantized_layers_match_the_reference_with_the_same_bits_on_any_thread_count(
+    tiled: bool, seq_lens: list[int]
+) -> None:
+    """Layers of Q8_0 blocks: each linear's input is rounded to int8 blocks by the stage that
+    writes it (the norms, the attention's combine, SiLU), each thread its own share. The step
+    is the dequantized weights' reference within the rounding, and the same bits on 1, 2 and 3
+    threads."""
+    dims = Dims(num_layers=2)
+    gen = torch.Generator().manual_seed(11 + len(seq_lens) + tiled)
+    raw = raw_layers(dims, gen)
+    final_norm = 1.0 + 0.1 * torch.randn(dims.hidden, generator=gen)
+    caches = random_caches(dims, gen)
+    step = make_step(dims, seq_lens, gen)
+    quantized, dequantized = [], []
+    for layer in raw:
+        qkv, o, gate_up, down = (
+            q8_0_round_trip(w, tiled) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
+        quantized.append((qkv[0], o[0], gate_up[0], down[0]))
+        dequantized.append(
+            RawLayer(
+                layer.input_norm, qkv[1], layer.qkv_bias, o[1], layer.post_norm, gate_up[1], down[1]
+            )
+        )
+    want_caches = clone(caches)
+    want = reference_step(dequantized, want_caches, final_norm, dims, step)
+
+    threads_before = torch.get_num_threads()
+    results = []
+    try:
+        for num_threads in (1, 2, 3):
+            torch.set_num_threads(num_threads)
+            own_caches = clone(caches)
+            weights = [
+                LayerWeights(
+                    input_norm=layer.input_norm,
+                    qkv=(qkv,),
+                    qkv_bias=layer.qkv_bias,
+                    o=(o,),
+                    post_norm=layer.post_norm,
+                    gate_up=(gate_up,),
+                    down=(down,),
+                    key_cache=key_cache,
+                    value_cache=value_cache,
+                )
+                for layer, (qkv, o, gate_up, down), (key_cache, value_cache) in zip(
+                    raw, quantized, own_caches, strict=True
+                )
+            ]
+            decoder = NativeDecoder.build(weights, final_norm, shape(dims))
+            assert decoder is not None
+            results.append((run(decoder, step), own_caches))
+    finally:
+        torch.set_num_threads(threads_before)
+
+    (got, got_caches), *others = results
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+    for out, own_caches in others:
+        assert torch.equal(out, got)
+        for pair, got_pair in zip(own_caches, got_caches, strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(pair, got_pair, strict=True))
