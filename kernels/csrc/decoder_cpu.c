@@ -28,8 +28,14 @@
  * combine, SiLU) rounds its own share of that output to int8 blocks as it writes it, so the
  * linear needs no rounding pass and barrier of its own, and each norm is shared by blocks of
  * values (every thread takes its rows' sums of squares): 10 barriers a layer, not 14; a
- * SmolLM2 decode step was 1.01-1.03x faster (paired A/B). The residual stream alternates
+ * SmolLM2 decode step was 1.01-1.03x faster (paired A/B). A quantized gate/up is shared by
+ * matching gate and up rows, so each thread takes SiLU of its own outputs and rounds them for
+ * down before the barrier (shared_gate_up): 9 barriers, and no gate/up output read across
+ * cores (1.03-1.04x). The residual stream alternates
  * between two buffers: the threads read all of one while they write their share of the other.
+ * The barriers are the decoder's own (team_barrier): a thread that arrives early fetches its
+ * share of the next linear into L2 while it waits, so DRAM is not idle through a stage's
+ * imbalance.
  *
  * Memory: the weights are streamed with each thread's next tiles prefetched (quant_tiles.h),
  * and the next linear's first tiles at the end of each. Attention's work items (partitions
@@ -51,6 +57,8 @@
  * Returns 0, BAD_ARGUMENTS, BAD_TABLES (a block table or slot outside the cache: nothing is
  * written) or NO_MEMORY.
  */
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +127,52 @@ typedef struct {
     int32_t *isum;
 } QuantizedActivations;
 
+/* The team's barrier between stages, which a thread that arrives early spends fetching what it
+   reads next into L2 (`ahead`: its share of the next linear), a few lines at a time until the
+   last thread arrives. A stage's imbalance (one context's 3 attention partitions on 2 threads,
+   the rotary stage of one sequence, the last tiles of a linear) left DRAM idle while the early
+   thread waited: a SmolLM2 decode step was 1.02-1.04x faster (paired A/B, three sittings). A
+   counter that only grows: each barrier completes when it reaches team times the barriers
+   passed. A thread kept waiting long (another preempted) yields its core. */
+typedef struct {
+    atomic_llong *arrivals; /* shared by the team */
+    long long target;       /* this thread's: the count that completes its next barrier */
+    int team;
+    PrefetchRun ahead; /* this thread's next reads, and how far it has fetched them */
+    int64_t ahead_fetched;
+} TeamSync;
+
+#define AHEAD_MAX_BYTES (512 << 10) /* of a linear's share fetched while waiting: half an L2 */
+#define AHEAD_LINES 4               /* per look at the counter (2 and 8 measured the same) */
+#define SPINS_BEFORE_YIELD 100000   /* ~1 ms */
+
+/* What this thread reads next: its share of a linear (first_run); fetching resumes where it
+   left off while the run is the same. */
+static inline void fetch_next(TeamSync *sync, PrefetchRun run) {
+    if (run.start != sync->ahead.start) sync->ahead_fetched = 0;
+    sync->ahead = run;
+}
+
+static void team_barrier(TeamSync *sync) {
+    sync->target += sync->team;
+    atomic_fetch_add_explicit(sync->arrivals, 1, memory_order_acq_rel);
+    const int64_t limit = sync->ahead.bytes < AHEAD_MAX_BYTES ? sync->ahead.bytes : AHEAD_MAX_BYTES;
+    for (long spins = 0; atomic_load_explicit(sync->arrivals, memory_order_acquire) < sync->target;
+         ++spins) {
+        if (sync->ahead_fetched < limit) {
+            for (int line = 0; line < AHEAD_LINES; ++line)
+                __builtin_prefetch(sync->ahead.start + sync->ahead_fetched + 64 * line, 0, 2);
+            sync->ahead_fetched += AHEAD_LINES * 64;
+        } else if (spins > SPINS_BEFORE_YIELD) {
+            sched_yield();
+        } else {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+    }
+}
+
 /* The bytes of rows [first, last) of w's segment s onward that lie in segment s (w is
    tiled: [N, K] in segments of whole tiles). */
 static PrefetchRun segment_run(const DecoderLinear *w, int64_t s, int64_t first, int64_t last,
@@ -136,6 +190,16 @@ static PrefetchRun segment_run(const DecoderLinear *w, int64_t s, int64_t first,
     return run;
 }
 
+/* The bytes a tiled w's rows [first, last) begin with: up to the end of their segment (nothing
+   for an untiled linear). */
+static PrefetchRun rows_run(const DecoderLinear *w, int64_t first, int64_t last, int64_t K) {
+    if (!is_tiled_type((int)w->segments[0].type)) return NO_PREFETCH_RUN;
+    int64_t s = 0, offset = 0;
+    while (s < w->num_segments && first >= offset + w->segments[s].rows)
+        offset += w->segments[s++].rows;
+    return segment_run(w, s, first, last, K);
+}
+
 /* The bytes this thread reads first in linear w ([N, K]) as shared_linear shares it: its
    first tiles, up to the end of their segment (nothing for an untiled linear). */
 static PrefetchRun first_run(const DecoderLinear *w, int64_t N, int64_t K) {
@@ -144,13 +208,8 @@ static PrefetchRun first_run(const DecoderLinear *w, int64_t N, int64_t K) {
     thread = omp_get_thread_num();
     team = omp_get_num_threads();
 #endif
-    if (!is_tiled_type((int)w->segments[0].type)) return NO_PREFETCH_RUN;
-    const int64_t first = N / TILE_ROWS * thread / team * TILE_ROWS;
-    const int64_t last = N / TILE_ROWS * (thread + 1) / team * TILE_ROWS;
-    int64_t s = 0, offset = 0;
-    while (s < w->num_segments && first >= offset + w->segments[s].rows)
-        offset += w->segments[s++].rows;
-    return segment_run(w, s, first, last, K);
+    return rows_run(w, N / TILE_ROWS * thread / team * TILE_ROWS,
+                    N / TILE_ROWS * (thread + 1) / team * TILE_ROWS, K);
 }
 
 /* Whether linear w reads its input as int8 blocks (ggml blocks), not as floats. */
@@ -165,35 +224,11 @@ static inline void round_blocks(const float *x, int64_t m, int64_t K, int64_t fi
                             q->xdsum, q->isum);
 }
 
-/* y = x @ W.T (+ bias), its outputs shared evenly among the team: linear_rows.h's slices for
-   a packed float32 weight; for ggml blocks, x rounded to int8 blocks once (unless the stage
-   before did: `rounded`), then each thread's range of outputs across the segments. Called by
-   every thread, which then wait for each other. Each output is one thread's, in one fixed
-   order: any team size, same bits. */
-static void shared_linear(const DecoderLinear *w, const float *x, const float *bias, float *y,
-                          int64_t M, int64_t N, int64_t K, const QuantizedActivations *q,
-                          int rounded, PrefetchRun then, LineDrip *drip) {
-    int thread = 0, team = 1;
-#ifdef _OPENMP
-    thread = omp_get_thread_num();
-    team = omp_get_num_threads();
-#endif
-    if (w->segments[0].type == FLOAT32_PACKED) {
-        const int64_t num_slices = linear_num_slices(N);
-        linear_slices(w->segments[0].data, x, bias, y, M, N, K, w->k_padded,
-                      num_slices * thread / team, num_slices * (thread + 1) / team);
-#pragma omp barrier
-        return;
-    }
-    if (!rounded) {
-        quant_activations_slice(x, M, K, QUANT_INT8_SPLIT_ACTIVATIONS, q->xq, q->xd, q->xdsum,
-                                q->isum, thread, team);
-#pragma omp barrier
-    }
-    /* shared in units of a tile's rows when every segment is tiled (linear_is_valid) */
-    const int64_t unit = is_tiled_type((int)w->segments[0].type) ? TILE_ROWS : 1;
-    const int64_t first = N / unit * thread / team * unit;
-    const int64_t last = N / unit * (thread + 1) / team * unit;
+/* Outputs [first, last) of y = x @ W.T (+ bias) for ggml blocks, x already rounded (q), across
+   w's segments; the last tiles prefetch `then`. */
+static void linear_rows(const DecoderLinear *w, const float *x, const float *bias, float *y,
+                        int64_t M, int64_t N, int64_t K, const QuantizedActivations *q,
+                        int64_t first, int64_t last, PrefetchRun then, LineDrip *drip) {
     int64_t offset = 0;
     for (int64_t s = 0; s < w->num_segments; ++s) {
         const WeightSegment *segment = &w->segments[s];
@@ -206,7 +241,41 @@ static void shared_linear(const DecoderLinear *w, const float *x, const float *b
                                hi == last ? then : segment_run(w, s + 1, hi, last, K), drip);
         offset += segment->rows;
     }
-#pragma omp barrier
+}
+
+/* y = x @ W.T (+ bias), its outputs shared evenly among the team: linear_rows.h's slices for
+   a packed float32 weight; for ggml blocks, x rounded to int8 blocks once (unless the stage
+   before did: `rounded`), then each thread's range of outputs across the segments. Called by
+   every thread, which then wait for each other. Each output is one thread's, in one fixed
+   order: any team size, same bits. */
+static void shared_linear(const DecoderLinear *w, const float *x, const float *bias, float *y,
+                          int64_t M, int64_t N, int64_t K, const QuantizedActivations *q,
+                          int rounded, PrefetchRun then, LineDrip *drip, TeamSync *sync) {
+    int thread = 0, team = 1;
+#ifdef _OPENMP
+    thread = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    if (w->segments[0].type == FLOAT32_PACKED) {
+        const int64_t num_slices = linear_num_slices(N);
+        linear_slices(w->segments[0].data, x, bias, y, M, N, K, w->k_padded,
+                      num_slices * thread / team, num_slices * (thread + 1) / team);
+        fetch_next(sync, then);
+        team_barrier(sync);
+        return;
+    }
+    if (!rounded) {
+        quant_activations_slice(x, M, K, QUANT_INT8_SPLIT_ACTIVATIONS, q->xq, q->xd, q->xdsum,
+                                q->isum, thread, team);
+        fetch_next(sync, first_run(w, N, K));
+        team_barrier(sync);
+    }
+    /* shared in units of a tile's rows when every segment is tiled (linear_is_valid) */
+    const int64_t unit = is_tiled_type((int)w->segments[0].type) ? TILE_ROWS : 1;
+    linear_rows(w, x, bias, y, M, N, K, q, N / unit * thread / team * unit,
+                N / unit * (thread + 1) / team * unit, then, drip);
+    fetch_next(sync, then);
+    team_barrier(sync);
 }
 
 /* The linear's segments cover exactly N rows of known types; tiled segments (quant_tiles.h)
@@ -238,7 +307,8 @@ static int linear_is_valid(const DecoderLinear *w, int64_t N, int64_t K) {
    while they write their share of sum. Called by every thread; ends in a barrier. */
 static void shared_norm(float *out, float *sum, const float *residual, const float *addend,
                         const float *weight, int64_t M, int64_t H, float eps,
-                        const DecoderLinear *next, const QuantizedActivations *q) {
+                        const DecoderLinear *next, const QuantizedActivations *q,
+                        TeamSync *sync) {
     int thread = 0, team = 1;
 #ifdef _OPENMP
     thread = omp_get_thread_num();
@@ -257,7 +327,7 @@ static void shared_norm(float *out, float *sum, const float *residual, const flo
         if (round) round_blocks(out, m, H, first * unit / QK, last * unit / QK, q);
         u = m * per_row + last;
     }
-#pragma omp barrier
+    team_barrier(sync);
 }
 
 /* act = silu(gate) * up, as PyTorch's F.silu(gate) * up: x / (1 + exp(-x)), then the product. */
@@ -270,6 +340,56 @@ __attribute__((optimize("no-fast-math"))) static void silu_mul(float *restrict a
         const float g = gate[i];
         act[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+/* gate/up ([2I, H]: the gate's I rows, then the up's) reads ggml blocks and I is whole blocks:
+   then a thread computes matching gate and up outputs (gate_up_share) and their SiLU product
+   itself (shared_gate_up). */
+static inline int pairs_gate_up(const DecoderLinear *gate_up, int64_t I) {
+    return reads_rounded(gate_up) && I % QK == 0;
+}
+
+/* This thread's columns [*first, *last) of the I intermediate values, in whole blocks. */
+static inline void gate_up_share(int64_t I, int64_t *first, int64_t *last) {
+    int thread = 0, team = 1;
+#ifdef _OPENMP
+    thread = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    *first = I / QK * thread / team * QK;
+    *last = I / QK * (thread + 1) / team * QK;
+}
+
+/* The bytes this thread reads first in gate/up, as the stage after the post-attention norm
+   shares it. */
+static PrefetchRun gate_up_run(const DecoderLinear *gate_up, int64_t I, int64_t H) {
+    if (!pairs_gate_up(gate_up, I)) return first_run(gate_up, 2 * I, H);
+    int64_t first, last;
+    gate_up_share(I, &first, &last);
+    return rows_run(gate_up, first, last, H);
+}
+
+/* act = silu(gate) * up, x already rounded for gate/up in q (pairs_gate_up): each thread its
+   columns' gate rows [a, b) and up rows [I + a, I + b), then their product and, for a down
+   projection that reads_rounded, its blocks into act_q (not q: the others may still read
+   that), so that no thread reads another's gate and up
+   outputs (read across cores, the 12 KB of one sequence's took microseconds a layer) and no
+   barrier stands between the linear and SiLU. Called by every thread; ends in a barrier. */
+static void shared_gate_up(const DecoderLinear *w, const float *x, float *gate_up, float *act,
+                           int64_t M, int64_t I, int64_t H, const QuantizedActivations *q,
+                           const QuantizedActivations *act_q, PrefetchRun then, TeamSync *sync) {
+    int64_t a, b;
+    gate_up_share(I, &a, &b);
+    if (a < b) {
+        linear_rows(w, x, NULL, gate_up, M, 2 * I, H, q, a, b, rows_run(w, I + a, I + b, H), NULL);
+        linear_rows(w, x, NULL, gate_up, M, 2 * I, H, q, I + a, I + b, then, NULL);
+        for (int64_t m = 0; m < M; ++m) {
+            silu_mul(act + m * I + a, gate_up + m * 2 * I + a, gate_up + m * 2 * I + I + a, b - a);
+            if (act_q != NULL) round_blocks(act, m, I, a / QK, b / QK, act_q);
+        }
+    }
+    fetch_next(sync, then);
+    team_barrier(sync);
 }
 
 static int slots_are_valid(const int64_t *slots, int64_t M, int64_t num_slots) {
@@ -356,34 +476,44 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
     const size_t partial_floats = attention_partial_floats(&items, M);
     /* residual (two: one read, one written by each norm), x, sub (a sublayer's output)
        [M, H] | qkv [M, QKV] | attn [M, Q]
-       | gate_up [M, 2I] | act [M, I] | attention partials | one attention buffer per thread
-       | a linear's input as int8 blocks, hi and lo rows (R = 2M): scales [R, widest / QK] x 2,
-         integer sums [M, widest / QK], values [R, widest] */
+       | gate_up [M, 2I] | act [M, I] | attention partials | one attention buffer per thread */
+    const size_t step_floats = (size_t)(M * (4 * H + QKV + Q + 3 * I)) + partial_floats;
+    float *workspace =
+        malloc((step_floats + per_thread * (size_t)num_threads) * sizeof(float));
+    /* a linear's input as int8 blocks, hi and lo rows (R = 2M): scales [R, widest / QK] x 2,
+       integer sums [M, widest / QK], values [R, widest]; twice, as the down projection's
+       input is rounded while gate/up may still read its own (shared_gate_up) */
     const int64_t widest = H > Q ? (H > I ? H : I) : (Q > I ? Q : I);
     const int64_t R = M * quant_rows_per_input(QUANT_INT8_SPLIT_ACTIVATIONS);
-    const size_t step_floats = (size_t)(M * (4 * H + QKV + Q + 3 * I)) + partial_floats;
     const size_t scale_floats = (size_t)(2 * R * ((widest + QK - 1) / QK));
     const size_t sum_ints = (size_t)(M * ((widest + QK - 1) / QK));
-    const size_t floats = step_floats + per_thread * (size_t)num_threads + scale_floats;
-    float *workspace =
-        malloc(floats * sizeof(float) + sum_ints * sizeof(int32_t) + (size_t)(R * widest));
+    const size_t set_bytes =
+        (scale_floats * sizeof(float) + sum_ints * sizeof(int32_t) + (size_t)(R * widest) + 63) /
+        64 * 64;
+    uint8_t *rounded = malloc(2 * set_bytes);
     /* each thread's list of the KV blocks its items read (LineDrip) */
     const int64_t list_length = 2 * M * max_blocks;
     const uint8_t **kv_lists = malloc((size_t)(num_threads * list_length + 1) * sizeof *kv_lists);
     RowBest *shares = next_tokens != NULL ? malloc((size_t)(num_threads * M) * sizeof *shares)
                                           : NULL; /* [thread, row] */
-    if (workspace == NULL || kv_lists == NULL || (next_tokens != NULL && shares == NULL)) {
-        free(workspace), free(kv_lists), free(shares);
+    if (workspace == NULL || rounded == NULL || kv_lists == NULL ||
+        (next_tokens != NULL && shares == NULL)) {
+        free(workspace), free(rounded), free(kv_lists), free(shares);
         return NO_MEMORY;
     }
-    float *scales = workspace + step_floats + per_thread * (size_t)num_threads;
-    int32_t *sums = (int32_t *)(workspace + floats);
-    const QuantizedActivations quantized = {(int8_t *)(sums + sum_ints), scales,
-                                            scales + scale_floats / 2, sums};
+    QuantizedActivations sets[2];
+    for (int i = 0; i < 2; ++i) {
+        float *scales = (float *)(rounded + i * set_bytes);
+        int32_t *sums = (int32_t *)(scales + scale_floats);
+        sets[i] = (QuantizedActivations){(int8_t *)(sums + sum_ints), scales,
+                                         scales + scale_floats / 2, sums};
+    }
+    const QuantizedActivations quantized = sets[0], quantized_act = sets[1];
     float *residuals = workspace, *x = residuals + 2 * M * H, *sub = x + M * H;
     float *qkv = sub + M * H, *attn = qkv + M * QKV, *gate_up = attn + M * Q;
     float *act = gate_up + M * 2 * I, *partials = act + M * I;
     const int64_t silu_pieces = (I + SILU_PIECE - 1) / SILU_PIECE;
+    atomic_llong arrivals = 0; /* the team's barriers (TeamSync) */
 #pragma omp parallel num_threads(num_threads)
     {
         int thread = 0, team = 1;
@@ -399,10 +529,12 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
         /* the residual stream: read from one buffer, the sum written into the other */
         const float *residual = hidden;
         float *summed = residuals;
+        TeamSync sync = {&arrivals, 0, team, NO_PREFETCH_RUN, 0};
+        if (d->num_layers > 0) fetch_next(&sync, first_run(&d->layers[0].qkv, QKV, H));
         for (int64_t l = 0; l < d->num_layers; ++l) {
             const DecoderLayer *layer = &d->layers[l];
             shared_norm(x, summed, residual, l == 0 ? NULL : sub, layer->input_norm, M, H, d->eps,
-                        &layer->qkv, &quantized);
+                        &layer->qkv, &quantized, &sync);
             residual = summed;
             summed = summed == residuals ? residuals + M * H : residuals;
             { /* this thread's attention KV, fetched during q/k/v */
@@ -418,8 +550,8 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
                 drip.next_line = 0;
             }
             shared_linear(&layer->qkv, x, layer->qkv_bias, qkv, M, QKV, H, &quantized, 1,
-                          first_run(&layer->o, H, Q), &drip);
-#pragma omp for schedule(static)
+                          first_run(&layer->o, H, Q), &drip, &sync);
+#pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < M; ++t) {
                 float *row = qkv + t * QKV;
                 rotate_token(row, cos + t * (D / 2), sin + t * (D / 2),
@@ -435,6 +567,7 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
                            (size_t)KV * sizeof(float));
                 }
             }
+            team_barrier(&sync);
             /* each thread its own items: their KV was fetched ahead. A head's output, once
                whole (a sequence's item, or a split step's combined partitions), is rounded
                for o right away where o reads_rounded and heads are whole blocks. */
@@ -445,9 +578,9 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
                                    partials, attn, buffer);
                 if (round_o && !items.split) round_blocks(attn, item, Q, 0, Q / QK, &quantized);
             }
-#pragma omp barrier
+            team_barrier(&sync);
             if (items.split) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
                 for (int64_t item = 0; item < M * d->num_heads; ++item) {
                     combine_item(&items, item, seq_lens, partials, DTYPE_FLOAT32, attn);
                     const int64_t h = item % d->num_heads;
@@ -455,41 +588,50 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
                         round_blocks(attn, item / d->num_heads, Q, h * D / QK, (h + 1) * D / QK,
                                      &quantized);
                 }
+                team_barrier(&sync);
             }
             shared_linear(&layer->o, attn, NULL, sub, M, H, Q, &quantized, round_o,
-                          first_run(&layer->gate_up, 2 * I, H), NULL);
+                          gate_up_run(&layer->gate_up, I, H), NULL, &sync);
             shared_norm(x, summed, residual, sub, layer->post_norm, M, H, d->eps, &layer->gate_up,
-                        &quantized);
+                        &quantized, &sync);
             residual = summed;
             summed = summed == residuals ? residuals + M * H : residuals;
-            shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized, 1,
-                          first_run(&layer->down, H, I), NULL);
-            /* in pieces of SILU_PIECE values (whole blocks), so one sequence's row is shared
-               too; each rounded for down right away where down reads_rounded */
             const int round_down = reads_rounded(&layer->down); /* then I % QK == 0 */
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < M * silu_pieces; ++p) {
-                const int64_t r = p / silu_pieces, first = p % silu_pieces * SILU_PIECE;
-                const int64_t n = I - first < SILU_PIECE ? I - first : SILU_PIECE;
-                silu_mul(act + r * I + first, gate_up + r * 2 * I + first,
-                         gate_up + r * 2 * I + I + first, n);
-                if (round_down) round_blocks(act, r, I, first / QK, (first + n) / QK, &quantized);
+            if (pairs_gate_up(&layer->gate_up, I)) {
+                shared_gate_up(&layer->gate_up, x, gate_up, act, M, I, H, &quantized,
+                               round_down ? &quantized_act : NULL, first_run(&layer->down, H, I),
+                               &sync);
+            } else {
+                shared_linear(&layer->gate_up, x, NULL, gate_up, M, 2 * I, H, &quantized, 1,
+                              first_run(&layer->down, H, I), NULL, &sync);
+                /* in pieces of SILU_PIECE values (whole blocks), so one sequence's row is
+                   shared too; each rounded for down right away where down reads_rounded */
+#pragma omp for schedule(static) nowait
+                for (int64_t p = 0; p < M * silu_pieces; ++p) {
+                    const int64_t r = p / silu_pieces, first = p % silu_pieces * SILU_PIECE;
+                    const int64_t n = I - first < SILU_PIECE ? I - first : SILU_PIECE;
+                    silu_mul(act + r * I + first, gate_up + r * 2 * I + first,
+                             gate_up + r * 2 * I + I + first, n);
+                    if (round_down)
+                        round_blocks(act, r, I, first / QK, (first + n) / QK, &quantized_act);
+                }
+                team_barrier(&sync);
             }
-            shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized, round_down,
+            shared_linear(&layer->down, act, NULL, sub, M, H, I, &quantized_act, round_down,
                           l + 1 < d->num_layers ? first_run(&d->layers[l + 1].qkv, QKV, H)
                           : output != NULL      ? first_run(output, d->vocab, H)
                                                 : NO_PREFETCH_RUN,
-                          NULL);
+                          NULL, &sync);
         }
         shared_norm(out, summed, residual, d->num_layers > 0 ? sub : NULL, d->final_norm, M, H,
-                    d->eps, output, &quantized);
+                    d->eps, output, &quantized, &sync);
         if (output != NULL) /* out's rows are all normed and rounded: the norm ends in a barrier */
             shared_linear(output, out, NULL, logits, M, d->vocab, H, &quantized, 1,
                           /* a step from tokens is a run's: the next one starts at layer 0 */
                           next_tokens != NULL && d->num_layers > 0
                               ? first_run(&d->layers[0].qkv, QKV, H)
                               : NO_PREFETCH_RUN,
-                          NULL);
+                          NULL, &sync);
         if (next_tokens != NULL) { /* each thread about its own outputs: still in its cache */
             const int64_t first = d->vocab * thread / team, last = d->vocab * (thread + 1) / team;
             for (int64_t r = 0; r < M; ++r)
@@ -499,6 +641,6 @@ static int decode_step(const Decoder *d, const float *hidden, float *out, const 
             for (int64_t r = 0; r < M; ++r) next_tokens[r] = argmax_of_shares(shares + r, M, team);
         }
     }
-    free(workspace), free(kv_lists), free(shares);
+    free(workspace), free(rounded), free(kv_lists), free(shares);
     return OK;
 }
