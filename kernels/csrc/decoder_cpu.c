@@ -31,7 +31,7 @@
  * SmolLM2 decode step was 1.01-1.03x faster (paired A/B). A quantized gate/up is shared by
  * matching gate and up rows, so each thread takes SiLU of its own outputs and rounds them for
  * down before the barrier (shared_gate_up): 9 barriers, and no gate/up output read across
- * cores (1.03-1.04x). The residual stream alternates
+ * cores (with the barriers below, 1.037-1.038x). The residual stream alternates
  * between two buffers: the threads read all of one while they write their share of the other.
  * The barriers are the decoder's own (team_barrier): a thread that arrives early fetches its
  * share of the next linear into L2 while it waits, so DRAM is not idle through a stage's
@@ -131,7 +131,7 @@ typedef struct {
    reads next into L2 (`ahead`: its share of the next linear), a few lines at a time until the
    last thread arrives. A stage's imbalance (one context's 3 attention partitions on 2 threads,
    the rotary stage of one sequence, the last tiles of a linear) left DRAM idle while the early
-   thread waited: a SmolLM2 decode step was 1.02-1.04x faster (paired A/B, three sittings). A
+   thread waited: a SmolLM2 decode step was 1.00-1.04x faster (paired A/B, four runs). A
    counter that only grows: each barrier completes when it reaches team times the barriers
    passed. A thread kept waiting long (another preempted) yields its core. */
 typedef struct {
