@@ -103,6 +103,20 @@ def test_tiled_kernel_is_bit_identical_for_any_thread_count(kind: GGMLQuantizati
 
 @needs_native
 @needs_tiles
+def test_a_slice_past_the_steady_prefetch_bound_computes_the_same() -> None:
+    """A thread's slice of more than STEADY_PREFETCH_MAX_BYTES (1 MiB) of tiles streams without
+    the tiles' own prefetches: 2,048 rows of Q8_0 are 1.25 MiB, one slice on one thread and two
+    shorter ones on two; the bits are the same and the dequantized matmul's."""
+    _, tiled, reference = tiled_case(GGMLQuantizationType.Q8_0, 2048, 576)
+    assert tiled.blocks.numel() > 1 << 20
+    x = torch.randn(1, 576, generator=torch.Generator().manual_seed(2))
+    long_slice = quantized_linear(x, tiled, SPLIT, num_threads=1)
+    assert_close(long_slice, x, reference, SPLIT)
+    assert torch.equal(quantized_linear(x, tiled, SPLIT, num_threads=2), long_slice)
+
+
+@needs_native
+@needs_tiles
 def test_extreme_values_stay_exact_integers() -> None:
     """Q8_0 at +-127 against activations at their block's maximum: the largest integer sums
     the kernel forms (256 u . q_hi with u = q + 128 up to 255) must not overflow."""
