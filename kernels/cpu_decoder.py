@@ -56,7 +56,7 @@ __all__ = [  # what the decoder reads, re-exported beside it
 ]
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_cpu.c"
-_ABI_VERSION = 6
+_ABI_VERSION = 7
 _FLOAT32_PACKED = 0  # decoder_cpu.c's segment type for a BlockedWeight
 _FLOAT32_ROWS = -1  # decoder_cpu.c's embedding type for a plain float32 table
 
@@ -129,11 +129,11 @@ def native_library() -> ctypes.CDLL | None:
                 + [ctypes.c_int, ctypes.c_void_p],
                 ctypes.c_int,
             ),
-            "tollway_decode_tokens": (
+            "tollway_decode_run": (
                 [ctypes.POINTER(_Decoder)]
                 + [ctypes.c_void_p] * 4
-                + [ctypes.c_int64] * 2
-                + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p],
+                + [ctypes.c_int64] * 3
+                + [ctypes.c_int, ctypes.c_void_p],
                 ctypes.c_int,
             ),
             "tollway_decoder_layer_size": ([], ctypes.c_int64),
@@ -273,8 +273,8 @@ class NativeDecoder:
         block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32, room for every step
         seq_lens: torch.Tensor,  # [num_steps, num_seqs] int32: step j's context lengths
     ) -> torch.Tensor:  # [num_steps, num_seqs] int64: step j's argmax per sequence
-        """Greedy decode steps back to back, each one native call from token ids to the
-        logits' argmax (NumPy's: the first largest, or the first NaN), fed to the next."""
+        """Greedy decode steps back to back in one native call, each step from token ids to
+        the logits' argmax (NumPy's: the first largest, or the first NaN), fed to the next."""
         if self.tokens is None:
             raise ValueError("this decoder has no embedding and output projection bound")
         num_steps, num_seqs = seq_lens.shape
@@ -292,25 +292,19 @@ class NativeDecoder:
         chosen = torch.empty((num_steps + 1, num_seqs), dtype=torch.int64)
         chosen[0] = tokens
         logits = torch.empty((num_seqs, self.vocab_size))
-        run = self._library.tollway_decode_tokens
-        decoder, tables, logits_at = self._decoder_ref, block_tables.data_ptr(), logits.data_ptr()
-        width, threads = block_tables.shape[1], torch.get_num_threads()
-        chosen_at, slots_at, lens_at = chosen.data_ptr(), slots.data_ptr(), seq_lens.data_ptr()
-        row_bytes, len_bytes = 8 * num_seqs, 4 * num_seqs
-        for j in range(num_steps):
-            status = run(
-                decoder,
-                chosen_at + j * row_bytes,
-                slots_at + j * row_bytes,
-                tables,
-                lens_at + j * len_bytes,
-                num_seqs,
-                width,
-                threads,
-                logits_at,
-                chosen_at + (j + 1) * row_bytes,
-            )
-            _check_status(status)
+        status = self._library.tollway_decode_run(
+            self._decoder_ref,
+            chosen.data_ptr(),
+            slots.data_ptr(),
+            block_tables.data_ptr(),
+            seq_lens.data_ptr(),
+            num_steps,
+            num_seqs,
+            block_tables.shape[1],
+            torch.get_num_threads(),
+            logits.data_ptr(),
+        )
+        _check_status(status)
         return chosen[1:]
 
 

@@ -322,7 +322,7 @@ class CausalLM(nn.Module):
         block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
         seq_lens: torch.Tensor,  # [num_steps, num_seqs] int32
     ) -> torch.Tensor | None:  # [num_steps, num_seqs] int64, or None: not natively
-        """A greedy decode run as native calls from token ids to argmax, one a step
+        """A greedy decode run as one native call, each step from token ids to argmax
         (``NativeDecoder.decode_run``), where the decoder has the embedding, the rotary table
         and the output projection bound to these caches; ``None`` otherwise."""
         decoder = self.native_decoder

@@ -6,10 +6,9 @@ then the argmax the sampler would take (``argmax_rows``), so a run's tokens are 
 the same steps taken one at a time would give. What a run saves is everything around that:
 the positions, slots and context lengths of all ``k`` steps are laid out once, and no
 scheduler, sampler or output processor runs between its steps. On the CPU's native decoder
-a step is one native call from token ids to argmax (``CausalLM.native_decode_run``: the
-embedding row, the rotary angles, the layers, the output projection and NumPy's argmax
-rule, each thread over its own logits), with nothing in Python between the steps but the
-call itself.
+the whole run is one native call (``CausalLM.native_decode_run``), each step from token ids
+to argmax: the embedding row, the rotary angles, the layers, the output projection and
+NumPy's argmax rule, each thread over its own logits, with nothing in Python between steps.
 """
 
 from __future__ import annotations

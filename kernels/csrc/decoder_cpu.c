@@ -73,7 +73,7 @@
 #include "rotary_token.h"
 #include "row_argmax.h"
 
-#define TOLLWAY_DECODER_ABI_VERSION 6
+#define TOLLWAY_DECODER_ABI_VERSION 7
 #define MAX_SEGMENTS 3 /* q, k, v */
 #define FLOAT32_PACKED 0 /* a segment type that is not a ggml block type */
 #define FLOAT32_ROWS (-1) /* an embedding's type: plain float32 rows [vocab, hidden] */
@@ -108,7 +108,7 @@ typedef struct {
     const float *final_norm;
     DecoderLinear output; /* the output projection [vocab, hidden]; no segments: none */
     int64_t vocab;
-    /* For steps from token ids (tollway_decode_tokens); NULL data: none. */
+    /* For steps from token ids (tollway_decode_run); NULL data: none. */
     const void *embedding; /* [vocab, hidden]: FLOAT32_ROWS, or ggml blocks (maybe tiled) */
     int64_t embedding_type;
     const float *cos_sin;  /* [max_positions, head_dim]: cos, then sin, per position */
@@ -415,10 +415,10 @@ int tollway_decode_layers(const Decoder *d, const float *hidden, float *out, con
    seq_lens - 1 (the decoder's own tables), every layer, the output projection into logits
    ([M, vocab]) and each row's argmax (NumPy's: the first largest, or the first NaN) into
    next_tokens. The threads take the argmax of their own share of the logits. */
-int tollway_decode_tokens(const Decoder *d, const int64_t *tokens, const int64_t *slots,
-                          const int32_t *block_tables, const int32_t *seq_lens, int64_t M,
-                          int64_t max_blocks, int num_threads, float *logits,
-                          int64_t *next_tokens) {
+static int decode_tokens(const Decoder *d, const int64_t *tokens, const int64_t *slots,
+                         const int32_t *block_tables, const int32_t *seq_lens, int64_t M,
+                         int64_t max_blocks, int num_threads, float *logits,
+                         int64_t *next_tokens) {
     if (d == NULL || d->embedding == NULL || d->cos_sin == NULL || tokens == NULL ||
         logits == NULL || next_tokens == NULL || M < 1 || M > LINEAR_MAX_ROWS)
         return BAD_ARGUMENTS;
@@ -446,6 +446,26 @@ int tollway_decode_tokens(const Decoder *d, const int64_t *tokens, const int64_t
                                    max_blocks, num_threads, logits, next_tokens);
     free(rows);
     return status;
+}
+
+/* A greedy decode run: num_steps steps from token ids (decode_tokens), step j's tokens
+   chosen[j] ([num_steps + 1, M]: row 0 given, row j + 1 step j's argmax), its slots slots[j]
+   and context lengths seq_lens[j] ([num_steps, M] each), every step into the same block
+   tables. One call for the run: in Python between steps, ~30 us a step went to the loop and
+   the call, the interpreter's data cold after each step's ~100 MB of weights. Stops at the
+   first step that fails, and returns its status. */
+int tollway_decode_run(const Decoder *d, int64_t *chosen, const int64_t *slots,
+                       const int32_t *block_tables, const int32_t *seq_lens, int64_t num_steps,
+                       int64_t M, int64_t max_blocks, int num_threads, float *logits) {
+    if (chosen == NULL || slots == NULL || seq_lens == NULL || num_steps < 0)
+        return BAD_ARGUMENTS;
+    for (int64_t j = 0; j < num_steps; ++j) {
+        const int status = decode_tokens(d, chosen + j * M, slots + j * M, block_tables,
+                                         seq_lens + j * M, M, max_blocks, num_threads, logits,
+                                         chosen + (j + 1) * M);
+        if (status != OK) return status;
+    }
+    return OK;
 }
 
 static int decode_step(const Decoder *d, const float *hidden, float *out, const float *cos,
