@@ -12,11 +12,14 @@ Our arms, one engine each in this process:
 One decoding sequence reads every weight once per token, so its speed is bounded by
 memory bandwidth: ``roofline = bandwidth / bytes read per token``, per arm. Each repeat
 measures, back to back: the bandwidth (a large ``torch`` copy, read + written bytes over
-the time, best of a few, on the engine's threads); each arm's decode rate (one greedy
-request, ``--output-len`` tokens after a ``--prompt-len`` prompt, the engine steps after
-the prefill step, sampling included); llama.cpp's own ``predicted_per_second`` on the same
-prompt with flash attention off and on (its best is compared). Our engines serve as they
-would online: greedy steps in decode runs (``--decode-run-steps 1`` turns them off).
+the time, best of a few, on the engine's threads, on huge pages as the engine's GGUF blocks
+and KV cache are; the same copy on the 4 KiB pages PyTorch allocates is printed beside it:
+alternated 12-20 times it was 1.04-1.10x slower, though back to back either may read faster
+on a noisy host); each arm's decode rate (one greedy request, ``--output-len`` tokens after
+a ``--prompt-len`` prompt, the engine steps after the prefill step, sampling included);
+llama.cpp's own ``predicted_per_second`` on the same prompt with flash attention off and on
+(its best is compared). Our engines serve as they would online: greedy steps in decode runs
+(``--decode-run-steps 1`` turns them off).
 
 Bytes per token are what the arm's model holds and a token reads (:func:`weight_bytes_read`):
 every linear's weight as stored (a quantized one's blocks, a float one's float32), the
@@ -59,10 +62,18 @@ _COPY_TRIES = 3
 ARMS = {"tollway (GGUF blocks as stored)": False, "tollway --dequantize (float32)": True}
 
 
-def copy_bandwidth(num_bytes: int = _COPY_BYTES) -> float:
-    """Bytes per second a large ``torch`` copy moves (read + written), best of a few."""
-    src = torch.ones(num_bytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
+def copy_bandwidth(num_bytes: int = _COPY_BYTES, huge_pages: bool = False) -> float:
+    """Bytes per second a large ``torch`` copy moves (read + written), best of a few; on
+    huge pages (:mod:`kernels.huge_pages`, as the engine's weights and KV cache) or on the
+    4 KiB pages PyTorch allocates."""
+    from kernels.huge_pages import huge_page_empty
+
+    if huge_pages:
+        src = huge_page_empty((num_bytes // 4,), torch.float32).fill_(1.0)
+        dst = huge_page_empty((num_bytes // 4,), torch.float32)
+    else:
+        src = torch.ones(num_bytes // 4, dtype=torch.float32)
+        dst = torch.empty_like(src)
     dst.copy_(src)  # fault the pages in
     best = min(_timed(lambda: dst.copy_(src)) for _ in range(_COPY_TRIES))
     return 2 * num_bytes / best
@@ -221,13 +232,16 @@ def main() -> None:
         server.__enter__()
 
     bandwidths: list[float] = []
+    by_pages: dict[str, list[float]] = {"4 KiB pages": [], "huge pages": []}
     rates: dict[str, list[float]] = {label: [] for label in ours}
     theirs: dict[bool, list[float]] = {fa: [] for fa in servers}
     try:
         for server in servers.values():
             server.complete(prompt, 8)  # warm-up
         for _ in range(args.repeats):
-            bandwidths.append(copy_bandwidth())
+            for pages, values in by_pages.items():
+                values.append(copy_bandwidth(huge_pages=pages == "huge pages"))
+            bandwidths.append(by_pages["huge pages"][-1])
             for label, llm in ours.items():
                 rates[label].append(our_decode_rate(llm, prompt, args.output_len))
             for fa, server in servers.items():
@@ -243,8 +257,13 @@ def main() -> None:
         f"{args.output_len} decoded (mean context {mean_context:.0f}), repeats: {args.repeats}"
     )
     print(
-        f"memory bandwidth (torch copy, read + write): {bandwidth / 1e9:6.2f} GB/s  "
-        + _runs([b / 1e9 for b in bandwidths], ".2f")
+        f"memory bandwidth (torch copy, read + write, on huge pages): {bandwidth / 1e9:6.2f} "
+        "GB/s  " + _runs([b / 1e9 for b in bandwidths], ".2f")
+    )
+    small = by_pages["4 KiB pages"]
+    print(
+        f"  the same copy on 4 KiB pages: {statistics.median(small) / 1e9:6.2f} GB/s  "
+        + _runs([b / 1e9 for b in small], ".2f")
     )
     best = 0.0
     if servers:

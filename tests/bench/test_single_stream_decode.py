@@ -7,7 +7,7 @@ from torch import nn
 
 from backend_engine.models.packed_linear import PackedLinear, can_pack
 from backend_engine.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
-from bench.single_stream_decode import weight_bytes_read
+from bench.single_stream_decode import copy_bandwidth, weight_bytes_read
 from kernels.cpu_quant_linear import GGUFBlockWeight, GGUFQuantType
 
 Q4_1_BLOCK_BYTES = 20  # per 32 values
@@ -49,3 +49,11 @@ def test_float_linears_count_their_elements_packed_or_not() -> None:
     linear = nn.Linear(64, 32, bias=False)
     if can_pack(linear):
         assert weight_bytes_read(nn.Sequential(PackedLinear(linear))) == 64 * 32 * 4
+
+
+def test_the_roofline_copy_runs_on_both_kinds_of_pages() -> None:
+    """The roofline's bandwidth is a copy on huge pages (where the engine's weights and KV
+    cache live), the same copy on 4 KiB pages printed beside it: both run and give a rate."""
+    for huge_pages in (False, True):
+        rate = copy_bandwidth(4 << 20, huge_pages=huge_pages)
+        assert 1e8 < rate < float("inf")
