@@ -15,6 +15,7 @@ template (Qwen-like), and a post-processor adding BOS and EOS.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from gateway.api.request_body import parse_body
 from tests.support.stand_in_runner import DemoEngineModel
 
 MODEL = "tiny"
+CONTEXT_LENGTH = 2048
+CONTEXT_EXCEEDED = "context_length_exceeded"
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '\n' + message['content'] + '<|eot_id|>\n' }}"
@@ -168,7 +171,15 @@ class Served:
     vocab_size: int
 
     def engine_prompt_tokens(self, path: str, body: dict[str, Any]) -> int:
+        """The prompt tokens the engine counts: its usage, or, for a prompt longer than its
+        context (a drawn conversation can be, on the tiny byte-level tokenizer), the count
+        its ``context_length_exceeded`` refusal states."""
         answer = self.client.post(path, json={**body, "model": MODEL, "max_tokens": 1})
+        if answer.status_code == 400 and answer.json()["error"]["code"] == CONTEXT_EXCEEDED:
+            stated = re.search(r"\((\d+) in the prompt", answer.json()["error"]["message"])
+            assert stated is not None, answer.text
+            assert int(stated.group(1)) >= CONTEXT_LENGTH, answer.text
+            return int(stated.group(1))
         assert answer.status_code == 200, answer.text
         return int(answer.json()["usage"]["prompt_tokens"])
 
@@ -195,7 +206,11 @@ def served(
     model = demo_engine_model(architecture=architecture, size="tiny")
     path = _checkpoint(model.checkpoint, tmp_path_factory.mktemp("variant") / "ckpt", change)
     config = EngineConfig(
-        model=str(path), max_model_len=2048, num_kv_blocks=256, max_num_seqs=4, show_progress=False
+        model=str(path),
+        max_model_len=CONTEXT_LENGTH,
+        num_kv_blocks=256,
+        max_num_seqs=4,
+        show_progress=False,
     )
     engine = AsyncEngine(config, model_name=MODEL, plan_runner=model.plan_runner)
     with TestClient(build_app(engine)) as client:
